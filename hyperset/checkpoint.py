@@ -1,0 +1,125 @@
+"""Checkpoints: `model.safetensors` + `config.json` in one folder. Loading never unpickles."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from .config import ModelConfig
+from .models import HyperSETModel
+
+FORMAT = "hyperset-checkpoint"
+FORMAT_VERSION = 1
+
+
+class CheckpointError(RuntimeError):
+    """A missing, truncated or mismatched checkpoint; the message names what was expected."""
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write to a temporary file in the same folder, then rename: a crash never leaves half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
+    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=False) + "\n").encode())
+
+
+def save_tensors(path: str | os.PathLike, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None
+                 ) -> None:
+    """safetensors file written atomically (tensors are made contiguous and unshared)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        save_file({k: v.detach().contiguous().clone() for k, v in tensors.items()}, tmp, metadata=metadata)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def load_tensors(path: str | os.PathLike, what: str = "weights") -> dict[str, torch.Tensor]:
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: file not found (expected the {what} as a .safetensors file)")
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as e:
+        raise CheckpointError(f"{path}: not a readable safetensors file ({e}); expected the {what}") from None
+
+
+def save_checkpoint(directory: str | os.PathLike, model: HyperSETModel, info: dict[str, Any] | None = None) -> Path:
+    """Write model.safetensors + config.json. `info` (recipe, data, metrics, ...) goes into config.json."""
+    directory = Path(directory)
+    meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "model": model.cfg.to_dict(),
+            "parameters": model.num_parameters(), **(info or {})}
+    save_tensors(directory / "model.safetensors", model.state_dict(), {"format": FORMAT})
+    atomic_write_json(directory / "config.json", meta)
+    return directory
+
+
+def read_config(directory: str | os.PathLike) -> dict[str, Any]:
+    directory = Path(directory)
+    path = directory / "config.json"
+    if not directory.exists():
+        raise CheckpointError(f"{directory}: no such checkpoint folder (expected model.safetensors + config.json)")
+    if not path.is_file():
+        raise CheckpointError(f"{directory}: config.json is missing (expected model.safetensors + config.json)")
+    try:
+        meta = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path}: not valid JSON ({e}); expected a Hyper-SET config.json") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT or "model" not in meta:
+        raise CheckpointError(f"{path}: not a Hyper-SET checkpoint config (expected \"format\": \"{FORMAT}\")")
+    return meta
+
+
+def load_checkpoint(directory: str | os.PathLike, task: str | None = None,
+                    map_location: str | torch.device = "cpu") -> tuple[HyperSETModel, dict[str, Any]]:
+    """Load a checkpoint folder (or its config.json / model.safetensors path). Returns (model in eval mode, info)."""
+    directory = Path(directory)
+    if directory.is_file():
+        directory = directory.parent
+    meta = read_config(directory)
+    try:
+        cfg = ModelConfig.from_dict(meta["model"])
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"{directory / 'config.json'}: invalid model config ({e})") from None
+    if task is not None and cfg.task != task:
+        raise CheckpointError(f"{directory}: this is a {cfg.task!r} model, expected a {task!r} model")
+    model = HyperSETModel(cfg)
+    state = load_tensors(directory / "model.safetensors", f"weights of a {cfg.layer} {cfg.task} model")
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{directory / 'model.safetensors'}: weights do not match config.json "
+            f"(missing: {', '.join(missing[:4]) or '-'}; unexpected: {', '.join(unexpected[:4]) or '-'})")
+    for k, v in state.items():
+        if v.shape != expected[k].shape:
+            raise CheckpointError(f"{directory / 'model.safetensors'}: {k} has shape {tuple(v.shape)}, "
+                                  f"config.json expects {tuple(expected[k].shape)}")
+    model.load_state_dict(state)
+    model.to(map_location).eval()
+    return model, meta

@@ -1,0 +1,191 @@
+"""`hyperset-solve`: solve Sudoku puzzles with a Hyper-SET model, offline, on the model shipped in the package."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from .checkpoint import CheckpointError
+from .sudoku.board import Puzzle, PuzzleError, cell_name, format_grid, parse_file
+
+EXIT_SOLVED, EXIT_UNSOLVED, EXIT_BAD_INPUT = 0, 1, 2
+MAX_PUZZLES = 1_000_000
+
+
+def _iters_option(value: str) -> int | str:
+    if value == "auto":
+        return value
+    try:
+        n = int(value)
+    except ValueError:
+        raise click.BadParameter(f"expected a positive integer or 'auto', got {value!r}") from None
+    if n < 1:
+        raise click.BadParameter(f"iterations must be >= 1, got {n}")
+    return n
+
+
+def side_by_side(puzzle: str, prediction: str, color: bool) -> str:
+    """The puzzle (givens only) next to the answer, so givens and filled cells are told apart without colour."""
+    left = format_grid(puzzle).splitlines()
+    right = format_grid(prediction, givens=puzzle, color=color).splitlines()
+    arrow = ["   "] * len(left)
+    arrow[len(left) // 2] = "-> "
+    return "\n".join(f"  {a}   {m}{b}" for a, m, b in zip(left, arrow, right))
+
+
+def _sparkline(values: list[float]) -> str:
+    if not values:
+        return ""
+    ticks = "▁▂▃▄▅▆▇█"
+    lo, hi = min(values), max(values)
+    span = (hi - lo) or 1.0
+    return "".join(ticks[min(int((v - lo) / span * (len(ticks) - 1) + 0.5), len(ticks) - 1)] for v in values)
+
+
+def _energy_summary(energy: dict[str, list[float]], trained: int) -> str:
+    if not energy:
+        return "energy: not defined for this layer"
+    parts = []
+    for name, label in (("attn", "E_ATTN"), ("ff", "E_FF")):
+        v = energy.get(name)
+        if v:
+            at = v[min(trained, len(v)) - 1]
+            parts.append(f"{label} {v[0]:.1f} -> {v[-1]:.1f} (at t={min(trained, len(v))}: {at:.1f}) "
+                         f"{_sparkline(v)}")
+    return "; ".join(parts)
+
+
+def plot_energy(path: str, results: list[Any], trained: int) -> None:
+    """Mean E_ATTN and E_FF per iteration over the boards, with the trained depth marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    for ax, (name, label) in zip(axes, (("attn", "E_ATTN"), ("ff", "E_FF"))):
+        curves = [r.energy[name] for r in results if r.energy.get(name)]
+        if not curves:
+            continue
+        length = min(len(c) for c in curves)
+        mean = np.mean([c[:length] for c in curves], axis=0)
+        t = np.arange(1, length + 1)
+        for c in curves[:50]:
+            ax.plot(np.arange(1, len(c) + 1), c, color="tab:blue", alpha=0.15, lw=0.8)
+        ax.plot(t, mean, color="tab:blue", lw=2, label="mean over boards")
+        ax.axvline(trained, color="tab:red", ls="--", lw=1, label=f"trained depth ({trained})")
+        ax.set_xlabel("iteration t")
+        ax.set_title(label)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    tmp = Path(path).with_name(f".{Path(path).name}.tmp.png")
+    fig.savefig(tmp, dpi=120)
+    plt.close(fig)
+    tmp.replace(path)
+
+
+def _load_puzzles(files: tuple[str, ...]) -> list[Puzzle]:
+    puzzles: list[Puzzle] = []
+    for f in files:
+        puzzles.extend(parse_file(f))
+        if len(puzzles) > MAX_PUZZLES:
+            raise PuzzleError(f, None, f"more than {MAX_PUZZLES:,} puzzles; split the input")
+    return puzzles
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("files", nargs=-1, required=True, type=str)
+@click.option("--iters", default=None, help="iterations (may exceed the trained depth) or 'auto' [default: trained depth]")
+@click.option("--strategy", type=click.Choice(["single", "commit"]), default="single", show_default=True,
+              help="single: one pass; commit: fix the most confident cells and run again until full")
+@click.option("--checkpoint", type=click.Path(), default=None, help="checkpoint folder [default: the shipped model]")
+@click.option("--device", default="auto", show_default=True, help="auto | cpu | cuda")
+@click.option("--backend", type=click.Choice(["torch", "onnx"]), default="torch", show_default=True)
+@click.option("--onnx-model", type=click.Path(), default=None, help="ONNX Loop graph for --backend onnx")
+@click.option("--batch-size", type=click.IntRange(1, 65536), default=256, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object")
+@click.option("--trace", is_flag=True, help="print E_ATTN and E_FF at every iteration")
+@click.option("--plot", type=click.Path(dir_okay=False), default=None, help="write the energy curve (PNG)")
+@click.option("--color/--no-color", default=None, help="colour givens and filled cells [default: on a terminal]")
+def solve_main(files: tuple[str, ...], iters: str | None, strategy: str, checkpoint: str | None, device: str,
+               backend: str, onnx_model: str | None, batch_size: int, as_json: bool, trace: bool,
+               plot: str | None, color: bool | None) -> None:
+    """Solve the Sudoku puzzles in FILES ('-' reads standard input).
+
+    Formats: 81-character lines ('0' or '.' for blanks), 9x9 grids (separators allowed), many puzzles per file,
+    and the RRN CSV 'puzzle,solution'. Exit code 0 when every board is solved validly, 1 when some are not,
+    2 on bad input.
+    """
+    from .solve import Solver, summarize, timed_solve
+
+    try:
+        n_iters = _iters_option(iters) if iters is not None else None
+        puzzles = _load_puzzles(files)
+        solver = Solver.load(checkpoint, device)
+        if backend == "onnx":
+            from exports.solver_backend import attach_onnx_backend
+
+            attach_onnx_backend(solver, onnx_model, device)
+    except click.BadParameter as e:
+        click.echo(f"hyperset-solve: error: --iters: {e.message}", err=True)
+        sys.exit(EXIT_BAD_INPUT)
+    except (PuzzleError, CheckpointError, RuntimeError, ValueError) as e:
+        click.echo(f"hyperset-solve: error: {e}", err=True)
+        sys.exit(EXIT_BAD_INPUT)
+    if not as_json:
+        for p in puzzles:
+            for w in p.warnings:
+                click.echo(f"warning: {p.source}, line {p.line}: {w}", err=True)
+    results, seconds = timed_solve(solver, [p.givens for p in puzzles], iters=n_iters, strategy=strategy,
+                                   batch_size=batch_size, solutions=[p.solution for p in puzzles])
+    summary = summarize(results, seconds, solver)
+    if plot:
+        plot_energy(plot, results, solver.trained_iters)
+    if as_json:
+        click.echo(json.dumps({"results": [r.to_json() for r in results], "summary": summary.to_json()}))
+    else:
+        use_color = sys.stdout.isatty() if color is None else color
+        for p, r in zip(puzzles, results):
+            _print_result(p, r, solver.trained_iters, use_color, trace)
+        _print_summary(summary, solver, strategy, plot)
+    sys.exit(EXIT_SOLVED if summary.valid == summary.puzzles else EXIT_UNSOLVED)
+
+
+def _print_result(p: Puzzle, r: Any, trained: int, color: bool, trace: bool) -> None:
+    verdict = "solved" if r.valid else "INVALID"
+    if r.correct is not None:
+        verdict += " (matches the known solution)" if r.correct else " (differs from the known solution)"
+    click.echo(f"{p.source}, puzzle {p.index + 1} (line {p.line}, {p.n_givens} givens):")
+    click.echo(side_by_side(r.puzzle, r.prediction, color))
+    where = "" if r.valid else " — conflicts at " + ", ".join(cell_name(c) for c in r.conflicting_cells[:12])
+    passes = f" in {r.passes} passes" if r.passes > 1 else ""
+    click.echo(f"  {verdict}: {r.iterations} iterations{passes} (trained depth {trained}), "
+               f"confidence {r.confidence:.3f}{where}")
+    if not r.valid:
+        click.echo(f"  reason: {r.reason}")
+    click.echo(f"  {_energy_summary(r.energy, trained)}")
+    if trace:
+        attn, ff = r.energy.get("attn", []), r.energy.get("ff", [])
+        click.echo("    t       E_ATTN         E_FF")
+        for t, (a, f) in enumerate(zip(attn, ff), start=1):
+            mark = "  <- trained depth" if t == trained else ""
+            click.echo(f"  {t:3d}  {a:11.3f}  {f:11.3f}{mark}")
+    click.echo("")
+
+
+def _print_summary(summary: Any, solver: Any, strategy: str, plot: str | None) -> None:
+    line = f"{summary.valid}/{summary.puzzles} boards valid"
+    if summary.board_accuracy is not None:
+        line += f"; board accuracy {summary.board_accuracy:.1%}, cell accuracy {summary.cell_accuracy:.1%}"
+    click.echo(f"{line} — strategy {strategy}, {summary.seconds:.2f} s on {summary.device} ({summary.backend})")
+    if plot:
+        click.echo(f"energy plot written to {plot}")
+
+
+if __name__ == "__main__":
+    solve_main()

@@ -1,0 +1,214 @@
+"""Model configuration: one plain dataclass for every task, variant and baseline, plus named presets."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+LAYERS = ("hyperset", "transformer", "crate", "crate-t", "et")
+ATTENTIONS = ("bisoftmax", "sigmoid", "linear")
+FEEDFORWARDS = ("relu", "softmax", "gated")
+TASKS = ("sudoku", "classify", "mim")
+
+
+@dataclass
+class ModelConfig:
+    """Everything that defines a model. Variants are values here, not subclasses.
+
+    Args:
+        task: "sudoku" (81 cells -> 9 digits), "classify" (patches + CLS -> classes), "mim" (VQ tokens -> codes).
+        layer: the recurrent layer: "hyperset" or a baseline ("transformer", "crate", "crate-t", "et").
+        dim: token dimension d.
+        heads: number of subspaces H (p = d / H).
+        ff_hidden: M, the number of feedforward bases (columns of D).
+        iters: iterations per distinct layer in training (the trained depth when n_layers == 1).
+        n_layers: distinct layers, each iterated `iters` times (layers x iterations).
+        attention: attention energy: "bisoftmax" (eq. 2-3), "sigmoid" or "linear" (appendix, alternative designs).
+        feedforward: feedforward energy: "relu" (eq. 4), "softmax" or "gated".
+        phi: feature map for linear attention / gated feedforward ("sigmoid", "relu", "elu1", "softplus").
+        step: "adaptive" (learned alpha_t, gamma_t, eq. 12) or "fixed" (alpha = gamma = fixed_step).
+        step_cond: condition of the step-size network: "x0" (paper default) or "xt" (images).
+        time_dim: sinusoidal embedding size of t.
+        time_mlp: True: Linear(time_dim, d) -> GELU -> Linear(d, d) on the embedding (appendix table);
+            False: the embedding is used directly (MIM; then time_dim must equal dim).
+        step_norm: where an RMSNorm sits in the step network: "none" (Sudoku), "cond" (norm on the condition,
+            images), "sum" (norm on embedding + condition, MIM).
+        step_init: initial value of alpha and gamma (bias of the last zero-initialised Linear). The paper uses 0.
+        fixed_step: alpha = gamma for step == "fixed".
+        lora_rank: depth-wise LoRA rank r (0 = off); one adapter per iteration, scale lora_scale.
+        et_step: Energy Transformer step size.
+        norm_eps: RMSNorm epsilon.
+        vocab_size: token vocabulary (Sudoku 10, MIM codebook + 1).
+        num_classes: output classes (Sudoku 9, classification C, MIM codebook size).
+        seq_len: tokens for "sudoku" and "mim" (grid side squared for mim).
+        pos: position code: "learned", "grid" (learned + row/column/box embeddings, Sudoku), "sincos1d", "sincos2d".
+        emb_dropout: dropout on the embedded input (the authors' Sudoku code keeps 0.1).
+        img_size, patch_grid, channels: classification stem (patch_grid patches per side).
+        stem: classification stem: "ln-linear-ln" (Hyper-SET) or "linear" (baselines).
+        head_bias: bias in the output Linear.
+        head_norm: "rms" or "layer" norm before the head.
+    """
+
+    task: str = "sudoku"
+    layer: str = "hyperset"
+    dim: int = 768
+    heads: int = 12
+    ff_hidden: int = 3072
+    iters: int = 24
+    n_layers: int = 1
+    attention: str = "bisoftmax"
+    feedforward: str = "relu"
+    phi: str = "sigmoid"
+    step: str = "adaptive"
+    step_cond: str = "x0"
+    time_dim: int = 512
+    time_mlp: bool = True
+    step_norm: str = "none"
+    step_init: float = 0.0
+    fixed_step: float = 0.1
+    lora_rank: int = 0
+    lora_scale: float = 4.0
+    et_step: float = 1.0
+    norm_eps: float = 1e-6
+    vocab_size: int = 10
+    num_classes: int = 9
+    seq_len: int = 81
+    pos: str = "learned"
+    emb_dropout: float = 0.1
+    img_size: int = 32
+    patch_grid: int = 8
+    channels: int = 3
+    stem: str = "ln-linear-ln"
+    head_bias: bool = False
+    head_norm: str = "rms"
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.task in TASKS, f"task must be one of {TASKS}, got {self.task!r}"),
+            (self.layer in LAYERS, f"layer must be one of {LAYERS}, got {self.layer!r}"),
+            (self.attention in ATTENTIONS, f"attention must be one of {ATTENTIONS}, got {self.attention!r}"),
+            (self.feedforward in FEEDFORWARDS, f"feedforward must be one of {FEEDFORWARDS}, got {self.feedforward!r}"),
+            (self.dim % self.heads == 0, f"dim {self.dim} is not divisible by heads {self.heads}"),
+            (self.step in ("adaptive", "fixed"), f"step must be 'adaptive' or 'fixed', got {self.step!r}"),
+            (self.step_cond in ("x0", "xt"), f"step_cond must be 'x0' or 'xt', got {self.step_cond!r}"),
+            (self.step_norm in ("none", "cond", "sum"), f"step_norm must be none/cond/sum, got {self.step_norm!r}"),
+            (self.time_mlp or self.time_dim == self.dim, "without time_mlp, time_dim must equal dim"),
+            (self.time_dim % 2 == 0, "time_dim must be even"),
+            (self.iters >= 1 and self.n_layers >= 1, "iters and n_layers must be >= 1"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.heads
+
+    @property
+    def depth(self) -> int:
+        """Total trained iterations: n_layers x iters."""
+        return self.n_layers * self.iters
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown model config keys: {', '.join(unknown)}")
+        return cls(**data)
+
+    def replace(self, **overrides: Any) -> ModelConfig:
+        return dataclasses.replace(self, **overrides)
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    config: ModelConfig
+    paper_params: float | None  # millions, as printed in the paper; None when the paper gives no count
+    source: str = ""
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+
+def _sudoku(**kw: Any) -> ModelConfig:
+    return ModelConfig(task="sudoku", **kw)
+
+
+def _cifar(num_classes: int = 10, **kw: Any) -> ModelConfig:
+    base = dict(task="classify", dim=384, heads=6, ff_hidden=384, iters=12, num_classes=num_classes,
+                img_size=32, patch_grid=8, pos="sincos1d", step_cond="xt", step_norm="cond", emb_dropout=0.0,
+                head_norm="layer", head_bias=True)
+    base.update(kw)
+    return ModelConfig(**base)
+
+
+def _baseline_cifar(layer: str, **kw: Any) -> ModelConfig:
+    ff = {"transformer": 4 * 384, "et": 4 * 384}.get(layer, 384)
+    return _cifar(layer=layer, stem="linear", ff_hidden=ff, **kw)
+
+
+def _mim(**kw: Any) -> ModelConfig:
+    base = dict(task="mim", dim=768, heads=12, ff_hidden=768, iters=12, vocab_size=1025, num_classes=1024,
+                seq_len=256, pos="sincos2d", time_mlp=False, time_dim=768, step_norm="sum", emb_dropout=0.0,
+                head_bias=True)
+    base.update(kw)
+    return ModelConfig(**base)
+
+
+_PRESETS: dict[str, Preset] = {}
+
+
+def _add(name: str, config: ModelConfig, paper: float | None, source: str, *notes: str) -> None:
+    _PRESETS[name] = Preset(name, config, paper, source, tuple(notes))
+
+
+_add("sudoku", _sudoku(), 5.20, "Table: model configuration for solving Sudoku")
+_add("sudoku-transformer", _sudoku(layer="transformer"), 7.16, "Sudoku Transformer baseline (Sec. 4.1)")
+_add("sudoku-crate", _sudoku(layer="crate", ff_hidden=768), 1.85, "Sudoku CRATE (authors' code)")
+_add("sudoku-et", _sudoku(layer="et"), 3.62, "Sudoku Energy Transformer (authors' code)")
+_add("sudoku-cpu", _sudoku(dim=128, heads=4, ff_hidden=512, iters=16, time_dim=128, pos="grid",
+                           step_init=0.1, emb_dropout=0.0), None,
+     "ours: the CPU recipe of the shipped model",
+     "row/column/box position embeddings, step sizes start at 0.1, d=128")
+_add("sudoku-cpu-transformer", _sudoku(layer="transformer", dim=128, heads=4, ff_hidden=512, iters=16,
+                                       pos="grid", emb_dropout=0.0), None,
+     "ours: Transformer baseline with the CPU recipe")
+_add("cifar10-small", _cifar(), 0.96, "Table: model configuration for image classification (Small)")
+_add("cifar10-small-scaleup", _cifar(dim=512, heads=8, ff_hidden=512), 1.61, "Table: scaling configurations")
+_add("cifar10-base", _cifar(dim=768, heads=12, ff_hidden=768), None, "Table: scaling configurations (Base)")
+_add("cifar100-small", _cifar(num_classes=100), None, "CIFAR-100, Small")
+_add("cifar100-small-scaleup", _cifar(num_classes=100, dim=512, heads=8, ff_hidden=512), 1.66,
+     "Table 1 (CIFAR-100, d=512)")
+_add("imagenet100-small", _cifar(num_classes=100, img_size=224, patch_grid=16), 1.21,
+     "Table: model configuration for ImageNet-100 (Small)")
+_add("cifar10-transformer", _baseline_cifar("transformer"), 1.79, "Table 1 baselines (Small)")
+_add("cifar10-crate", _baseline_cifar("crate"), 0.47, "Table 1 baselines (Small)")
+_add("cifar10-crate-t", _baseline_cifar("crate-t"), 0.32, "Table 1 baselines (Small)")
+_add("cifar10-et", _baseline_cifar("et"), 0.91, "Table 1 baselines (Small)")
+_add("cifar10-cpu", _cifar(dim=192, heads=6, ff_hidden=192, time_dim=128, step_init=0.1), None,
+     "ours: the CPU recipe of the shipped classifier")
+_add("mim-base", _mim(), 3.94, "Table: model configuration for masked image modeling")
+_add("mim-base-24x8", _mim(iters=24, ff_hidden=8 * 768), 8.07, "MIM, 24 iterations, M=8d (authors' scripts)")
+_add("mim-transformer", _mim(layer="transformer", ff_hidden=4 * 768), 8.85, "MIM Transformer baseline",
+     "the authors' code gives 8.655 M for this configuration; the paper prints 8.85 M")
+_add("mim-cpu", _mim(dim=256, heads=8, ff_hidden=512, iters=12, time_dim=256, vocab_size=513, num_classes=512,
+                     seq_len=64, step_init=0.1), None, "ours: CIFAR-10 8x8 tokens, the shipped token model")
+
+
+def list_presets() -> list[str]:
+    """Names of every preset."""
+    return sorted(_PRESETS)
+
+
+def get_preset(name: str) -> Preset:
+    if name not in _PRESETS:
+        raise KeyError(f"unknown preset {name!r}; choose from: {', '.join(list_presets())}")
+    return _PRESETS[name]
+
+
+def preset_config(name: str, **overrides: Any) -> ModelConfig:
+    return get_preset(name).config.replace(**overrides)

@@ -1,0 +1,94 @@
+"""The one recurrent core: every task, variant and baseline iterates here, and only here."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from .baselines import CRATELayer, EnergyTransformerLayer, TransformerLayer
+from .config import ModelConfig
+from .energies import average_angle, effective_rank
+from .layers import HyperSETLayer, StepSizes
+
+LAYER_TYPES = {
+    "hyperset": HyperSETLayer,
+    "transformer": TransformerLayer,
+    "crate": CRATELayer,
+    "crate-t": lambda cfg: CRATELayer(cfg, tied=True),
+    "et": EnergyTransformerLayer,
+}
+
+
+@dataclass
+class Trace:
+    """Per-iteration measurements, recorded after each update (iteration t = 1..T).
+
+    energy[name] is a list of (B,) tensors (name "attn" = E_ATTN, "ff" = E_FF); effective_rank and
+    average_angle are lists of (B, H) tensors, present when geometry was requested.
+    """
+
+    energy: dict[str, list[Tensor]] = field(default_factory=dict)
+    effective_rank: list[Tensor] = field(default_factory=list)
+    average_angle: list[Tensor] = field(default_factory=list)
+
+    def record(self, layer: nn.Module, x: Tensor, t: int, geometry: bool) -> None:
+        for name, value in layer.energy(x, t).items():
+            self.energy.setdefault(name, []).append(value.detach().float())
+        if geometry:
+            Z = layer.projections(x, t).detach()
+            self.effective_rank.append(effective_rank(Z))
+            self.average_angle.append(average_angle(Z))
+
+    def stacked(self) -> dict[str, Tensor]:
+        """Everything as tensors with iterations first: energy_attn (T, B), effective_rank (T, B, H), ..."""
+        out = {f"energy_{k}": torch.stack(v) for k, v in self.energy.items()}
+        if self.effective_rank:
+            out["effective_rank"] = torch.stack(self.effective_rank)
+            out["average_angle"] = torch.stack(self.average_angle)
+        return out
+
+
+@dataclass
+class CoreOutput:
+    x: Tensor
+    trace: Trace | None = None
+    states: list[Tensor] | None = None
+
+
+class RecurrentCore(nn.Module):
+    """for layer in layers: for t in 1..iters: x = layer.step(x, t, step_sizes(t, cond))."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.layers = nn.ModuleList(LAYER_TYPES[cfg.layer](cfg) for _ in range(cfg.n_layers))
+        self.step_sizes = StepSizes(cfg) if cfg.layer == "hyperset" else None
+
+    def iterate(self, x0: Tensor, iters: int | None = None) -> Iterator[tuple[nn.Module, int, Tensor]]:
+        """Yield (layer, t, x_t) after every update. `iters` (per layer) may exceed the trained depth."""
+        iters = self.cfg.iters if iters is None else int(iters)
+        if iters < 0:
+            raise ValueError(f"iters must be >= 0, got {iters}")
+        x = x0
+        for layer in self.layers:
+            for t in range(1, iters + 1):  # t restarts for every distinct layer, as in the authors' code
+                steps = None
+                if self.step_sizes is not None:
+                    cond = x0 if self.cfg.step_cond == "x0" else x
+                    steps = self.step_sizes(torch.tensor(float(t), device=x.device), cond)
+                x = layer.step(x, t, steps)
+                yield layer, t, x
+
+    def run(self, x0: Tensor, iters: int | None = None, trace: bool = False, geometry: bool = False,
+            keep_states: bool = False) -> CoreOutput:
+        out = CoreOutput(x0, Trace() if (trace or geometry) else None, [] if keep_states else None)
+        for layer, t, x in self.iterate(x0, iters):
+            out.x = x
+            if out.trace is not None:
+                out.trace.record(layer, x, t, geometry)
+            if out.states is not None:
+                out.states.append(x)
+        return out

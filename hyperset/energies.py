@@ -1,0 +1,153 @@
+"""The energies of Hyper-SET as pure functions, and the geometry measures of the paper's figures.
+
+Row-vector convention: X is (B, N, d), W is (d, H*p) so the projections are Z = X W, and D is (d, M) so
+U = X D. Energies are per sample, summed over heads and tokens: shape (B,).
+
+"Normalization first" (as the paper's figures): the energies are evaluated on the projections put on their
+spheres by an RMSNorm *without* learnable gain. With `normalize=False` they are the raw energies, whose
+autograd gradient the layer's update reproduces exactly (tests check this).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+PHI = {
+    "sigmoid": (torch.sigmoid, lambda u: torch.sigmoid(u) * (1 - torch.sigmoid(u))),
+    "relu": (F.relu, lambda u: (u > 0).to(u.dtype)),
+    "softplus": (F.softplus, torch.sigmoid),
+    "elu1": (lambda u: F.elu(u) + 1, lambda u: torch.where(u > 0, torch.ones_like(u), torch.exp(u))),
+}
+
+
+def rms_normalize(x: Tensor, eps: float = 1e-6) -> Tensor:
+    """Put each row on the sphere of radius sqrt(dim): the constraint of eq. (3)/(4)."""
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+
+def split_heads(z: Tensor, heads: int) -> Tensor:
+    """(B, N, H*p) -> (B, H, N, p)."""
+    b, n, _ = z.shape
+    return z.view(b, n, heads, -1).transpose(1, 2)
+
+
+def merge_heads(z: Tensor) -> Tensor:
+    """(B, H, N, p) -> (B, N, H*p)."""
+    b, h, n, p = z.shape
+    return z.transpose(1, 2).reshape(b, n, h * p)
+
+
+def head_projections(X: Tensor, W: Tensor, heads: int, normalize: bool = True, eps: float = 1e-6) -> Tensor:
+    """z_i^h = W_h^T x_i (eq. 1), per head, optionally on the radius-sqrt(p) sphere (eq. 7): (B, H, N, p)."""
+    Z = split_heads(X @ W, heads)
+    return rms_normalize(Z, eps) if normalize else Z
+
+
+def attn_energy_heads(Z: Tensor, kind: str = "bisoftmax", phi: str = "sigmoid") -> Tensor:
+    """Attention energy of head projections Z (B, H, N, p), summed over heads and tokens -> (B,).
+
+    bisoftmax: E = 1/beta sum_i logsumexp_j(beta z_i.z_j)           eq. (2)-(3), beta = 1/sqrt(p)
+    sigmoid:   E = 1/(2 beta) sum_ij sigmoid(beta z_i.z_j)          (alternative designs)
+    linear:    E = beta/4 sum_ij (phi(z_i).phi(z_j))^2               (alternative designs; O(N) update)
+    """
+    beta = 1.0 / math.sqrt(Z.shape[-1])
+    if kind == "bisoftmax":
+        A = beta * Z @ Z.transpose(-1, -2)
+        return torch.logsumexp(A, dim=-1).sum(dim=(1, 2)) / beta
+    if kind == "sigmoid":
+        A = beta * Z @ Z.transpose(-1, -2)
+        return torch.sigmoid(A).sum(dim=(1, 2, 3)) / (2 * beta)
+    if kind == "linear":
+        P = PHI[phi][0](Z)
+        G = P.transpose(-1, -2) @ P  # (B, H, p, p): sum_ij (phi_i.phi_j)^2 = ||P^T P||_F^2
+        return beta / 4 * G.pow(2).sum(dim=(1, 2, 3))
+    raise ValueError(f"unknown attention energy {kind!r}")
+
+
+def ff_energy_hidden(U: Tensor, kind: str = "relu", phi: str = "sigmoid") -> Tensor:
+    """Feedforward energy of hidden activations U = X D (B, N, M), summed over tokens -> (B,).
+
+    relu:    E = -1/2 sum_i sum_m ReLU(u_im)^2                      eq. (4)
+    softmax: E = -sum_i logsumexp_m(u_im)
+    gated:   E = -1/2 sum_i (sum_m phi(u_im))^2
+    """
+    if kind == "relu":
+        return -0.5 * F.relu(U).pow(2).sum(dim=(1, 2))
+    if kind == "softmax":
+        return -torch.logsumexp(U, dim=-1).sum(dim=1)
+    if kind == "gated":
+        return -0.5 * PHI[phi][0](U).sum(-1).pow(2).sum(dim=1)
+    raise ValueError(f"unknown feedforward energy {kind!r}")
+
+
+def attn_energy(X: Tensor, W: Tensor, heads: int, kind: str = "bisoftmax", normalize: bool = True,
+                phi: str = "sigmoid", eps: float = 1e-6) -> Tensor:
+    """E_ATTN(X; W), eq. (2)-(3), per sample (B,)."""
+    return attn_energy_heads(head_projections(X, W, heads, normalize, eps), kind, phi)
+
+
+def ff_energy(X: Tensor, D: Tensor, kind: str = "relu", normalize: bool = True, phi: str = "sigmoid",
+              eps: float = 1e-6) -> Tensor:
+    """E_FF(X; D), eq. (4), per sample (B,)."""
+    U = X @ D
+    return ff_energy_hidden(rms_normalize(U, eps) if normalize else U, kind, phi)
+
+
+def attn_energy_grad_heads(Z: Tensor, kind: str = "bisoftmax", phi: str = "sigmoid") -> Tensor:
+    """dE_ATTN/dZ in closed form, per head (B, H, N, p): the attention operator before back-projection.
+
+    bisoftmax: (softmax_row(A) + softmax_col(A)) Z, the bi-softmax attention of eq. (6)/(8).
+    """
+    beta = 1.0 / math.sqrt(Z.shape[-1])
+    if kind == "bisoftmax":
+        A = beta * Z @ Z.transpose(-1, -2)
+        P = torch.softmax(A, dim=-1)  # A is symmetric, so the column softmax is P^T
+        return (P + P.transpose(-1, -2)) @ Z
+    if kind == "sigmoid":
+        A = beta * Z @ Z.transpose(-1, -2)
+        s = torch.sigmoid(A)
+        S = s * (1 - s)
+        return 0.5 * (S + S.transpose(-1, -2)) @ Z
+    if kind == "linear":
+        f, df = PHI[phi]
+        P = f(Z)
+        Mh = beta * (P.transpose(-1, -2) @ P)  # (B, H, p, p): the O(N) "kernel" matrix
+        return (P @ Mh) * df(Z)
+    raise ValueError(f"unknown attention energy {kind!r}")
+
+
+def ff_energy_grad_hidden(U: Tensor, kind: str = "relu", phi: str = "sigmoid") -> Tensor:
+    """-dE_FF/dU in closed form (B, N, M): the feedforward activation of eq. (9)/(10)."""
+    if kind == "relu":
+        return F.relu(U)
+    if kind == "softmax":
+        return torch.softmax(U, dim=-1)
+    if kind == "gated":
+        f, df = PHI[phi]
+        return f(U).sum(-1, keepdim=True) * df(U)
+    raise ValueError(f"unknown feedforward energy {kind!r}")
+
+
+def effective_rank(Z: Tensor) -> Tensor:
+    """Effective rank, eq. (13): exp of the entropy of normalised singular values. Z (..., N, p) -> (...)."""
+    s = torch.linalg.svdvals(Z.float())
+    p = s / s.sum(-1, keepdim=True).clamp_min(1e-12)
+    entropy = -(p * torch.log(p.clamp_min(1e-12))).sum(-1)
+    return torch.exp(entropy)
+
+
+def average_angle(Z: Tensor) -> Tensor:
+    """Average angle in degrees, eq. (14): arccos of the mean pairwise cosine over i < j. Z (..., N, p) -> (...).
+
+    This is the paper's definition; the authors' code averages the angles instead (mean of arccos).
+    """
+    u = F.normalize(Z.float(), dim=-1)
+    n = u.shape[-2]
+    cos = u @ u.transpose(-1, -2)
+    off_diag = cos.sum((-1, -2)) - cos.diagonal(dim1=-2, dim2=-1).sum(-1)
+    mean_cos = off_diag / (n * (n - 1))
+    return torch.rad2deg(torch.arccos(mean_cos.clamp(-1, 1)))

@@ -1,0 +1,173 @@
+"""The Hyper-SET layer: one iteration of alternating descent on E_ATTN and E_FF, on hyperspheres.
+
+A layer is anything with `step(x, t, steps) -> x`, `energy(x, t) -> {name: (B,)}` and
+`projections(x, t) -> (B, H, N, p)`. The step sizes (alpha_t, gamma_t) come from `StepSizes`, owned by the
+recurrent core and shared by every distinct layer, as in the authors' code.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .config import ModelConfig
+from .energies import (
+    attn_energy_grad_heads,
+    attn_energy_heads,
+    ff_energy_grad_hidden,
+    ff_energy_hidden,
+    merge_heads,
+    rms_normalize,
+    split_heads,
+)
+
+
+class RMSNorm(nn.Module):
+    """x / rms(x) * g, written out (not nn.RMSNorm) so that both ONNX exporters handle it."""
+
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return rms_normalize(x, self.eps) * self.weight
+
+
+def sinusoidal_embedding(t: Tensor, dim: int) -> Tensor:
+    """[sin(t f_k), cos(t f_k)], f_k = 10000^(-k/(dim/2-1)): works for any t, so iterations past training work."""
+    half = dim // 2
+    k = torch.arange(half, dtype=torch.float32, device=t.device)
+    freqs = torch.exp(-math.log(10000.0) * k / max(half - 1, 1))
+    angles = t.float().reshape(-1, 1) * freqs
+    return torch.cat([angles.sin(), angles.cos()], dim=-1)
+
+
+class StepSizes(nn.Module):
+    """alpha_t, gamma_t = split(L3(GELU(c_t + cond))), eq. (12) and the appendix table.
+
+    c_t = L2(GELU(L1(sin(t)))) (or sin(t) itself when time_mlp is off, as for MIM). The step sizes are per
+    token and channel, (B, N, d) each. L1, L2 and L3 start at zero (ReZero), so alpha = gamma = step_init.
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        d = cfg.dim
+        if cfg.step == "fixed":
+            return
+        if cfg.time_mlp:
+            self.L1 = nn.Linear(cfg.time_dim, d)
+            self.L2 = nn.Linear(d, d)
+        if cfg.step_norm != "none":
+            self.norm = RMSNorm(d, cfg.norm_eps)
+        self.L3 = nn.Linear(d, 2 * d)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        if self.cfg.step == "fixed":
+            return
+        linears = [self.L1, self.L2, self.L3] if self.cfg.time_mlp else [self.L3]
+        for lin in linears:
+            nn.init.zeros_(lin.weight)
+            nn.init.zeros_(lin.bias)
+        nn.init.constant_(self.L3.bias, self.cfg.step_init)
+
+    def time_embedding(self, t: Tensor) -> Tensor:
+        c = sinusoidal_embedding(t, self.cfg.time_dim)
+        if self.cfg.time_mlp:
+            c = self.L2(F.gelu(self.L1(c)))
+        return c  # (1, d)
+
+    def forward(self, t: Tensor, cond: Tensor) -> tuple[Tensor, Tensor]:
+        if self.cfg.step == "fixed":
+            s = torch.full((), self.cfg.fixed_step, dtype=cond.dtype, device=cond.device)
+            return s, s
+        c = self.time_embedding(t).to(cond.dtype)
+        if self.cfg.step_norm == "cond":
+            h = c + self.norm(cond)
+        elif self.cfg.step_norm == "sum":
+            h = self.norm(c + cond)
+        else:
+            h = c + cond
+        alpha, gamma = self.L3(F.gelu(h)).chunk(2, dim=-1)
+        return alpha, gamma
+
+
+class DepthLoRA(nn.Module):
+    """Depth-wise LoRA: W_t = W + s B_t A_t and D_t = D + s B'_t A'_t, one adapter per iteration.
+
+    Both factors start at N(0, 0.02) as in the authors' code. Past the trained depth the last adapter is reused.
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        T, r, d, M = cfg.iters, cfg.lora_rank, cfg.dim, cfg.ff_hidden
+        self.scale = cfg.lora_scale
+        self.attn_B = nn.Parameter(torch.randn(T, d, r) * 0.02)
+        self.attn_A = nn.Parameter(torch.randn(T, r, d) * 0.02)
+        self.ff_B = nn.Parameter(torch.randn(T, d, r) * 0.02)
+        self.ff_A = nn.Parameter(torch.randn(T, r, M) * 0.02)
+
+    def deltas(self, t: int) -> tuple[Tensor, Tensor]:
+        i = min(t, self.attn_B.shape[0]) - 1
+        return (self.scale * self.attn_B[i] @ self.attn_A[i], self.scale * self.ff_B[i] @ self.ff_A[i])
+
+
+class HyperSETLayer(nn.Module):
+    """One layer of Hyper-SET parameters: W (d x Hp) for q = k = v and D (d x M) for the tied feedforward."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        d, M = cfg.dim, cfg.ff_hidden
+        self.W = nn.Parameter(torch.randn(d, d) * 0.02)
+        self.D = nn.Parameter(torch.randn(d, M) * 0.02)
+        self.norm_attn = RMSNorm(cfg.head_dim, cfg.norm_eps)  # one sphere per head, gain shared: A stays symmetric
+        self.norm_ff = RMSNorm(M, cfg.norm_eps)
+        self.lora = DepthLoRA(cfg) if cfg.lora_rank > 0 else None
+
+    def weights(self, t: int | None) -> tuple[Tensor, Tensor]:
+        if self.lora is None or t is None:
+            return self.W, self.D
+        dW, dD = self.lora.deltas(t)
+        return self.W + dW, self.D + dD
+
+    def attn_grad(self, X: Tensor, W: Tensor, normalize: bool = True) -> Tensor:
+        """dE_ATTN/dX with the projections put on their spheres first (eq. 8; exact gradient if normalize=False)."""
+        Z = split_heads(X @ W, self.cfg.heads)  # (B, H, N, p)
+        if normalize:
+            Z = self.norm_attn(Z)
+        G = attn_energy_grad_heads(Z, self.cfg.attention, self.cfg.phi)
+        return merge_heads(G) @ W.transpose(0, 1)  # back-projection through the same W
+
+    def ff_descent(self, X: Tensor, D: Tensor, normalize: bool = True) -> Tensor:
+        """-dE_FF/dX with the hidden activations on their sphere first (eq. 10; exact if normalize=False)."""
+        U = X @ D  # (B, N, M)
+        if normalize:
+            U = self.norm_ff(U)
+        return ff_energy_grad_hidden(U, self.cfg.feedforward, self.cfg.phi) @ D.transpose(0, 1)
+
+    def step(self, x: Tensor, t: int, steps: tuple[Tensor, Tensor]) -> Tensor:
+        """Attention step (eq. 8), then feedforward step (eq. 10) on the updated tokens."""
+        alpha, gamma = steps
+        W, D = self.weights(t)
+        x = x - alpha * self.attn_grad(x, W)
+        return x + gamma * self.ff_descent(x, D)
+
+    def projections(self, x: Tensor, t: int | None = None) -> Tensor:
+        W, _ = self.weights(t)
+        return rms_normalize(split_heads(x @ W, self.cfg.heads), self.cfg.norm_eps)
+
+    def energy(self, x: Tensor, t: int | None = None) -> dict[str, Tensor]:
+        """E_ATTN and E_FF "normalization first" (no learnable gains), per sample."""
+        W, D = self.weights(t)
+        Z = rms_normalize(split_heads(x @ W, self.cfg.heads), self.cfg.norm_eps)
+        U = rms_normalize(x @ D, self.cfg.norm_eps)
+        return {
+            "attn": attn_energy_heads(Z, self.cfg.attention, self.cfg.phi),
+            "ff": ff_energy_hidden(U, self.cfg.feedforward, self.cfg.phi),
+        }

@@ -1,0 +1,148 @@
+"""Task models: a stem that embeds the input, the recurrent core, and a head. One class for all tasks."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from .config import ModelConfig, get_preset
+from .core import RecurrentCore, Trace
+from .layers import RMSNorm
+
+
+def sincos_1d(n: int, dim: int) -> Tensor:
+    """Vaswani positions, sin and cos interleaved: (n, dim)."""
+    pos = torch.arange(n, dtype=torch.float32)[:, None]
+    div = torch.exp(torch.arange(0, dim, 2, dtype=torch.float32) * (-math.log(10000.0) / dim))
+    pe = torch.zeros(n, dim)
+    pe[:, 0::2] = torch.sin(pos * div)
+    pe[:, 1::2] = torch.cos(pos * div)
+    return pe
+
+
+def sincos_2d(side: int, dim: int) -> Tensor:
+    """MAE-style fixed 2-D positions: half the channels encode the row, half the column: (side*side, dim)."""
+    half = dim // 2
+    quarter = half // 2
+    omega = 1.0 / 10000 ** (torch.arange(quarter, dtype=torch.float32) / quarter)
+    rows, cols = torch.meshgrid(torch.arange(side, dtype=torch.float32),
+                                torch.arange(side, dtype=torch.float32), indexing="ij")
+
+    def encode(coord: Tensor) -> Tensor:
+        angles = coord.reshape(-1, 1) * omega
+        return torch.cat([angles.sin(), angles.cos()], dim=1)
+
+    return torch.cat([encode(rows), encode(cols)], dim=1)
+
+
+class TokenStem(nn.Module):
+    """Token embedding + positions, for Sudoku cells (vocab 10) and VQ codes (codebook + mask token)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        d, n = cfg.dim, cfg.seq_len
+        self.tok = nn.Embedding(cfg.vocab_size, d)
+        nn.init.normal_(self.tok.weight, std=0.02)
+        if cfg.pos in ("learned", "grid"):
+            self.pos = nn.Parameter(torch.randn(n, d) * 0.02)
+        elif cfg.pos == "sincos2d":
+            self.register_buffer("pos", sincos_2d(int(math.isqrt(n)), d), persistent=False)
+        elif cfg.pos == "sincos1d":
+            self.register_buffer("pos", sincos_1d(n, d), persistent=False)
+        else:
+            raise ValueError(f"unknown position code {cfg.pos!r} for a token stem")
+        if cfg.pos == "grid":  # Sudoku structure: learned row, column and box embeddings
+            if n != 81:
+                raise ValueError("pos='grid' is for 9x9 Sudoku boards (seq_len 81)")
+            cell = torch.arange(81)
+            self.register_buffer("cell_index", torch.stack([cell // 9, cell % 9, (cell // 27) * 3 + (cell % 9) // 3]),
+                                 persistent=False)
+            self.grid = nn.Parameter(torch.randn(3, 9, d) * 0.02)
+        self.drop = nn.Dropout(cfg.emb_dropout)
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        x = self.tok(tokens) + self.pos
+        if self.cfg.pos == "grid":
+            r, c, b = self.cell_index
+            x = x + self.grid[0, r] + self.grid[1, c] + self.grid[2, b]
+        return self.drop(x)
+
+
+class PatchStem(nn.Module):
+    """Image -> patch tokens (patch_grid x patch_grid) + CLS token + fixed sinusoidal 1-D positions."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        if cfg.img_size % cfg.patch_grid:
+            raise ValueError(f"img_size {cfg.img_size} is not divisible by patch_grid {cfg.patch_grid}")
+        self.patch = cfg.img_size // cfg.patch_grid
+        f = self.patch * self.patch * cfg.channels
+        if cfg.stem == "ln-linear-ln":
+            self.embed = nn.Sequential(nn.LayerNorm(f), nn.Linear(f, cfg.dim), nn.LayerNorm(cfg.dim))
+        else:
+            self.embed = nn.Linear(f, cfg.dim)
+        self.cls = nn.Parameter(torch.randn(1, 1, cfg.dim))
+        self.register_buffer("pos", sincos_1d(cfg.patch_grid**2 + 1, cfg.dim), persistent=False)
+
+    def forward(self, images: Tensor) -> Tensor:
+        b, c, h, w = images.shape
+        g, p = self.cfg.patch_grid, self.patch
+        # (B, C, g, p, g, p) -> (B, g*g, p*p*C): patches in row-major order, features (row, col, channel)
+        patches = images.reshape(b, c, g, p, g, p).permute(0, 2, 4, 3, 5, 1).reshape(b, g * g, p * p * c)
+        x = self.embed(patches)
+        x = torch.cat([self.cls.expand(b, -1, -1), x], dim=1)
+        return x + self.pos
+
+
+@dataclass
+class ModelOutput:
+    logits: Tensor
+    trace: Trace | None = None
+    all_logits: list[Tensor] | None = None  # one per iteration, when requested
+
+
+class HyperSETModel(nn.Module):
+    """stem -> RecurrentCore -> head. `iters` is a run-time argument everywhere."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.stem = PatchStem(cfg) if cfg.task == "classify" else TokenStem(cfg)
+        self.core = RecurrentCore(cfg)
+        self.head_norm = RMSNorm(cfg.dim, cfg.norm_eps) if cfg.head_norm == "rms" else nn.LayerNorm(cfg.dim)
+        self.head = nn.Linear(cfg.dim, cfg.num_classes, bias=cfg.head_bias)
+        nn.init.normal_(self.head.weight, std=0.02)
+        if cfg.head_bias:
+            nn.init.zeros_(self.head.bias)
+
+    def readout(self, x: Tensor) -> Tensor:
+        if self.cfg.task == "classify":
+            x = x[:, 0]  # the CLS token
+        return self.head(self.head_norm(x))
+
+    def run(self, inputs: Tensor, iters: int | None = None, trace: bool = False, geometry: bool = False,
+            all_logits: bool = False) -> ModelOutput:
+        out = self.core.run(self.stem(inputs), iters, trace=trace, geometry=geometry, keep_states=all_logits)
+        per_iter = [self.readout(s) for s in out.states] if all_logits else None
+        return ModelOutput(self.readout(out.x), out.trace, per_iter)
+
+    def forward(self, inputs: Tensor, iters: int | None = None) -> Tensor:
+        return self.run(inputs, iters).logits
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+
+def build_model(cfg: ModelConfig) -> HyperSETModel:
+    return HyperSETModel(cfg)
+
+
+def create_model(name: str, **overrides: Any) -> HyperSETModel:
+    """A model from a named preset (see `list_presets()`), with config overrides: create_model("sudoku", iters=32)."""
+    return HyperSETModel(get_preset(name).config.replace(**overrides))

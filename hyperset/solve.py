@@ -1,0 +1,274 @@
+"""The Sudoku solver: boards in, boards out, with the energy trace; every answer goes through the exact checker.
+
+Strategies:
+    single  one pass of N iterations, argmax per blank cell.
+    auto    iterate until the prediction settles (a valid board, or unchanged for `patience` iterations),
+            at most `max_iters`; each board reports the iteration where it settled.
+    commit  MaskGIT-style decoding for Sudoku: run N iterations, commit the most confident predictions that
+            do not clash with the board as new givens, run again, until the board is full.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .checkpoint import load_checkpoint
+from .device import describe, pick_device
+from .models import HyperSETModel
+from .sudoku.board import UNITS, validate
+
+STRATEGIES = ("single", "auto", "commit")
+
+
+def bundled_checkpoint() -> Path:
+    """The small Sudoku model shipped inside the package."""
+    return Path(str(resources.files("hyperset") / "weights" / "sudoku"))
+
+
+@dataclass
+class SolveResult:
+    puzzle: str
+    prediction: str
+    valid: bool
+    reason: str
+    conflicting_cells: list[int]
+    iterations: int
+    energy: dict[str, list[float]]
+    confidence: float  # mean probability of the predicted digits over blank cells
+    solution: str | None = None
+    correct: bool | None = None
+    passes: int = 1
+
+    def to_json(self) -> dict[str, Any]:
+        out = {"puzzle": self.puzzle, "prediction": self.prediction, "valid": self.valid, "reason": self.reason,
+               "conflicting_cells": self.conflicting_cells, "iterations": self.iterations, "passes": self.passes,
+               "confidence": round(self.confidence, 6), "energy": self.energy}
+        if self.solution is not None:
+            out["solution"], out["correct"] = self.solution, self.correct
+        return out
+
+
+def _board_tensor(puzzles: Sequence[str], device: torch.device) -> torch.Tensor:
+    return torch.tensor([[int(c) for c in p] for p in puzzles], dtype=torch.long, device=device)
+
+
+def _peer_mask() -> torch.Tensor:
+    """(81, 81) bool: cells that share a row, column or box (not the cell itself)."""
+    peers = torch.zeros(81, 81, dtype=torch.bool)
+    for unit in UNITS:
+        idx = torch.tensor(unit)
+        peers[idx[:, None], idx[None, :]] = True
+    peers.fill_diagonal_(False)
+    return peers
+
+
+_PEERS = _peer_mask()
+
+
+class Solver:
+    """Runs a Sudoku model (torch, or an ONNX Runtime session through `backend`) on batches of boards."""
+
+    def __init__(self, model: HyperSETModel, device: torch.device, info: dict[str, Any] | None = None,
+                 backend: Any = None):
+        if model.cfg.task != "sudoku":
+            raise ValueError(f"this is a {model.cfg.task!r} model; the solver needs a 'sudoku' model")
+        self.model, self.device, self.info = model.eval(), device, info or {}
+        self.backend = backend  # callable (boards LongTensor, iters) -> (logits, energy dict) or None
+
+    @classmethod
+    def load(cls, checkpoint: str | Path | None = None, device: str = "auto") -> Solver:
+        dev = pick_device(device)
+        model, info = load_checkpoint(checkpoint or bundled_checkpoint(), task="sudoku", map_location=dev)
+        return cls(model, dev, info)
+
+    @property
+    def trained_iters(self) -> int:
+        return int(self.info.get("trained_iterations", self.model.cfg.iters))
+
+    @property
+    def backend_name(self) -> str:
+        return getattr(self.backend, "name", "torch")
+
+    def device_name(self) -> str:
+        return getattr(self.backend, "device_name", None) or describe(self.device)
+
+    @torch.no_grad()
+    def _logits(self, boards: torch.Tensor, iters: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Logits (B, 81, 9) after `iters` iterations and per-iteration energies {name: (T, B)}."""
+        if self.backend is not None:
+            return self.backend(boards, iters)
+        out = self.model.run(boards, iters=iters, trace=True)
+        return out.logits.float(), {k[len("energy_"):]: v for k, v in out.trace.stacked().items()}
+
+    @torch.no_grad()
+    def iterate(self, boards: torch.Tensor, iters: int) -> Iterator[tuple[int, torch.Tensor, torch.Tensor,
+                                                                           dict[str, torch.Tensor]]]:
+        """Yield (t, digits (B, 81), probabilities of those digits (B, 81), energies {name: (B,)}) per iteration."""
+        model = self.model
+        x0 = model.stem(boards.to(self.device))
+        for layer, t, x in model.core.iterate(x0, iters):
+            probs = torch.softmax(model.readout(x).float(), -1)
+            conf, digit = probs.max(-1)
+            digits = torch.where(boards > 0, boards, digit + 1)
+            conf = torch.where(boards > 0, torch.ones_like(conf), conf)
+            yield t, digits, conf, {k: v.float() for k, v in layer.energy(x, t).items()}
+
+    def solve(self, puzzles: Sequence[str], iters: int | str | None = None, strategy: str = "single",
+              batch_size: int = 256, solutions: Sequence[str | None] | None = None,
+              max_iters: int | None = None, patience: int = 4) -> list[SolveResult]:
+        """Solve 81-character puzzles. `iters` defaults to the trained depth; "auto" settles per board."""
+        if strategy not in STRATEGIES:
+            raise ValueError(f"unknown strategy {strategy!r}; choose from {', '.join(STRATEGIES)}")
+        if iters == "auto":
+            strategy = "auto" if strategy == "single" else strategy
+            iters = None
+        n_iters = int(iters) if iters is not None else self.trained_iters
+        if n_iters < 1:
+            raise ValueError(f"iterations must be >= 1, got {n_iters}")
+        results: list[SolveResult] = []
+        for i in range(0, len(puzzles), batch_size):
+            chunk = list(puzzles[i: i + batch_size])
+            boards = _board_tensor(chunk, self.device)
+            if strategy == "single":
+                results += self._single(chunk, boards, n_iters)
+            elif strategy == "auto":
+                results += self._auto(chunk, boards, max_iters or 4 * self.trained_iters, patience)
+            else:
+                results += self._commit(chunk, boards, n_iters)
+        for k, r in enumerate(results):
+            sol = solutions[k] if solutions is not None else None
+            if sol:
+                r.solution, r.correct = sol, r.prediction == sol
+        return results
+
+    def _finish(self, puzzle: str, digits: torch.Tensor, conf: torch.Tensor, iterations: int,
+                energy: dict[str, list[float]], passes: int = 1) -> SolveResult:
+        prediction = "".join(str(int(d)) for d in digits.tolist())
+        verdict = validate(prediction, puzzle)
+        blank = torch.tensor([c == "0" for c in puzzle])
+        confidence = float(conf.cpu()[blank].mean()) if blank.any() else 1.0
+        return SolveResult(puzzle, prediction, verdict.valid, verdict.reason, verdict.conflicting_cells, iterations,
+                           energy, confidence, passes=passes)
+
+    def _single(self, chunk: list[str], boards: torch.Tensor, iters: int) -> list[SolveResult]:
+        logits, energy = self._logits(boards, iters)
+        probs = torch.softmax(logits, -1)
+        conf, digit = probs.max(-1)
+        digits = torch.where(boards > 0, boards, digit + 1)
+        return [self._finish(p, digits[b], conf[b], iters, {k: v[:, b].tolist() for k, v in energy.items()})
+                for b, p in enumerate(chunk)]
+
+    def _auto(self, chunk: list[str], boards: torch.Tensor, max_iters: int, patience: int) -> list[SolveResult]:
+        """Stop each board when its prediction is a valid board or has not changed for `patience` iterations."""
+        n = len(chunk)
+        done_at = [0] * n
+        final: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * n
+        energies: dict[str, list[torch.Tensor]] = {}
+        prev, stable = None, torch.zeros(n, dtype=torch.long)
+        for t, digits, conf, energy in self.iterate(boards, max_iters):
+            for k, v in energy.items():
+                energies.setdefault(k, []).append(v)
+            stable = stable + 1 if prev is None else torch.where((digits == prev).all(-1).cpu(), stable + 1, 0)
+            prev = digits
+            filled_ok = _valid_full(digits.cpu())
+            for b in range(n):
+                if not done_at[b] and (filled_ok[b] or stable[b] >= patience or t == max_iters):
+                    done_at[b], final[b] = t, (digits[b], conf[b])
+            if all(done_at):
+                break
+        return [self._finish(p, final[b][0], final[b][1], done_at[b],
+                             {k: [float(e[b]) for e in v[: done_at[b]]] for k, v in energies.items()})
+                for b, p in enumerate(chunk)]
+
+    def _commit(self, chunk: list[str], boards: torch.Tensor, iters: int, rounds: int = 8) -> list[SolveResult]:
+        """Each pass commits a growing share of the remaining blanks (most confident, clash-free) as givens."""
+        current = boards.clone()
+        energy: dict[str, torch.Tensor] = {}
+        passes = 0
+        for r in range(rounds):
+            blanks = (current == 0)
+            if not blanks.any():
+                break
+            logits, energy = self._logits(current, iters)
+            passes += 1
+            conf, digit = torch.softmax(logits, -1).max(-1)
+            digit = digit + 1
+            if r == rounds - 1:
+                current = torch.where(blanks, digit, current)
+                break
+            clash = _clashes(current, digit)
+            score = torch.where(blanks & ~clash, conf, torch.full_like(conf, -1.0))
+            share = 1.0 - math.cos(math.pi / 2 * (r + 1) / rounds)  # commit more as passes go on
+            for b in range(len(chunk)):
+                k = max(1, int(math.ceil(share * int(blanks[b].sum()))))
+                top = score[b].topk(k)
+                chosen = top.indices[top.values > 0]
+                current[b, chosen] = digit[b, chosen]
+        conf = torch.where(boards > 0, 1.0, torch.softmax(self._logits(current, iters)[0], -1).max(-1).values)
+        return [self._finish(p, current[b], conf[b], iters * passes,
+                             {k: v[:, b].tolist() for k, v in energy.items()}, passes)
+                for b, p in enumerate(chunk)]
+
+
+def _clashes(board: torch.Tensor, digit: torch.Tensor) -> torch.Tensor:
+    """(B, 81) bool: the proposed digit already stands in a peer cell of the current board."""
+    peers = _PEERS.to(board.device)
+    same = (board[:, None, :] == digit[:, :, None]) & peers[None]
+    return same.any(-1)
+
+
+def _valid_full(digits: torch.Tensor) -> list[bool]:
+    """Per board: all 27 units hold 1..9 exactly once (no blanks)."""
+    units = torch.tensor(UNITS)
+    vals = digits[:, units]  # (B, 27, 9)
+    ok = (vals > 0).all(-1) & (torch.sort(vals, -1).values == torch.arange(1, 10)).all(-1)
+    return ok.all(-1).tolist()
+
+
+@dataclass
+class SolveSummary:
+    puzzles: int
+    valid: int
+    seconds: float
+    device: str
+    backend: str
+    board_accuracy: float | None = None
+    cell_accuracy: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        out = {"puzzles": self.puzzles, "valid": self.valid, "device": self.device, "backend": self.backend,
+               "seconds": round(self.seconds, 4)}
+        if self.board_accuracy is not None:
+            out["board_accuracy"], out["cell_accuracy"] = self.board_accuracy, self.cell_accuracy
+        return {**out, **self.extra}
+
+
+def summarize(results: list[SolveResult], seconds: float, solver: Solver) -> SolveSummary:
+    summary = SolveSummary(len(results), sum(r.valid for r in results), seconds, solver.device_name(),
+                           solver.backend_name)
+    known = [r for r in results if r.solution]
+    if known:
+        summary.board_accuracy = sum(bool(r.correct) for r in known) / len(known)
+        blanks = right = 0
+        for r in known:
+            for p, q, s in zip(r.puzzle, r.prediction, r.solution):
+                if p == "0":
+                    blanks += 1
+                    right += q == s
+        summary.cell_accuracy = right / max(blanks, 1)
+    return summary
+
+
+def timed_solve(solver: Solver, puzzles: Sequence[str], **kw: Any) -> tuple[list[SolveResult], float]:
+    t0 = time.perf_counter()
+    results = solver.solve(puzzles, **kw)
+    return results, time.perf_counter() - t0

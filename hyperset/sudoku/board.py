@@ -1,0 +1,504 @@
+"""Sudoku boards: parsing the formats people actually have, formatting, conflict checks and validation.
+
+A *board* is either an 81-character string of digits (``0`` = blank), row-major, or an integer numpy
+array of shape ``(81,)`` (``0`` = blank). :func:`to_string` and :func:`to_array` convert between them.
+Cells are numbered ``0..80`` row-major; messages name them ``r<row>c<col>`` with 1-based rows/columns.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+__all__ = [
+    "Board",
+    "Puzzle",
+    "PuzzleError",
+    "Verdict",
+    "BLANK_CHARS",
+    "MIN_UNIQUE_GIVENS",
+    "UNITS",
+    "cell_name",
+    "conflicts",
+    "format_grid",
+    "parse_file",
+    "parse_puzzles",
+    "to_array",
+    "to_string",
+    "validate",
+]
+
+Board = str | np.ndarray | Sequence[int]
+
+#: Characters accepted for a blank cell in text input.
+BLANK_CHARS = "0._*"
+#: No sudoku with fewer givens has a unique solution (McGuire et al., 2012).
+MIN_UNIQUE_GIVENS = 17
+
+_ROWS = tuple(tuple(r * 9 + c for c in range(9)) for r in range(9))
+_COLS = tuple(tuple(r * 9 + c for r in range(9)) for c in range(9))
+_BOXES = tuple(
+    tuple((br * 3 + i) * 9 + bc * 3 + j for i in range(3) for j in range(3))
+    for br in range(3)
+    for bc in range(3)
+)
+#: The 27 units (9 rows, 9 columns, 9 boxes) as tuples of cell indices.
+UNITS: tuple[tuple[int, ...], ...] = _ROWS + _COLS + _BOXES
+
+# Characters ignored inside a row of cells: separators and box-drawing verticals.
+_ROW_NOISE = set(" \t|+:;") | {chr(c) for c in range(0x2500, 0x2580)}
+# A line made only of these (and at least one of them) is a grid separator line.
+_SEPARATOR_CHARS = set(" \t-+|=:") | {chr(c) for c in range(0x2500, 0x2580)}
+_PUZZLE_HEADER_NAMES = {"puzzle", "puzzles", "quiz", "quizzes", "givens", "problem", "problems", "question"}
+_SOLUTION_HEADER_NAMES = {"solution", "solutions", "answer", "answers"}
+
+_GIVEN_STYLE = "\x1b[1m"
+_FILLED_STYLE = "\x1b[36m"
+_RESET = "\x1b[0m"
+
+
+class PuzzleError(ValueError):
+    """A puzzle input that cannot be used, with where (``source``, ``line``) and why (``reason``)."""
+
+    def __init__(self, source: str, line: int | None, reason: str) -> None:
+        self.source = source
+        self.line = line
+        self.reason = reason
+        where = source if line is None else f"{source}, line {line}"
+        super().__init__(f"{where}: {reason}")
+
+    def __reduce__(self):  # keep the exception picklable (multiprocessing, pytest-xdist)
+        return (type(self), (self.source, self.line, self.reason))
+
+
+@dataclass(frozen=True)
+class Puzzle:
+    """One parsed puzzle: ``givens`` is 81 characters with ``0`` for blanks."""
+
+    givens: str
+    solution: str | None
+    source: str
+    line: int
+    index: int
+    warnings: tuple[str, ...] = field(default=())
+
+    @property
+    def n_givens(self) -> int:
+        """Number of given (non-blank) cells."""
+        return 81 - self.givens.count("0")
+
+
+@dataclass
+class Verdict:
+    """Result of :func:`validate`. ``valid`` means a complete, conflict-free grid that keeps every given."""
+
+    valid: bool
+    complete: bool
+    conflicting_cells: list[int]
+    changed_givens: list[int]
+    reason: str
+
+    def __bool__(self) -> bool:
+        return self.valid
+
+
+def cell_name(cell: int) -> str:
+    """Human name of cell index ``0..80``, e.g. ``r1c3``."""
+    return f"r{cell // 9 + 1}c{cell % 9 + 1}"
+
+
+# ----------------------------------------------------------------------------------------------------------
+# conversions
+
+
+def to_string(board: Board) -> str:
+    """Return ``board`` as an 81-character digit string (``0`` = blank)."""
+    if isinstance(board, str):
+        if len(board) != 81:
+            raise PuzzleError("<board>", None, f"expected 81 cells, found {len(board)}")
+        out = []
+        for col, ch in enumerate(board, start=1):
+            if ch in "123456789":
+                out.append(ch)
+            elif ch in BLANK_CHARS:
+                out.append("0")
+            else:
+                raise PuzzleError("<board>", None, f"unexpected character {ch!r} at column {col}")
+        return "".join(out)
+    arr = np.asarray(board)
+    if arr.size != 81:
+        raise PuzzleError("<board>", None, f"expected 81 cells, found {arr.size}")
+    arr = arr.reshape(81)
+    if not np.issubdtype(arr.dtype, np.integer):
+        raise PuzzleError("<board>", None, f"expected integer cells, got dtype {arr.dtype}")
+    bad = np.nonzero((arr < 0) | (arr > 9))[0]
+    if bad.size:
+        i = int(bad[0])
+        raise PuzzleError("<board>", None, f"cell {cell_name(i)} holds {int(arr[i])}, expected 0-9")
+    return "".join(chr(48 + int(v)) for v in arr)
+
+
+def to_array(board: Board) -> np.ndarray:
+    """Return ``board`` as a uint8 array of shape ``(81,)`` (``0`` = blank)."""
+    if isinstance(board, str):
+        return np.frombuffer(to_string(board).encode("ascii"), dtype=np.uint8) - np.uint8(48)
+    arr = np.asarray(board)
+    if arr.size == 81 and np.issubdtype(arr.dtype, np.integer) and arr.min() >= 0 and arr.max() <= 9:
+        return arr.reshape(81).astype(np.uint8)
+    return to_array(to_string(arr))  # raises a PuzzleError naming the problem
+
+
+# ----------------------------------------------------------------------------------------------------------
+# conflicts and validation
+
+
+def _unit_label(u: int) -> str:
+    kind = ("row", "column", "box")[u // 9]
+    return f"{kind} {u % 9 + 1}"
+
+
+def _pair_label(u: int, a: int, b: int) -> str:
+    if u < 9:
+        return f"columns {a % 9 + 1} and {b % 9 + 1}"
+    if u < 18:
+        return f"rows {a // 9 + 1} and {b // 9 + 1}"
+    return f"{cell_name(a)} and {cell_name(b)}"
+
+
+def _first_duplicate(cells: Sequence[int]) -> tuple[int, int, int, int] | None:
+    """First (unit, digit, cell_a, cell_b) with a repeated nonzero digit, or None."""
+    for u, unit in enumerate(UNITS):
+        seen: dict[int, int] = {}
+        for i in unit:
+            d = cells[i]
+            if d:
+                if d in seen:
+                    return u, d, seen[d], i
+                seen[d] = i
+    return None
+
+
+def conflicts(board: Board) -> list[tuple[int, int]]:
+    """Pairs ``(a, b)`` with ``a < b`` of cells holding the same nonzero digit in one row, column or box."""
+    cells = to_array(board).tolist()
+    pairs: set[tuple[int, int]] = set()
+    for unit in UNITS:
+        for x, a in enumerate(unit):
+            d = cells[a]
+            if d:
+                for b in unit[x + 1 :]:
+                    if cells[b] == d:
+                        pairs.add((min(a, b), max(a, b)))
+    return sorted(pairs)
+
+
+def validate(board: Board, givens: Board) -> Verdict:
+    """Check a solver's output: every cell 1-9, every unit a permutation of 1..9, every given kept.
+
+    ``givens`` must be a well-formed board (a :class:`PuzzleError` is raised otherwise); a malformed
+    ``board`` (wrong size, values outside 0-9) gives an invalid verdict instead of an exception.
+    """
+    g = to_array(givens)
+    try:
+        b = to_array(board)
+    except PuzzleError as err:
+        return Verdict(False, False, [], [], err.reason)
+    blanks = int(np.count_nonzero(b == 0))
+    pairs = conflicts(b)
+    conflicting = sorted({c for pair in pairs for c in pair})
+    changed = [int(i) for i in np.nonzero((g != 0) & (b != g))[0]]
+    problems = []
+    if blanks:
+        problems.append(f"{blanks} blank cell{'s' if blanks != 1 else ''}")
+    if pairs:
+        a, c = pairs[0]
+        more = (
+            f" (and {len(pairs) - 1} more conflicting pair{'s' if len(pairs) > 2 else ''})"
+            if len(pairs) > 1
+            else ""
+        )
+        problems.append(f"{cell_name(a)} and {cell_name(c)} both hold {int(b[a])}{more}")
+    if changed:
+        i = changed[0]
+        more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
+        problems.append(f"given at {cell_name(i)} changed from {int(g[i])} to {int(b[i]) or 'blank'}{more}")
+    valid = not problems
+    return Verdict(
+        valid=valid,
+        complete=blanks == 0,
+        conflicting_cells=conflicting,
+        changed_givens=changed,
+        reason="valid solution" if valid else "; ".join(problems),
+    )
+
+
+# ----------------------------------------------------------------------------------------------------------
+# formatting
+
+
+def format_grid(board: Board, givens: Board | None = None, color: bool = False) -> str:
+    """Return a readable 9x9 grid with ``|`` and ``------+-------+------`` separators; blanks are ``.``.
+
+    With ``givens`` and ``color=True``, givens are bold and filled-in cells cyan (ANSI escapes). Plain
+    text (``color=False``) prints every digit the same way: markers next to digits hurt readability more
+    than they help, so print the puzzle grid next to the solution when the distinction matters.
+    """
+    cells = to_array(board).tolist()
+    given_mask = to_array(givens).tolist() if givens is not None else [0] * 81
+    lines = []
+    for r in range(9):
+        if r in (3, 6):
+            lines.append("------+-------+------")
+        parts = []
+        for c in range(9):
+            if c in (3, 6):
+                parts.append("|")
+            i = r * 9 + c
+            d = cells[i]
+            text = str(d) if d else "."
+            if color and d and givens is not None:
+                style = _GIVEN_STYLE if given_mask[i] else _FILLED_STYLE
+                text = f"{style}{text}{_RESET}"
+            parts.append(text)
+        lines.append(" ".join(parts))
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# parsing
+
+
+def _cells_of(text: str, source: str, line_no: int, col_offset: int = 0) -> str:
+    """Digits of one puzzle-or-row text (separators dropped, blanks -> '0'); bad characters raise."""
+    out = []
+    for col, ch in enumerate(text, start=1 + col_offset):
+        if ch in "123456789":
+            out.append(ch)
+        elif ch in BLANK_CHARS:
+            out.append("0")
+        elif ch in _ROW_NOISE:
+            continue
+        else:
+            raise PuzzleError(source, line_no, f"unexpected character {ch!r} at column {col}")
+    return "".join(out)
+
+
+def _check_givens(givens: str, source: str, line: int, row_lines: Sequence[int] | None) -> None:
+    """Raise if a digit repeats in a row, column or box of the givens."""
+    dup = _first_duplicate([ord(ch) - 48 for ch in givens])
+    if dup is None:
+        return
+    u, d, a, b = dup
+    if row_lines is not None:  # a grid: point at the line of the later of the two cells
+        line = row_lines[b // 9]
+    raise PuzzleError(source, line, f"digit {d} appears twice in {_unit_label(u)} ({_pair_label(u, a, b)})")
+
+
+def _check_solution(givens: str, solution: str, source: str, line: int) -> None:
+    if len(solution) != 81:
+        raise PuzzleError(source, line, f"solution: expected 81 cells, found {len(solution)}")
+    for col, ch in enumerate(solution, start=1):
+        if ch not in "123456789":
+            raise PuzzleError(
+                source, line, f"solution: unexpected character {ch!r} at position {col} (expected 1-9)"
+            )
+    dup = _first_duplicate([ord(ch) - 48 for ch in solution])
+    if dup is not None:
+        u, d, a, b = dup
+        raise PuzzleError(
+            source,
+            line,
+            f"solution is not a valid grid: digit {d} appears twice in {_unit_label(u)} "
+            f"({_pair_label(u, a, b)})",
+        )
+    for i, (g, s) in enumerate(zip(givens, solution)):
+        if g != "0" and g != s:
+            raise PuzzleError(
+                source,
+                line,
+                f"solution disagrees with the givens at {cell_name(i)} (given {g}, solution {s})",
+            )
+
+
+def _is_separator(stripped: str) -> bool:
+    return all(ch in _SEPARATOR_CHARS for ch in stripped) and any(ch not in " \t" for ch in stripped)
+
+
+def _is_header(fields: list[str]) -> bool:
+    """A CSV header names its columns: every field is a short word, none looks like cells."""
+    return all(f and len(f) < 40 and any(ch.isalpha() for ch in f) for f in fields)
+
+
+class _Parser:
+    """Line-by-line state machine behind :func:`parse_puzzles`."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.puzzles: list[Puzzle] = []
+        self.rows: list[str] = []  # pending grid rows
+        self.row_lines: list[int] = []
+        self.csv_columns: tuple[int, int | None, int] | None = None  # (puzzle, solution, n_fields)
+        self.seen_content = False
+
+    def add(
+        self, givens: str, solution: str | None, line: int, row_lines: Sequence[int] | None = None
+    ) -> None:
+        _check_givens(givens, self.source, line, row_lines)
+        if solution is not None:
+            _check_solution(givens, solution, self.source, line)
+        n = 81 - givens.count("0")
+        warnings: tuple[str, ...] = ()
+        if n < MIN_UNIQUE_GIVENS:
+            warnings = (f"only {n} given{'s' if n != 1 else ''}: cannot have a unique solution",)
+        self.puzzles.append(Puzzle(givens, solution, self.source, line, len(self.puzzles), warnings))
+
+    def end_grid(self, reason_line: int | None = None) -> None:
+        if not self.rows:
+            return
+        if len(self.rows) != 9:
+            n = len(self.rows)
+            where = "before the end of the input" if reason_line is None else f"before line {reason_line}"
+            raise PuzzleError(
+                self.source,
+                self.row_lines[0],
+                f"grid starting here has only {n} row{'s' if n != 1 else ''} {where} "
+                "(expected 9 rows of 9 cells)",
+            )
+        self.add("".join(self.rows), None, self.row_lines[0], self.row_lines)
+        self.rows, self.row_lines = [], []
+
+    def csv_line(self, raw: str, line: int) -> None:
+        fields = [f.strip() for f in raw.split(",")]
+        if not self.seen_content and _is_header(fields):
+            names = [f.lower().strip("\"'") for f in fields]
+            p = next((i for i, f in enumerate(names) if f in _PUZZLE_HEADER_NAMES), None)
+            s = next((i for i, f in enumerate(names) if f in _SOLUTION_HEADER_NAMES), None)
+            if p is None:
+                if len(fields) > 2:
+                    raise PuzzleError(
+                        self.source, line, f"CSV header {raw.strip()!r} has no 'puzzle' (or 'quizzes') column"
+                    )
+                p, s = 0, (1 if len(fields) == 2 else None)
+            self.csv_columns = (p, s, len(fields))
+            self.seen_content = True
+            return
+        self.seen_content = True
+        if self.csv_columns is None:
+            if len(fields) > 2:
+                raise PuzzleError(
+                    self.source,
+                    line,
+                    f"expected 'puzzle,solution' (2 comma-separated fields), found {len(fields)}",
+                )
+            self.csv_columns = (0, 1, 2)
+        p, s, n_fields = self.csv_columns
+        if len(fields) != n_fields and not (n_fields == 2 and len(fields) == 1):
+            raise PuzzleError(
+                self.source, line, f"expected {n_fields} comma-separated fields, found {len(fields)}"
+            )
+        offset = raw.index(fields[p]) if fields[p] else 0
+        givens = _cells_of(fields[p], self.source, line, offset)
+        if len(givens) != 81:
+            raise PuzzleError(self.source, line, f"expected 81 cells, found {len(givens)}")
+        solution = fields[s] if s is not None and s < len(fields) and fields[s] else None
+        self.add(givens, solution, line)
+
+    def text_line(self, raw: str, line: int) -> None:
+        stripped = raw.strip()
+        if not stripped:
+            # blank lines end a grid, except between bands (after 3 or 6 rows)
+            if self.rows and len(self.rows) not in (3, 6):
+                self.end_grid(line)
+            return
+        if stripped.startswith("#"):
+            return
+        if _is_separator(stripped):
+            self.seen_content = True
+            return
+        if "," in stripped:
+            fields = [f.strip() for f in stripped.split(",")]
+            if len(fields) == 9 and all(len(f) == 1 for f in fields):  # a grid row written 5,3,0,...
+                self.seen_content = True
+                self.cells_line(_cells_of(raw.replace(",", " "), self.source, line), line)
+                return
+            self.end_grid(line)
+            self.csv_line(raw, line)
+            return
+        self.seen_content = True
+        cells = _cells_of(raw, self.source, line)
+        self.cells_line(cells, line)
+
+    def cells_line(self, cells: str, line: int) -> None:
+        if len(cells) == 9:
+            self.rows.append(cells)
+            self.row_lines.append(line)
+            if len(self.rows) == 9:
+                self.end_grid()
+        elif len(cells) == 81:
+            self.end_grid(line)  # raises if a grid was left incomplete
+            self.add(cells, None, line)
+        elif len(cells) < 20:
+            raise PuzzleError(self.source, line, f"expected 9 cells in a grid row, found {len(cells)}")
+        else:
+            raise PuzzleError(self.source, line, f"expected 81 cells, found {len(cells)}")
+
+
+def parse_puzzles(text: str, source: str = "<text>") -> list[Puzzle]:
+    """Parse every puzzle in ``text``.
+
+    Accepted: one 81-cell line per puzzle (``0 . _ *`` for blanks, ``|`` and spaces ignored); 9-line
+    grids with optional ``|``/``-``/``+``/box-drawing separators, one after another with or without
+    blank lines; ``puzzle,solution`` CSV (RRN format) with or without a header line; ``#`` comments.
+    Raises :class:`PuzzleError` naming ``source``, the line and the reason.
+    """
+    if text.startswith("\ufeff"):
+        text = text[1:]
+    parser = _Parser(source)
+    for line_no, raw in enumerate(text.splitlines(), start=1):
+        parser.text_line(raw, line_no)
+    parser.end_grid()
+    if not parser.puzzles:
+        raise PuzzleError(source, None, "no puzzles found")
+    return parser.puzzles
+
+
+def _read_bytes(path: str) -> tuple[bytes, str]:
+    if path == "-":
+        return sys.stdin.buffer.read(), "<stdin>"
+    p = Path(path)
+    try:
+        return p.read_bytes(), path
+    except FileNotFoundError:
+        raise PuzzleError(path, None, "file not found") from None
+    except IsADirectoryError:
+        raise PuzzleError(path, None, "is a directory, not a file") from None
+    except PermissionError:
+        raise PuzzleError(path, None, "permission denied") from None
+    except OSError as err:
+        raise PuzzleError(path, None, f"cannot read file ({err.strerror or err})") from None
+
+
+def parse_file(path: str | os.PathLike) -> list[Puzzle]:
+    """Parse a puzzle file (see :func:`parse_puzzles`); ``-`` reads stdin, ``.gz`` files are decompressed."""
+    data, source = _read_bytes(str(path))
+    if data[:2] == b"\x1f\x8b":
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError) as err:
+            raise PuzzleError(source, None, f"damaged gzip file ({err})") from None
+    elif str(path).endswith(".gz"):
+        raise PuzzleError(source, None, "named .gz but is not a gzip file")
+    if b"\x00" in data:
+        raise PuzzleError(source, None, "looks like a binary file, not text")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        raise PuzzleError(source, line, f"not UTF-8 text (byte 0x{data[err.start]:02x})") from None
+    return parse_puzzles(text, source)

@@ -1,0 +1,234 @@
+"""Exact sudoku solving in pure Python: bitmask candidates, naked + hidden singles, fewest-candidates search.
+
+Candidates of a cell are a 9-bit mask (bit ``d - 1`` set when digit ``d`` is still possible). Also here:
+:func:`propagate_singles` (the classical no-search baseline) and a seeded puzzle generator, :func:`generate`.
+"""
+
+from __future__ import annotations
+
+import random
+
+from .board import MIN_UNIQUE_GIVENS, UNITS, Board, to_string
+
+__all__ = ["count_solutions", "generate", "propagate_singles", "solve"]
+
+_ALL = 0x1FF
+_UNIT_CELLS: tuple[tuple[int, ...], ...] = UNITS
+_PEERS: tuple[tuple[int, ...], ...] = tuple(
+    tuple(sorted({j for unit in UNITS if i in unit for j in unit} - {i})) for i in range(81)
+)
+_POP = tuple(bin(m).count("1") for m in range(512))
+_DIGIT = {1 << d: str(d + 1) for d in range(9)}
+# Generator: fresh grids tried to hit the drawn givens count before settling for the lowest one reached.
+_PATIENCE = 20
+# Random removal seldom reaches 22 givens and practically never fewer.
+_LOWEST_REACHABLE = 22
+
+
+def _initial(givens: str) -> tuple[list[int], list[int]]:
+    cands = [_ALL] * 81
+    queue = []
+    for i, ch in enumerate(givens):
+        if ch != "0":
+            cands[i] = 1 << (ord(ch) - 49)
+            queue.append(i)
+    return cands, queue
+
+
+def _propagate(cands: list[int], queue: list[int], hidden: bool = True) -> bool:
+    """Apply naked singles (eliminate placed digits from peers) and hidden singles until a fixed point.
+
+    Modifies ``cands`` in place; returns False on a contradiction (a cell or a digit with no place left).
+    """
+    peers = _PEERS
+    while True:
+        while queue:
+            i = queue.pop()
+            b = cands[i]
+            for p in peers[i]:
+                m = cands[p]
+                if m & b:
+                    m ^= b
+                    if not m:
+                        return False
+                    cands[p] = m
+                    if not m & (m - 1):
+                        queue.append(p)
+        if not hidden:
+            return True
+        for unit in _UNIT_CELLS:
+            once = twice = 0
+            for i in unit:
+                m = cands[i]
+                twice |= once & m
+                once |= m
+            if once != _ALL:
+                return False
+            only = once & ~twice
+            if only:
+                for i in unit:
+                    m = cands[i]
+                    h = m & only
+                    if h and m != h:
+                        if h & (h - 1):  # two digits that can only go in this one cell
+                            return False
+                        cands[i] = h
+                        queue.append(i)
+        if not queue:
+            return True
+
+
+def _search(cands: list[int], queue: list[int], limit: int, found: list[list[int]], rng=None) -> None:
+    """Depth-first search on the cell with the fewest candidates; appends solved masks to ``found``."""
+    if not _propagate(cands, queue):
+        return
+    best, best_n = -1, 10
+    pop = _POP
+    for i in range(81):
+        n = pop[cands[i]]
+        if 1 < n < best_n:
+            best, best_n = i, n
+            if n == 2:
+                break
+    if best < 0:
+        found.append(cands)
+        return
+    m = cands[best]
+    bits = []
+    while m:
+        b = m & -m
+        bits.append(b)
+        m ^= b
+    if rng is not None:
+        rng.shuffle(bits)
+    for b in bits:
+        child = cands[:]
+        child[best] = b
+        _search(child, [best], limit, found, rng)
+        if len(found) >= limit:
+            return
+
+
+def _to_text(cands: list[int]) -> str:
+    return "".join(_DIGIT.get(m, "0") for m in cands)
+
+
+def solve(givens: Board) -> str | None:
+    """Return the (first found) solution of ``givens`` as an 81-digit string, or None if there is none."""
+    cands, queue = _initial(to_string(givens))
+    found: list[list[int]] = []
+    _search(cands, queue, 1, found)
+    return _to_text(found[0]) if found else None
+
+
+def count_solutions(givens: Board, limit: int = 2) -> int:
+    """Number of solutions of ``givens``, counting stops at ``limit`` (``limit=2`` tests uniqueness)."""
+    if limit < 1:
+        raise ValueError(f"limit must be at least 1, got {limit}")
+    cands, queue = _initial(to_string(givens))
+    found: list[list[int]] = []
+    _search(cands, queue, limit, found)
+    return len(found)
+
+
+def propagate_singles(givens: Board) -> str:
+    """Fill what naked + hidden singles alone can fill (no search); blanks stay ``0``.
+
+    This is the classical no-search baseline. If the givens contradict themselves (propagation reaches
+    a dead end), the givens are returned unchanged.
+    """
+    text = to_string(givens)
+    cands, queue = _initial(text)
+    if not _propagate(cands, queue):
+        return text
+    return _to_text(cands)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# generator
+
+
+def _random_grid(rng: random.Random) -> list[int]:
+    """A random complete grid (randomised backtracking from an empty board), as candidate masks."""
+    cands = [_ALL] * 81
+    digits = [1 << d for d in range(9)]
+    rng.shuffle(digits)
+    cands[:9] = digits  # a random first row, then randomised search fills the rest
+    found: list[list[int]] = []
+    _search(cands, list(range(9)), 1, found, rng)
+    return found[0]
+
+
+def _unique_without(cands_givens: list[int], cell: int, digit_mask: int) -> bool:
+    """True when the puzzle stays unique after blanking ``cell`` (no solution puts another digit there)."""
+    cands = cands_givens[:]
+    cands[cell] = _ALL ^ digit_mask
+    queue = [i for i, m in enumerate(cands) if m != _ALL and not m & (m - 1)]
+    found: list[list[int]] = []
+    _search(cands, queue, 1, found)
+    return not found
+
+
+def generate(
+    n: int, min_givens: int = 22, max_givens: int = 34, seed: int = 0, max_attempts: int = 1000
+) -> list[tuple[str, str]]:
+    """Return ``n`` reproducible ``(puzzle, solution)`` pairs with a unique solution and givens in range.
+
+    For each puzzle: draw a target givens count uniformly in ``[min_givens, max_givens]``, make a random
+    full grid, blank cells in random order whenever the puzzle stays unique, stop at the target. When
+    removal gets stuck above the target a new grid is tried; after 20 tries the lowest count reached is
+    kept if it is at most ``max_givens``, otherwise tries go on (up to ``max_attempts``, then RuntimeError).
+    Random removal rarely gets below ~22 givens: targets of 17-21 (allowed when ``max_givens >= 22``)
+    end up at the lowest count reached, 22 or more; ``max_givens < 22`` raises a ValueError, and so does
+    ``min_givens < 17`` (no such sudoku has a unique solution).
+    The same ``seed`` always gives the same puzzles.
+    """
+    if n < 0 or max_attempts < 1:
+        raise ValueError(f"n must be >= 0 and max_attempts >= 1, got n={n}, max_attempts={max_attempts}")
+    if min_givens < MIN_UNIQUE_GIVENS:
+        raise ValueError(
+            f"min_givens={min_givens}: no sudoku with fewer than {MIN_UNIQUE_GIVENS} givens "
+            "has a unique solution"
+        )
+    if max_givens < _LOWEST_REACHABLE:
+        raise ValueError(
+            f"max_givens={max_givens}: removing cells at random practically never leaves fewer than "
+            f"{_LOWEST_REACHABLE} givens; use max_givens >= {_LOWEST_REACHABLE} (for 17-21 givens use a "
+            "17-clue collection, e.g. the RRN data)"
+        )
+    if max_givens > 81 or min_givens > max_givens:
+        raise ValueError(
+            f"need {MIN_UNIQUE_GIVENS} <= min_givens <= max_givens <= 81, got {min_givens}, {max_givens}"
+        )
+    rng = random.Random(seed)
+    out: list[tuple[str, str]] = []
+    order = list(range(81))
+    for _ in range(n):
+        target = rng.randint(min_givens, max_givens)
+        best: tuple[int, list[int], list[int]] | None = None
+        for attempt in range(1, max_attempts + 1):
+            grid = _random_grid(rng)
+            puzzle = grid[:]
+            count = 81
+            rng.shuffle(order)
+            for cell in order:
+                if count <= target:
+                    break
+                keep = puzzle[cell]
+                puzzle[cell] = _ALL
+                if _unique_without(puzzle, cell, keep):
+                    count -= 1
+                else:
+                    puzzle[cell] = keep
+            if best is None or count < best[0]:
+                best = (count, puzzle, grid)
+            if count <= target or (attempt >= _PATIENCE and best[0] <= max_givens):
+                break
+        if best is None or best[0] > max_givens:
+            raise RuntimeError(
+                f"could not reach at most {max_givens} givens in {max_attempts} attempts; "
+                f"use a larger max_givens (random removal rarely goes below ~22 givens)"
+            )
+        _, puzzle, grid = best
+        out.append((_to_text(puzzle), _to_text(grid)))
+    return out

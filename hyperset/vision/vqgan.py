@@ -1,0 +1,328 @@
+"""Taming-Transformers VQGAN (``vqgan_imagenet_f16_1024``), the frozen tokenizer of MaskGIT-pytorch v1.
+
+Written from the architecture description, with the original parameter names
+(``encoder.down.0.block.0.norm1``, ``encoder.down.4.attn.0.q``, ``encoder.mid.block_1``, ``quant_conv``,
+``quantize.embedding``, ``post_quant_conv``, ``decoder.up.4.attn.2`` ...) so that a user's ``last.ckpt``
+loads with :func:`load_vqgan`.
+256x256 images in [0, 1] map to 16x16 codes from a 1024 x 256 codebook and back.
+"""
+
+from __future__ import annotations
+
+import pickle
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+@dataclass
+class VQGANConfig:
+    """``model.params`` of the taming config (defaults: ``vqgan_imagenet_f16_1024``)."""
+
+    embed_dim: int = 256
+    n_embed: int = 1024
+    z_channels: int = 256
+    resolution: int = 256
+    in_channels: int = 3
+    out_ch: int = 3
+    ch: int = 128
+    ch_mult: tuple[int, ...] = (1, 1, 2, 2, 4)
+    num_res_blocks: int = 2
+    attn_resolutions: tuple[int, ...] = (16,)
+    dropout: float = 0.0
+    beta: float = 0.25
+
+    @property
+    def grid(self) -> int:
+        """Side of the code grid (resolution / 2^(levels - 1))."""
+        return self.resolution // 2 ** (len(self.ch_mult) - 1)
+
+
+def normalize(ch: int) -> nn.GroupNorm:
+    return nn.GroupNorm(32, ch, eps=1e-6, affine=True)
+
+
+class ResnetBlock(nn.Module):
+    """norm-swish-conv3x3 twice plus a skip (1x1 ``nin_shortcut`` when channels change); no timestep input."""
+
+    def __init__(self, ch_in: int, ch_out: int, dropout: float) -> None:
+        super().__init__()
+        self.norm1 = normalize(ch_in)
+        self.conv1 = nn.Conv2d(ch_in, ch_out, 3, padding=1)
+        self.norm2 = normalize(ch_out)
+        self.dropout = nn.Dropout(dropout)
+        self.conv2 = nn.Conv2d(ch_out, ch_out, 3, padding=1)
+        self.nin_shortcut = nn.Conv2d(ch_in, ch_out, 1) if ch_in != ch_out else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.conv1(F.silu(self.norm1(x)))
+        h = self.conv2(self.dropout(F.silu(self.norm2(h))))
+        return h + (x if self.nin_shortcut is None else self.nin_shortcut(x))
+
+
+class AttnBlock(nn.Module):
+    """Single-head spatial self-attention with 1x1 conv projections and a residual."""
+
+    def __init__(self, ch: int) -> None:
+        super().__init__()
+        self.norm = normalize(ch)
+        self.q = nn.Conv2d(ch, ch, 1)
+        self.k = nn.Conv2d(ch, ch, 1)
+        self.v = nn.Conv2d(ch, ch, 1)
+        self.proj_out = nn.Conv2d(ch, ch, 1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        b, c, h, w = x.shape
+        y = self.norm(x)
+        q, k, v = (p(y).reshape(b, 1, c, h * w).transpose(2, 3) for p in (self.q, self.k, self.v))  # B,1,HW,C
+        out = F.scaled_dot_product_attention(q, k, v)  # softmax(q k^T / sqrt(C)) v
+        return x + self.proj_out(out.transpose(2, 3).reshape(b, c, h, w))
+
+
+class Downsample(nn.Module):
+    """Zero-pad right and bottom by one, then conv3x3 stride 2 without padding (taming's asymmetric pad)."""
+
+    def __init__(self, ch: int) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(ch, ch, 3, stride=2, padding=0)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.conv(F.pad(x, (0, 1, 0, 1)))
+
+
+class Upsample(nn.Module):
+    """Nearest x2, then conv3x3."""
+
+    def __init__(self, ch: int) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(ch, ch, 3, padding=1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.conv(F.interpolate(x, scale_factor=2.0, mode="nearest"))
+
+
+class Mid(nn.Module):
+    """Res -> Attn -> Res at the lowest resolution."""
+
+    def __init__(self, ch: int, dropout: float) -> None:
+        super().__init__()
+        self.block_1 = ResnetBlock(ch, ch, dropout)
+        self.attn_1 = AttnBlock(ch)
+        self.block_2 = ResnetBlock(ch, ch, dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.block_2(self.attn_1(self.block_1(x)))
+
+
+class Level(nn.Module):
+    """One resolution level: ``block`` (res blocks), ``attn`` (one per block or none), optional resampler."""
+
+    def __init__(self, chans: list[tuple[int, int]], attn: bool, dropout: float) -> None:
+        super().__init__()
+        self.block = nn.ModuleList(ResnetBlock(i, o, dropout) for i, o in chans)
+        self.attn = nn.ModuleList(AttnBlock(o) for _, o in chans) if attn else nn.ModuleList()
+
+    def forward(self, x: Tensor) -> Tensor:
+        for i, blk in enumerate(self.block):
+            x = blk(x)
+            if len(self.attn) > 0:
+                x = self.attn[i](x)
+        return x
+
+
+class Encoder(nn.Module):
+    """Images in [-1, 1] (B, 3, R, R) -> z (B, z_channels, R/f, R/f), f = 2^(levels - 1)."""
+
+    def __init__(self, cfg: VQGANConfig) -> None:
+        super().__init__()
+        n = len(cfg.ch_mult)
+        self.conv_in = nn.Conv2d(cfg.in_channels, cfg.ch, 3, padding=1)
+        self.down = nn.ModuleList()
+        res, ch_in = cfg.resolution, cfg.ch
+        for i, mult in enumerate(cfg.ch_mult):
+            ch_out = cfg.ch * mult
+            chans = [(ch_in if j == 0 else ch_out, ch_out) for j in range(cfg.num_res_blocks)]
+            level = Level(chans, res in cfg.attn_resolutions, cfg.dropout)
+            if i != n - 1:
+                level.downsample = Downsample(ch_out)
+                res //= 2
+            self.down.append(level)
+            ch_in = ch_out
+        self.mid = Mid(ch_in, cfg.dropout)
+        self.norm_out = normalize(ch_in)
+        self.conv_out = nn.Conv2d(ch_in, cfg.z_channels, 3, padding=1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.conv_in(x)
+        for level in self.down:
+            h = level(h)
+            if hasattr(level, "downsample"):
+                h = level.downsample(h)
+        h = self.mid(h)
+        return self.conv_out(F.silu(self.norm_out(h)))
+
+
+class Decoder(nn.Module):
+    """z (B, z_channels, r, r) -> images in [-1, 1] (unclamped); built top-down, ``up[i]`` is level i."""
+
+    def __init__(self, cfg: VQGANConfig) -> None:
+        super().__init__()
+        n = len(cfg.ch_mult)
+        ch_in = cfg.ch * cfg.ch_mult[-1]
+        res = cfg.grid
+        self.conv_in = nn.Conv2d(cfg.z_channels, ch_in, 3, padding=1)
+        self.mid = Mid(ch_in, cfg.dropout)
+        levels: list[Level] = []
+        for i in reversed(range(n)):
+            ch_out = cfg.ch * cfg.ch_mult[i]
+            chans = [(ch_in if j == 0 else ch_out, ch_out) for j in range(cfg.num_res_blocks + 1)]
+            level = Level(chans, res in cfg.attn_resolutions, cfg.dropout)
+            if i != 0:
+                level.upsample = Upsample(ch_out)
+                res *= 2
+            levels.insert(0, level)
+            ch_in = ch_out
+        self.up = nn.ModuleList(levels)
+        self.norm_out = normalize(ch_in)
+        self.conv_out = nn.Conv2d(ch_in, cfg.out_ch, 3, padding=1)
+
+    def forward(self, z: Tensor) -> Tensor:
+        h = self.mid(self.conv_in(z))
+        for level in reversed(self.up):
+            h = level(h)
+            if hasattr(level, "upsample"):
+                h = level.upsample(h)
+        return self.conv_out(F.silu(self.norm_out(h)))
+
+
+class VectorQuantizer2(nn.Module):
+    """Nearest code by squared L2 over ``embedding`` (n_embed, embed_dim); taming's legacy loss, beta 0.25."""
+
+    def __init__(self, n_embed: int, embed_dim: int, beta: float) -> None:
+        super().__init__()
+        self.beta = beta
+        self.embedding = nn.Embedding(n_embed, embed_dim)
+        nn.init.uniform_(self.embedding.weight, -1.0 / n_embed, 1.0 / n_embed)
+
+    def forward(self, z: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """z (B, D, h, w) -> (z_q straight-through, loss, codes (B, h, w))."""
+        b, d, h, w = z.shape
+        flat = z.permute(0, 2, 3, 1).reshape(-1, d)
+        e = self.embedding.weight
+        dist = flat.pow(2).sum(1, keepdim=True) - 2 * flat @ e.t() + e.pow(2).sum(1)[None]
+        codes = dist.argmin(1)
+        z_q = self.embedding(codes)
+        loss = F.mse_loss(z_q.detach(), flat) + self.beta * F.mse_loss(z_q, flat.detach())
+        z_q = flat + (z_q - flat).detach()
+        return z_q.view(b, h, w, d).permute(0, 3, 1, 2).contiguous(), loss, codes.view(b, h, w)
+
+
+class VQGAN(nn.Module):
+    """Taming VQModel without its training loss: encoder, quant_conv, quantize, post_quant_conv, decoder."""
+
+    def __init__(self, cfg: VQGANConfig | None = None) -> None:
+        super().__init__()
+        self.cfg = cfg or VQGANConfig()
+        c = self.cfg
+        self.encoder = Encoder(c)
+        self.decoder = Decoder(c)
+        self.quantize = VectorQuantizer2(c.n_embed, c.embed_dim, c.beta)
+        self.quant_conv = nn.Conv2d(c.z_channels, c.embed_dim, 1)
+        self.post_quant_conv = nn.Conv2d(c.embed_dim, c.z_channels, 1)
+
+    @property
+    def num_codes(self) -> int:
+        """Codebook size (token values are 0..n_embed-1)."""
+        return self.cfg.n_embed
+
+    def forward(self, images: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """images [0, 1] (B, 3, R, R) -> (recon [0, 1], quantizer loss, codes (B, r, r))."""
+        z_q, loss, codes = self.quantize(self.quant_conv(self.encoder(images * 2 - 1)))
+        out = self.decoder(self.post_quant_conv(z_q))
+        return ((out + 1) / 2).clamp(0, 1), loss, codes
+
+    @torch.no_grad()
+    def encode(self, images: Tensor) -> Tensor:
+        """images [0, 1] (B, 3, R, R) -> codes (B, r, r) long (16x16 at 256 px)."""
+        return self.quantize(self.quant_conv(self.encoder(images * 2 - 1)))[2]
+
+    @torch.no_grad()
+    def decode_code(self, codes: Tensor) -> Tensor:
+        """codes (B, r, r) long -> images [0, 1] (B, 3, R, R)."""
+        z_q = self.quantize.embedding(codes).permute(0, 3, 1, 2)  # (B, embed_dim, r, r)
+        out = self.decoder(self.post_quant_conv(z_q))
+        return ((out + 1) / 2).clamp(0, 1)
+
+
+class CheckpointError(ValueError):
+    """A VQGAN checkpoint that cannot be loaded safely or does not match the model."""
+
+
+_CONVERT_HINT = (
+    "convert it once in a trusted environment: "
+    "sd = torch.load(path, map_location='cpu', weights_only=False)['state_dict']; "
+    "torch.save({'state_dict': sd}, 'vqgan_tensors.ckpt') "
+    "(or safetensors.torch.save_file({k: v.contiguous() for k, v in sd.items()}, 'vqgan.safetensors'))"
+)
+
+
+def _read_state_dict(path: Path) -> dict[str, Tensor]:
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        return load_file(str(path), device="cpu")
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        if "weights only" not in str(err).lower():
+            raise CheckpointError(f"{path} is not a readable torch checkpoint ({_first_line(err)})") from err
+        raise CheckpointError(
+            f"{path} holds Python objects besides tensors and would need full unpickling, which can run "
+            f"arbitrary code; refusing. To use it, {_CONVERT_HINT}"
+        ) from err
+    except Exception as err:  # truncated or foreign files fail in many ways inside torch.load
+        raise CheckpointError(f"{path} is not a readable torch checkpoint ({_first_line(err)})") from err
+    if isinstance(obj, dict) and isinstance(obj.get("state_dict"), dict):
+        obj = obj["state_dict"]
+    if not isinstance(obj, dict) or not all(isinstance(v, Tensor) for v in obj.values()):
+        raise CheckpointError(f"{path} is not a VQGAN state dict (tensors, optionally under 'state_dict')")
+    return obj
+
+
+def _first_line(err: Exception) -> str:
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+def _short(keys: list[str], limit: int = 12) -> str:
+    more = f" ... (+{len(keys) - limit} more)" if len(keys) > limit else ""
+    return "[" + ", ".join(keys[:limit]) + "]" + more
+
+
+def load_vqgan(path: str | Path, cfg: VQGANConfig | None = None) -> VQGAN:
+    """Load a taming VQGAN checkpoint (Lightning ``.ckpt``/``.pth`` with tensors only, or ``.safetensors``).
+
+    Keys under ``loss.`` (LPIPS, discriminator) are ignored; every other key must match the model exactly.
+    Returns the model in eval mode.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"VQGAN checkpoint not found: {path}")
+    sd = {k: v for k, v in _read_state_dict(path).items() if not k.startswith("loss.")}
+    model = VQGAN(cfg)
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(sd))
+    unexpected = sorted(set(sd) - set(expected))
+    wrong = sorted(k for k in set(sd) & set(expected) if sd[k].shape != expected[k].shape)
+    if missing or unexpected or wrong:
+        parts = [f"missing keys {_short(missing)}" if missing else "",
+                 f"unexpected keys {_short(unexpected)}" if unexpected else "",
+                 "shape mismatch " + _short([f"{k} {tuple(sd[k].shape)} vs {tuple(expected[k].shape)}"
+                                             for k in wrong]) if wrong else ""]
+        detail = "; ".join(p for p in parts if p)
+        raise CheckpointError(f"{path} does not match VQGAN({model.cfg}): {detail}")
+    model.load_state_dict(sd, strict=True)
+    return model.eval()

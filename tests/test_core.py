@@ -1,0 +1,252 @@
+"""The recurrent core: layers x iterations, run-time depth, traces, geometry, zero-init steps, baselines."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hyperset.config import ModelConfig
+from hyperset.core import RecurrentCore
+from hyperset.models import build_model
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny tensors: one thread avoids oversubscription when the 2 cores are shared (restored afterwards)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _cfg(task: str = "sudoku", **kw) -> ModelConfig:
+    base = dict(task=task, dim=16, heads=4, ff_hidden=32, iters=3, time_dim=16, emb_dropout=0.0)
+    if task == "classify":
+        base.update(img_size=8, patch_grid=2, num_classes=4, pos="sincos1d", step_cond="xt", step_norm="cond",
+                    head_norm="layer", head_bias=True)
+    base.update(kw)
+    return ModelConfig(**base)
+
+
+def _inputs(cfg: ModelConfig, batch: int = 3, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    if cfg.task == "classify":
+        x = torch.randn(batch, cfg.channels, cfg.img_size, cfg.img_size, generator=g)
+        y = torch.randint(0, cfg.num_classes, (batch,), generator=g)
+    else:
+        x = torch.randint(0, cfg.vocab_size, (batch, cfg.seq_len), generator=g)
+        y = torch.randint(0, cfg.num_classes, (batch, cfg.seq_len), generator=g)
+    return x, y
+
+
+def _model(cfg: ModelConfig, seed: int = 0):
+    torch.manual_seed(seed)
+    return build_model(cfg)
+
+
+def _x0(cfg: ModelConfig, batch: int = 2, n: int = 7, seed: int = 1) -> torch.Tensor:
+    return torch.randn(batch, n, cfg.dim, generator=torch.Generator().manual_seed(seed))
+
+
+# ------------------------------------------------------------------------------- 6. layers x iterations
+
+
+def test_two_layers_times_three_iterations_run_six_updates_in_order():
+    cfg = _cfg(n_layers=2, iters=3, step_init=0.1)
+    torch.manual_seed(0)
+    core = RecurrentCore(cfg)
+    x0 = _x0(cfg)
+    with torch.no_grad():
+        index = {id(m): i for i, m in enumerate(core.layers)}
+        seen = [(index[id(layer)], t) for layer, t, _ in core.iterate(x0)]
+        out = core.run(x0, trace=True)
+    assert seen == [(0, 1), (0, 2), (0, 3), (1, 1), (1, 2), (1, 3)]  # t restarts for every distinct layer
+    stacked = out.trace.stacked()
+    assert stacked["energy_attn"].shape == stacked["energy_ff"].shape == (6, 2)
+
+
+def test_each_distinct_layer_has_its_own_parameters():
+    cfg = _cfg(n_layers=2, iters=3, step_init=0.1)
+    torch.manual_seed(0)
+    core = RecurrentCore(cfg)
+    one = sum(p.numel() for p in core.layers[0].parameters())
+    assert sum(p.numel() for p in core.layers[1].parameters()) == one
+    steps = sum(p.numel() for p in core.step_sizes.parameters())
+    assert sum(p.numel() for p in core.parameters()) == 2 * one + steps  # the step network is shared
+    ptrs0 = {p.data_ptr() for p in core.layers[0].parameters()}
+    assert ptrs0.isdisjoint(p.data_ptr() for p in core.layers[1].parameters())
+    assert not torch.equal(core.layers[0].W, core.layers[1].W)
+    x0 = _x0(cfg)
+    with torch.no_grad():
+        before = core.run(x0, keep_states=True).states
+        core.layers[1].W.add_(0.5)
+        after = core.run(x0, keep_states=True).states
+    for t in range(3):  # layer 0's updates do not see layer 1's parameters
+        assert torch.equal(before[t], after[t])
+    assert not torch.allclose(before[5], after[5])
+
+
+# ----------------------------------------------------------------------------------------------- 7. core
+
+
+def test_running_four_times_the_trained_depth_is_deterministic_in_eval_mode():
+    cfg = _cfg(iters=3, step_init=0.1, emb_dropout=0.1)
+    model = _model(cfg).eval()
+    x, _ = _inputs(cfg)
+    with torch.no_grad():
+        a = model(x, iters=12)
+        b = model(x, iters=12)
+        trained = model(x)
+    assert torch.isfinite(a).all()
+    assert torch.equal(a, b)
+    assert not torch.equal(a, trained)
+
+
+def test_trace_gives_one_attention_and_feedforward_energy_per_iteration_per_sample():
+    cfg = _cfg(iters=3, step_init=0.1)
+    torch.manual_seed(0)
+    core = RecurrentCore(cfg)
+    x0 = _x0(cfg, batch=4)
+    with torch.no_grad():
+        out = core.run(x0, iters=5, trace=True, keep_states=True)
+    stacked = out.trace.stacked()
+    assert set(stacked) == {"energy_attn", "energy_ff"}
+    assert stacked["energy_attn"].shape == stacked["energy_ff"].shape == (5, 4)
+    layer = core.layers[0]
+    for t, x in enumerate(out.states, start=1):  # recorded after each update, normalization first
+        e = layer.energy(x, t)
+        torch.testing.assert_close(stacked["energy_attn"][t - 1], e["attn"])
+        torch.testing.assert_close(stacked["energy_ff"][t - 1], e["ff"])
+
+
+def test_model_trace_has_one_value_per_iteration_per_sample():
+    cfg = _cfg(iters=3, step_init=0.1)
+    model = _model(cfg).eval()
+    x, _ = _inputs(cfg, batch=2)
+    with torch.no_grad():
+        out = model.run(x, iters=4, trace=True, all_logits=True)
+    assert len(out.trace.energy["attn"]) == len(out.trace.energy["ff"]) == 4
+    assert all(e.shape == (2,) for e in out.trace.energy["attn"] + out.trace.energy["ff"])
+    assert len(out.all_logits) == 4
+    assert torch.equal(out.all_logits[-1], out.logits)
+
+
+def test_geometry_gives_effective_rank_in_1_to_p_and_angle_in_0_to_180_per_head_per_iteration():
+    cfg = _cfg(iters=3, step_init=0.1)
+    torch.manual_seed(0)
+    core = RecurrentCore(cfg)
+    x0 = _x0(cfg, batch=2, n=9)
+    with torch.no_grad():
+        out = core.run(x0, iters=4, geometry=True)
+    p = cfg.head_dim
+    assert len(out.trace.effective_rank) == len(out.trace.average_angle) == 4
+    for r, a in zip(out.trace.effective_rank, out.trace.average_angle):
+        assert r.shape == a.shape == (2, cfg.heads)
+        assert (r >= 1 - 1e-4).all() and (r <= p + 1e-4).all()
+        assert (a >= 0).all() and (a <= 180).all()
+    stacked = out.trace.stacked()
+    assert stacked["effective_rank"].shape == stacked["average_angle"].shape == (4, 2, cfg.heads)
+
+
+def test_zero_iterations_return_the_stem_output_through_the_head():
+    cfg = _cfg(step_init=0.1)
+    model = _model(cfg).eval()
+    x, _ = _inputs(cfg)
+    with torch.no_grad():
+        assert torch.equal(model.core.run(model.stem(x), iters=0).x, model.stem(x))
+        assert torch.equal(model(x, iters=0), model.readout(model.stem(x)))
+    with pytest.raises(ValueError):
+        model(x, iters=-1)
+
+
+@pytest.mark.parametrize("task", ["sudoku", "classify"])
+def test_zero_initialised_step_network_makes_the_core_the_identity_at_init(task):
+    cfg = _cfg(task, step_init=0.0)
+    model = _model(cfg).eval()
+    x, _ = _inputs(cfg)
+    with torch.no_grad():
+        x0 = model.stem(x)
+        assert torch.equal(model.core.run(x0).x, x0)
+        assert torch.equal(model.core.run(x0, iters=7).x, x0)
+        assert torch.equal(model(x), model(x, iters=0))
+
+
+def test_at_init_the_gradient_reaches_the_last_step_linear_only():
+    """ReZero: with L1, L2, L3 zero, only L3 receives a gradient in the first step."""
+    cfg = _cfg()
+    model = _model(cfg).train()
+    x, y = _inputs(cfg)
+    F.cross_entropy(model(x).flatten(0, 1), y.flatten()).backward()
+    s = model.core.step_sizes
+    assert s.L3.weight.grad.abs().max() > 0
+    for lin in (s.L1, s.L2):
+        assert lin.weight.grad.abs().max() == 0 and lin.bias.grad.abs().max() == 0
+
+
+@pytest.mark.parametrize("cond", ["x0", "xt"])
+def test_step_sizes_are_conditioned_on_x0_or_the_current_state(cond, monkeypatch):
+    cfg = _cfg(step_cond=cond, step_init=0.1)
+    torch.manual_seed(0)
+    core = RecurrentCore(cfg)
+    seen = []
+    forward = core.step_sizes.forward
+    def recording(t: torch.Tensor, c: torch.Tensor):
+        seen.append((t.item(), c))
+        return forward(t, c)
+
+    monkeypatch.setattr(core.step_sizes, "forward", recording)
+    x0 = _x0(cfg)
+    with torch.no_grad():
+        states = core.run(x0, keep_states=True).states
+    assert [t for t, _ in seen] == [1.0, 2.0, 3.0]
+    expected = [x0, x0, x0] if cond == "x0" else [x0, states[0], states[1]]
+    for (_, c), e in zip(seen, expected):
+        assert torch.equal(c, e)
+
+
+@pytest.mark.xfail(strict=True, raises=RuntimeError,
+                   reason="layers.py StepSizes.time_embedding: float32 sinusoid into a float64 time MLP")
+def test_a_float64_model_with_the_time_mlp_runs():
+    cfg = _cfg(step_init=0.1)
+    model = _model(cfg).double().eval()
+    x, _ = _inputs(cfg)
+    with torch.no_grad():
+        out = model(x)
+    assert out.dtype == torch.float64
+
+
+# ---------------------------------------------------------------------------------------- 10. baselines
+
+
+@pytest.mark.parametrize("layer", ["hyperset", "transformer", "crate", "crate-t", "et"])
+@pytest.mark.parametrize("task", ["sudoku", "classify"])
+def test_every_layer_runs_through_the_core_gets_gradients_and_learns(layer, task):
+    stem = "ln-linear-ln" if layer == "hyperset" else "linear"
+    kw = dict(stem=stem) if task == "classify" else {}
+    cfg = _cfg(task, layer=layer, iters=2, step_init=0.1, **kw)
+    model = _model(cfg).train()
+    assert type(model.core.layers[0]).__name__ == {
+        "hyperset": "HyperSETLayer", "transformer": "TransformerLayer", "crate": "CRATELayer",
+        "crate-t": "CRATELayer", "et": "EnergyTransformerLayer"}[layer]
+    x, y = _inputs(cfg, batch=4)
+
+    def loss_fn() -> torch.Tensor:
+        logits = model(x)
+        return F.cross_entropy(logits.reshape(-1, cfg.num_classes), y.reshape(-1))
+
+    loss = loss_fn()
+    loss.backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), name
+    core_grads = [p.grad.abs().max() for p in model.core.layers[0].parameters()]
+    assert max(core_grads) > 0
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    first = loss.item()
+    for _ in range(6):
+        opt.zero_grad()
+        loss = loss_fn()
+        loss.backward()
+        opt.step()
+    with torch.no_grad():
+        assert loss_fn().item() < first

@@ -1,0 +1,1 @@
+"""The shared-core trainer for every Hyper-SET task (`hyperset-train`)."""

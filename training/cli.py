@@ -1,0 +1,83 @@
+"""`hyperset-train TASK --recipe NAME --data DIR --out DIR [--resume]`."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from hyperset.checkpoint import CheckpointError
+from hyperset.config import preset_config
+
+from .recipes import apply_overrides, load_recipe, recipe_names
+from .trainer import TrainConfig, Trainer
+
+
+def build_task(task: str, recipe: dict[str, Any], data_dir: str) -> Any:
+    model_cfg = preset_config(recipe["preset"], **recipe.get("model", {}))
+    if task == "sudoku":
+        from .sudoku_task import SudokuData, SudokuTask
+
+        data = SudokuData(data_dir=data_dir, **recipe.get("data", {}))
+        return SudokuTask(model=model_cfg, data=data, **recipe.get("objective", {}))
+    raise click.UsageError(f"task {task!r} is not available in this version")
+
+
+def _run(task: str, recipe_name: str, data: str, out: str, resume: bool, device: str, overrides: tuple[str, ...],
+         steps: int | None, as_json: bool, quiet: bool) -> None:
+    try:
+        name, recipe = load_recipe(recipe_name)
+        recipe = apply_overrides(recipe, list(overrides))
+        if recipe.get("task", task) != task:
+            raise ValueError(f"recipe {name} is for task {recipe['task']!r}, not {task!r}")
+        train = TrainConfig.from_dict(recipe.get("train", {}))
+        if steps is not None:
+            train.steps = steps
+        trainer = Trainer(build_task(task, recipe, data), train, Path(out), device=device, resume=resume,
+                          recipe_name=name, quiet=quiet or as_json)
+        result = trainer.fit()
+    except (ValueError, CheckpointError, FileNotFoundError) as e:
+        click.echo(f"hyperset-train: error: {e}", err=True)
+        sys.exit(2)
+    if as_json:
+        click.echo(json.dumps(result))
+    else:
+        click.echo(f"done: step {result['step']}, best {result['best']:.4f}; best checkpoint in {out}/best")
+
+
+def _options(f: Any) -> Any:
+    options = [
+        click.option("--recipe", "recipe_name", required=True,
+                     help=f"recipe name or .toml path (shipped: {', '.join(recipe_names())})"),
+        click.option("--data", default="", help="data folder"),
+        click.option("--out", required=True, type=click.Path(file_okay=False), help="run folder"),
+        click.option("--resume", is_flag=True, help="continue the run in --out from its last saved state"),
+        click.option("--device", default="auto", show_default=True, help="auto | cpu | cuda | cuda:N"),
+        click.option("--set", "overrides", multiple=True, metavar="SECTION.KEY=VALUE",
+                     help="override a recipe value, e.g. --set train.lr=1e-3 --set model.iters=32"),
+        click.option("--steps", type=int, default=None, help="override the number of optimizer steps"),
+        click.option("--json", "as_json", is_flag=True, help="print the result as JSON"),
+        click.option("--quiet", is_flag=True, help="no progress bar"),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def main() -> None:
+    """Train Hyper-SET models (and the baselines) with the shared-core trainer."""
+
+
+@main.command()
+@_options
+def sudoku(**kw: Any) -> None:
+    """Sudoku (RRN sudoku-hard format data)."""
+    _run("sudoku", **kw)
+
+
+if __name__ == "__main__":
+    main()

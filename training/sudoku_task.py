@@ -1,0 +1,130 @@
+"""Sudoku for the shared trainer: RRN "sudoku-hard" data, loss on blank cells, board and cell accuracy."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from hyperset.config import ModelConfig
+from hyperset.models import HyperSETModel
+from hyperset.sudoku.data import augment, find_split, load_csv, protocol_split
+
+
+@dataclass
+class SudokuData:
+    """Where the puzzles come from, as in the paper's protocol (seeded permutation, first n rows)."""
+
+    data_dir: str = ""
+    n_train: int = 9000  # 0: every training puzzle
+    n_val: int = 1000  # the reported validation set: first n_val of a seed-0 permutation of valid
+    n_select: int = 1000  # the next n_select rows: used to choose the best checkpoint
+    augment: bool = False
+    seed: int = 0
+
+
+def board_metrics(pred: torch.Tensor, puzzles: torch.Tensor, solutions: torch.Tensor) -> dict[str, float]:
+    """pred, puzzles, solutions: (B, 81) digits. Cell accuracy over blanks, board accuracy over boards."""
+    blank = puzzles == 0
+    right = (pred == solutions) | ~blank
+    cells = ((pred == solutions) & blank).sum().item() / max(blank.sum().item(), 1)
+    return {"board_acc": right.all(dim=1).float().mean().item(), "cell_acc": cells}
+
+
+def predict_digits(logits: torch.Tensor, puzzles: torch.Tensor) -> torch.Tensor:
+    """Argmax digit per cell, givens kept."""
+    return torch.where(puzzles > 0, puzzles, logits.argmax(-1) + 1)
+
+
+@dataclass
+class SudokuTask:
+    model: ModelConfig
+    data: SudokuData
+    supervise: str = "all"  # all: mean CE over every iteration; last: the paper's final-iteration loss
+    eval_iters: list[int] = field(default_factory=list)
+    eval_batch: int = 500
+    name: str = "sudoku"
+
+    def __post_init__(self) -> None:
+        if not self.data.data_dir:
+            raise ValueError("no Sudoku data folder given (--data DIR): it must hold train/valid CSVs "
+                             "(train.csv / valid.csv, *.csv.gz, rrnstyle_*.csv.gz or sudoku-hard.zip)")
+        root = Path(self.data.data_dir)
+        puzzles, solutions = load_csv(find_split(root, "train"))
+        if self.data.n_train:
+            puzzles, solutions = protocol_split(puzzles, solutions, self.data.n_train, self.data.seed)
+        self.train_puzzles, self.train_solutions = puzzles, solutions
+        vp, vs = load_csv(find_split(root, "valid"))
+        need = self.data.n_val + self.data.n_select
+        vp, vs = protocol_split(vp, vs, min(need, len(vp)), self.data.seed)
+        self.val = (vp[: self.data.n_val], vs[: self.data.n_val])
+        self.select = (vp[self.data.n_val:], vs[self.data.n_val:])
+        self.eval_iters = self.eval_iters or [self.model.iters, 2 * self.model.iters]
+        self.select_metric = f"select/board_acc@{self.model.iters}"
+
+    def model_config(self) -> ModelConfig:
+        return self.model
+
+    def describe(self) -> dict[str, Any]:
+        return {"data_dir": str(self.data.data_dir), "train_puzzles": int(len(self.train_puzzles)),
+                "val_puzzles": int(len(self.val[0])), "select_puzzles": int(len(self.select[0])),
+                "augment": self.data.augment, "protocol": "np.random.RandomState(seed).permutation, first n",
+                "seed": self.data.seed, "supervise": self.supervise}
+
+    def batch(self, step: int, batch_size: int, seed: int, device: torch.device) -> dict[str, torch.Tensor]:
+        """Deterministic in (seed, step): epochs are seeded permutations, so a resumed run sees the same data."""
+        n = len(self.train_puzzles)
+        start = step * batch_size
+        idx = []
+        while len(idx) < batch_size:
+            epoch, offset = divmod(start + len(idx), n)
+            perm = np.random.default_rng([seed, epoch]).permutation(n)
+            idx.extend(perm[offset: offset + batch_size - len(idx)].tolist())
+        p, s = self.train_puzzles[idx], self.train_solutions[idx]
+        if self.data.augment:
+            p, s = augment(p, s, np.random.default_rng([seed, step, 1]))
+        puzzles = torch.from_numpy(np.ascontiguousarray(p)).long().to(device)
+        solutions = torch.from_numpy(np.ascontiguousarray(s)).long().to(device)
+        return {"puzzles": puzzles, "solutions": solutions}
+
+    def loss(self, model: HyperSETModel, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+        puzzles, solutions = batch["puzzles"], batch["solutions"]
+        target = torch.where(puzzles == 0, solutions - 1, torch.full_like(solutions, -100))
+        if self.supervise == "all":
+            per_iter = model.run(puzzles, all_logits=True).all_logits
+            logits = torch.stack(per_iter)  # (T, B, 81, 9)
+            ce = F.cross_entropy(logits.float().flatten(0, 2), target.repeat(len(per_iter), 1).flatten(),
+                                 ignore_index=-100)
+            final = per_iter[-1]
+        else:
+            final = model(puzzles)
+            ce = F.cross_entropy(final.float().flatten(0, 1), target.flatten(), ignore_index=-100)
+        with torch.no_grad():
+            blank = puzzles == 0
+            acc = ((final.argmax(-1) + 1 == solutions) & blank).sum() / blank.sum().clamp_min(1)
+        return ce, {"acc": acc.item()}
+
+    @torch.no_grad()
+    def evaluate(self, model: HyperSETModel, device: torch.device, autocast: Any) -> dict[str, float]:
+        model.eval()
+        out: dict[str, float] = {}
+        sets = [("val", self.val, self.eval_iters), ("select", self.select, [self.model.iters])]
+        for name, (p, s), iters_list in sets:
+            if len(p) == 0:
+                continue
+            for iters in iters_list:
+                preds = []
+                for i in range(0, len(p), self.eval_batch):
+                    puzzles = torch.from_numpy(p[i: i + self.eval_batch]).long().to(device)
+                    with autocast():
+                        logits = model(puzzles, iters=iters)
+                    preds.append(predict_digits(logits.float(), puzzles).cpu())
+                m = board_metrics(torch.cat(preds), torch.from_numpy(p).long(), torch.from_numpy(s).long())
+                out.update({f"{name}/{k}@{iters}": v for k, v in m.items()})
+        if not self.select[0].size:
+            out[self.select_metric] = out[f"val/board_acc@{self.model.iters}"]
+        return out
