@@ -100,7 +100,8 @@ def _load_puzzles(files: tuple[str, ...]) -> list[Puzzle]:
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("files", nargs=-1, required=True, type=str)
-@click.option("--iters", default=None, help="iterations (may exceed the trained depth) or 'auto' [default: trained depth]")
+@click.option("--iters", default=None,
+              help="iterations (may exceed the trained depth) or 'auto' [default: trained depth]")
 @click.option("--strategy", type=click.Choice(["single", "commit"]), default="single", show_default=True,
               help="single: one pass; commit: fix the most confident cells and run again until full")
 @click.option("--checkpoint", type=click.Path(), default=None, help="checkpoint folder [default: the shipped model]")
