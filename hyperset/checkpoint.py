@@ -68,17 +68,40 @@ def load_tensors(path: str | os.PathLike, what: str = "weights") -> dict[str, to
         raise CheckpointError(f"{path}: not a readable safetensors file ({e}); expected the {what}") from None
 
 
-def save_checkpoint(directory: str | os.PathLike, model: HyperSETModel, info: dict[str, Any] | None = None) -> Path:
-    """Write model.safetensors + config.json. `info` (recipe, data, metrics, ...) goes into config.json."""
+def save_module(directory: str | os.PathLike, module: torch.nn.Module, kind: str, config: dict[str, Any],
+                info: dict[str, Any] | None = None) -> Path:
+    """Write any module as model.safetensors + config.json ({"kind": kind, "model": config, ...info})."""
     directory = Path(directory)
-    meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "model": model.cfg.to_dict(),
-            "parameters": model.num_parameters(), **(info or {})}
-    save_tensors(directory / "model.safetensors", model.state_dict(), {"format": FORMAT})
+    meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "kind": kind, "model": config,
+            "parameters": sum(p.numel() for p in module.parameters()), **(info or {})}
+    save_tensors(directory / "model.safetensors", module.state_dict(), {"format": FORMAT, "kind": kind})
     atomic_write_json(directory / "config.json", meta)
     return directory
 
 
-def read_config(directory: str | os.PathLike) -> dict[str, Any]:
+def load_weights_into(module: torch.nn.Module, directory: Path, what: str) -> None:
+    """Load model.safetensors into `module`, with a one-line error for missing/unexpected keys or shapes."""
+    state = load_tensors(directory / "model.safetensors", what)
+    expected = module.state_dict()
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{directory / 'model.safetensors'}: weights do not match config.json "
+            f"(missing: {', '.join(missing[:4]) or '-'}; unexpected: {', '.join(unexpected[:4]) or '-'})")
+    for k, v in state.items():
+        if v.shape != expected[k].shape:
+            raise CheckpointError(f"{directory / 'model.safetensors'}: {k} has shape {tuple(v.shape)}, "
+                                  f"config.json expects {tuple(expected[k].shape)}")
+    module.load_state_dict(state)
+
+
+def save_checkpoint(directory: str | os.PathLike, model: HyperSETModel, info: dict[str, Any] | None = None) -> Path:
+    """Write model.safetensors + config.json. `info` (recipe, data, metrics, ...) goes into config.json."""
+    return save_module(directory, model, "hyperset", model.cfg.to_dict(), info)
+
+
+def read_config(directory: str | os.PathLike, kind: str | None = None) -> dict[str, Any]:
     directory = Path(directory)
     path = directory / "config.json"
     if not directory.exists():
@@ -91,6 +114,9 @@ def read_config(directory: str | os.PathLike) -> dict[str, Any]:
         raise CheckpointError(f"{path}: not valid JSON ({e}); expected a Hyper-SET config.json") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT or "model" not in meta:
         raise CheckpointError(f"{path}: not a Hyper-SET checkpoint config (expected \"format\": \"{FORMAT}\")")
+    found = meta.get("kind", "hyperset")
+    if kind is not None and found != kind:
+        raise CheckpointError(f"{directory}: this checkpoint holds a {found!r} model, expected a {kind!r} model")
     return meta
 
 
@@ -100,7 +126,7 @@ def load_checkpoint(directory: str | os.PathLike, task: str | None = None,
     directory = Path(directory)
     if directory.is_file():
         directory = directory.parent
-    meta = read_config(directory)
+    meta = read_config(directory, kind="hyperset")
     try:
         cfg = ModelConfig.from_dict(meta["model"])
     except (TypeError, ValueError) as e:
@@ -108,18 +134,6 @@ def load_checkpoint(directory: str | os.PathLike, task: str | None = None,
     if task is not None and cfg.task != task:
         raise CheckpointError(f"{directory}: this is a {cfg.task!r} model, expected a {task!r} model")
     model = HyperSETModel(cfg)
-    state = load_tensors(directory / "model.safetensors", f"weights of a {cfg.layer} {cfg.task} model")
-    expected = model.state_dict()
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
-    if missing or unexpected:
-        raise CheckpointError(
-            f"{directory / 'model.safetensors'}: weights do not match config.json "
-            f"(missing: {', '.join(missing[:4]) or '-'}; unexpected: {', '.join(unexpected[:4]) or '-'})")
-    for k, v in state.items():
-        if v.shape != expected[k].shape:
-            raise CheckpointError(f"{directory / 'model.safetensors'}: {k} has shape {tuple(v.shape)}, "
-                                  f"config.json expects {tuple(expected[k].shape)}")
-    model.load_state_dict(state)
+    load_weights_into(model, directory, f"weights of a {cfg.layer} {cfg.task} model")
     model.to(map_location).eval()
     return model, meta

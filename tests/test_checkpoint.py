@@ -231,6 +231,21 @@ def test_config_that_cannot_build_a_model_gives_a_checkpoint_error(tmp_path):
     assert str(folder / "config.json") in message and "spiral" in message
 
 
+@pytest.mark.xfail(strict=True, raises=CheckpointError,
+                   reason="checkpoint.py save_checkpoint spreads `info` after the reserved keys, so "
+                          "info={'model': ...} or {'format': ...} silently writes an unloadable checkpoint")
+def test_info_cannot_clobber_the_reserved_config_keys(tmp_path):
+    torch.manual_seed(0)
+    model = build_model(_cfg())
+    folder = tmp_path / "ckpt"
+    try:
+        save_checkpoint(folder, model, {"model": "sudoku-cpu", "format": "mine"})
+    except ValueError:
+        return  # refusing reserved keys is fine too
+    loaded, _ = load_checkpoint(folder)
+    assert loaded.cfg == model.cfg
+
+
 def test_read_config_returns_the_metadata(tmp_path):
     folder, model = _saved(tmp_path)
     meta = read_config(folder)

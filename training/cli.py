@@ -23,14 +23,26 @@ def build_task(task: str, recipe: dict[str, Any], data_dir: str) -> Any:
 
         data = SudokuData(data_dir=data_dir, **recipe.get("data", {}))
         return SudokuTask(model=model_cfg, data=data, **recipe.get("objective", {}))
-    raise click.UsageError(f"task {task!r} is not available in this version")
+    if task == "classify":
+        from .classify_task import build_classify_task
+
+        return build_classify_task(model_cfg, recipe, data_dir)
+    if task == "mim":
+        from .mim_task import build_mim_task
+
+        return build_mim_task(model_cfg, recipe, data_dir)
+    raise click.UsageError(f"unknown task {task!r}")
 
 
 def _run(task: str, recipe_name: str, data: str, out: str, resume: bool, device: str, overrides: tuple[str, ...],
-         steps: int | None, as_json: bool, quiet: bool) -> None:
+         steps: int | None, as_json: bool, quiet: bool, preset: str | None = None, dataset: str | None = None) -> None:
     try:
         name, recipe = load_recipe(recipe_name)
         recipe = apply_overrides(recipe, list(overrides))
+        if preset:
+            recipe["preset"] = preset
+        if dataset:
+            recipe.setdefault("data", {})["dataset"] = dataset
         if recipe.get("task", task) != task:
             raise ValueError(f"recipe {name} is for task {recipe['task']!r}, not {task!r}")
         train = TrainConfig.from_dict(recipe.get("train", {}))
@@ -59,6 +71,7 @@ def _options(f: Any) -> Any:
         click.option("--set", "overrides", multiple=True, metavar="SECTION.KEY=VALUE",
                      help="override a recipe value, e.g. --set train.lr=1e-3 --set model.iters=32"),
         click.option("--steps", type=int, default=None, help="override the number of optimizer steps"),
+        click.option("--preset", default=None, help="override the recipe's model preset (see hyperset.list_presets())"),
         click.option("--json", "as_json", is_flag=True, help="print the result as JSON"),
         click.option("--quiet", is_flag=True, help="no progress bar"),
     ]
@@ -77,6 +90,22 @@ def main() -> None:
 def sudoku(**kw: Any) -> None:
     """Sudoku (RRN sudoku-hard format data)."""
     _run("sudoku", **kw)
+
+
+@main.command()
+@_options
+@click.option("--dataset", type=click.Choice(["cifar10", "cifar100", "imagenet100"]), default=None,
+              help="override the recipe's dataset")
+def classify(**kw: Any) -> None:
+    """Image classification: CIFAR-10/100 (python layout) or ImageNet-100 (ImageFolder)."""
+    _run("classify", **kw)
+
+
+@main.command()
+@_options
+def mim(**kw: Any) -> None:
+    """Masked image modeling on VQ tokens (tokenizer and token model recipes)."""
+    _run("mim", **kw)
 
 
 if __name__ == "__main__":

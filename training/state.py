@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -12,11 +13,11 @@ from hyperset.checkpoint import (
     CheckpointError,
     atomic_write_json,
     load_tensors,
+    load_weights_into,
     read_config,
     save_checkpoint,
     save_tensors,
 )
-from hyperset.models import HyperSETModel
 
 
 def optimizer_tensors(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -43,30 +44,30 @@ def load_optimizer(opt: torch.optim.Optimizer, tensors: dict[str, torch.Tensor],
     opt.load_state_dict({"state": state, "param_groups": plain["param_groups"]})
 
 
-def save_training_state(directory: Path, model: HyperSETModel, opt: torch.optim.Optimizer,
-                        progress: dict[str, Any], info: dict[str, Any]) -> None:
+def save_training_state(directory: Path, model: torch.nn.Module, opt: torch.optim.Optimizer,
+                        progress: dict[str, Any], info: dict[str, Any], save_model: Any = None) -> None:
     """directory/ holds model.safetensors + config.json (a loadable checkpoint), optimizer.safetensors and
     trainer.json (step, best metric, RNG). trainer.json is written last: it marks a complete state."""
     directory = Path(directory)
-    save_checkpoint(directory, model, info)
+    (save_model or save_checkpoint)(directory, model, info)
     opt_t, opt_plain = optimizer_tensors(opt)
     opt_t["rng.torch"] = torch.get_rng_state()
     save_tensors(directory / "optimizer.safetensors", opt_t)
     atomic_write_json(directory / "trainer.json", {**progress, "optimizer": opt_plain})
 
 
-def load_training_state(directory: Path, model: HyperSETModel, opt: torch.optim.Optimizer) -> dict[str, Any]:
+def load_training_state(directory: Path, model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict[str, Any]:
     directory = Path(directory)
     path = directory / "trainer.json"
     if not path.is_file():
         raise CheckpointError(f"{directory}: no trainer.json (expected a training state written by hyperset-train)")
     progress = json.loads(path.read_text())
     meta = read_config(directory)
-    if meta["model"] != model.cfg.to_dict():
-        diff = sorted(k for k in meta["model"] if meta["model"].get(k) != model.cfg.to_dict().get(k))
+    current = model.cfg.to_dict() if hasattr(model.cfg, "to_dict") else dataclasses.asdict(model.cfg)
+    if meta["model"] != current:
+        diff = sorted(k for k in meta["model"] if meta["model"].get(k) != current.get(k))
         raise CheckpointError(f"{directory}: the saved model config differs from this run's in: {', '.join(diff)}")
-    weights = load_tensors(directory / "model.safetensors", "model weights")
-    model.load_state_dict(weights)
+    load_weights_into(model, directory, "model weights")
     opt_t = load_tensors(directory / "optimizer.safetensors", "optimizer state")
     rng = opt_t.pop("rng.torch", None)
     device = next(model.parameters()).device

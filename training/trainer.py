@@ -126,7 +126,7 @@ class Trainer:
 
     def _info(self, device: torch.device, step: int, metrics: dict[str, float] | None) -> dict[str, Any]:
         return {"task": self.task.name, "recipe": self.recipe_name, "train": asdict(self.cfg),
-                "data": self.task.describe(), "trained_iterations": self.task.model_config().iters,
+                "data": self.task.describe(), "trained_iterations": getattr(self.task.model_config(), "iters", None),
                 "steps": step, "device": describe(device), "metrics": metrics or {}}
 
     def _handle_signal(self, signum: int, frame: Any) -> None:
@@ -139,7 +139,8 @@ class Trainer:
         device = pick_device(self.device)
         torch.manual_seed(cfg.seed)
         self.out.mkdir(parents=True, exist_ok=True)
-        model = HyperSETModel(self.task.model_config()).to(device)
+        build = getattr(self.task, "build_model", None)  # tasks that train another module (VQ tokenizer)
+        model = (build() if build else HyperSETModel(self.task.model_config())).to(device)
         opt = make_optimizer(model, cfg)
         start, best, best_metrics, elapsed = 0, -math.inf, {}, 0.0
         last_dir = self.out / "last"
@@ -162,7 +163,7 @@ class Trainer:
 
         def save_state(step: int) -> None:
             progress = {"step": step, "best": best, "best_metrics": best_metrics, "elapsed": time.time() - t0}
-            save_training_state(last_dir, model, opt, progress, self._info(device, step, best_metrics))
+            save_training_state(last_dir, model, opt, progress, self._info(device, step, best_metrics), self._save)
 
         bar = tqdm(total=cfg.steps, initial=start, disable=self.quiet, dynamic_ncols=True,
                    mininterval=1.0 if sys.stderr.isatty() else 60.0, desc=self.task.name)
@@ -201,7 +202,7 @@ class Trainer:
                     score = metrics[self.task.select_metric]
                     if score > best:
                         best, best_metrics = score, metrics
-                        save_checkpoint(self.out / "best", model, self._info(device, step, metrics))
+                        self._save(self.out / "best", model, self._info(device, step, metrics))
                     save_state(step)
                     last_save = time.time()
                 elif time.time() - last_save > cfg.save_every_seconds:
@@ -216,6 +217,13 @@ class Trainer:
             self._say(f"stopped at step {step}; state saved in {last_dir} (continue with --resume)")
         return {"step": step, "best": best, "best_metrics": best_metrics, "out": str(self.out),
                 "finished": step >= cfg.steps}
+
+    def _save(self, directory: Path, model: torch.nn.Module, info: dict[str, Any]) -> None:
+        save = getattr(self.task, "save", None)  # (directory, model, info) for tasks with their own module kind
+        if save:
+            save(directory, model, info)
+        else:
+            save_checkpoint(directory, model, info)
 
     def _say(self, message: str) -> None:
         if not self.quiet:
