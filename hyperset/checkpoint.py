@@ -72,6 +72,10 @@ def save_module(directory: str | os.PathLike, module: torch.nn.Module, kind: str
                 info: dict[str, Any] | None = None) -> Path:
     """Write any module as model.safetensors + config.json ({"kind": kind, "model": config, ...info})."""
     directory = Path(directory)
+    reserved = {"format", "format_version", "kind", "model", "parameters"}
+    clash = sorted(reserved & set(info or {}))
+    if clash:
+        raise ValueError(f"checkpoint info may not set the reserved keys {', '.join(clash)}")
     meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "kind": kind, "model": config,
             "parameters": sum(p.numel() for p in module.parameters()), **(info or {})}
     save_tensors(directory / "model.safetensors", module.state_dict(), {"format": FORMAT, "kind": kind})
@@ -133,7 +137,10 @@ def load_checkpoint(directory: str | os.PathLike, task: str | None = None,
         raise CheckpointError(f"{directory / 'config.json'}: invalid model config ({e})") from None
     if task is not None and cfg.task != task:
         raise CheckpointError(f"{directory}: this is a {cfg.task!r} model, expected a {task!r} model")
-    model = HyperSETModel(cfg)
+    try:
+        model = HyperSETModel(cfg)
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"{directory / 'config.json'}: invalid model config ({e})") from None
     load_weights_into(model, directory, f"weights of a {cfg.layer} {cfg.task} model")
     model.to(map_location).eval()
     return model, meta

@@ -77,7 +77,7 @@ class StepSizes(nn.Module):
         nn.init.constant_(self.L3.bias, self.cfg.step_init)
 
     def time_embedding(self, t: Tensor) -> Tensor:
-        c = sinusoidal_embedding(t, self.cfg.time_dim)
+        c = sinusoidal_embedding(t, self.cfg.time_dim).to(self.L3.weight.dtype)
         if self.cfg.time_mlp:
             c = self.L2(F.gelu(self.L1(c)))
         return c  # (1, d)

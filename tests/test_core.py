@@ -11,15 +11,6 @@ from hyperset.core import RecurrentCore
 from hyperset.models import build_model
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: one thread avoids oversubscription when the 2 cores are shared (restored afterwards)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _cfg(task: str = "sudoku", **kw) -> ModelConfig:
     base = dict(task=task, dim=16, heads=4, ff_hidden=32, iters=3, time_dim=16, emb_dropout=0.0)
     if task == "classify":
@@ -205,8 +196,6 @@ def test_step_sizes_are_conditioned_on_x0_or_the_current_state(cond, monkeypatch
         assert torch.equal(c, e)
 
 
-@pytest.mark.xfail(strict=True, raises=RuntimeError,
-                   reason="layers.py StepSizes.time_embedding: float32 sinusoid into a float64 time MLP")
 def test_a_float64_model_with_the_time_mlp_runs():
     cfg = _cfg(step_init=0.1)
     model = _model(cfg).double().eval()

@@ -36,15 +36,6 @@ FF_CASES = [("relu", "sigmoid"), ("softmax", "sigmoid")] + [("gated", phi) for p
 COMBOS = [("bisoftmax", "relu"), ("sigmoid", "softmax"), ("linear", "gated")]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: one thread avoids oversubscription when the 2 cores are shared (restored afterwards)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _randn(*shape: int, seed: int = 0, scale: float = 1.0) -> torch.Tensor:
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=DT) * scale
 

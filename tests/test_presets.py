@@ -22,15 +22,6 @@ EXACT = {
 PAPER_MISMATCH = {"mim-transformer"}  # the paper prints 8.85 M; the authors' configuration gives 8.655 M
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: one thread avoids oversubscription when the 2 cores are shared (restored afterwards)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _count(cfg: ModelConfig) -> int:
     """Parameters without allocating or initialising them."""
     with torch.device("meta"):

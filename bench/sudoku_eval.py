@@ -1,0 +1,191 @@
+"""Sudoku evidence from a checkpoint (default: the shipped model), written to bench/results/ as JSON + PNG.
+
+    python bench/sudoku_eval.py --data ../shared/data/sudoku            # 1,000 seeded validation puzzles
+
+Measures, on the paper protocol's seeded draw of the validation file:
+  * board and cell accuracy after every iteration from 1 to 4x the trained depth (one pass, read out each step);
+  * accuracy per givens count at the trained depth and at 2x;
+  * E_ATTN and E_FF per iteration (mean and std over boards) past the trained depth;
+  * effective rank and average angle per head vs iteration (the paper's figures 4-5);
+  * the inference strategies (single pass at T and 2T, --iters auto, commit) with boards/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from hyperset.checkpoint import atomic_write_json
+from hyperset.energies import average_angle, effective_rank
+from hyperset.solve import Solver, bundled_checkpoint, summarize
+from hyperset.sudoku.data import find_split, givens_count, load_csv, protocol_split
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def to_strings(a: np.ndarray) -> list[str]:
+    return ["".join(map(str, row)) for row in a.tolist()]
+
+
+@torch.no_grad()
+def per_iteration(solver: Solver, puzzles: np.ndarray, solutions: np.ndarray, max_iters: int,
+                  geometry_boards: int, batch: int = 250) -> dict:
+    """One pass to max_iters, reading out predictions, energies and (on a subset) geometry at every t."""
+    T = max_iters
+    board_right = np.zeros((T, len(puzzles)), dtype=bool)
+    cell_right = np.zeros(T)
+    blanks = int((puzzles == 0).sum())
+    energy = {"attn": np.zeros((T, len(puzzles))), "ff": np.zeros((T, len(puzzles)))}
+    rank, angle = [], []
+    model = solver.model
+    for i in range(0, len(puzzles), batch):
+        p = torch.from_numpy(puzzles[i: i + batch]).long()
+        s = torch.from_numpy(solutions[i: i + batch]).long()
+        x0 = model.stem(p)
+        for layer, t, x in model.core.iterate(x0, T):
+            digits = torch.where(p > 0, p, model.readout(x).argmax(-1) + 1)
+            ok = (digits == s)
+            board_right[t - 1, i: i + len(p)] = ok.all(-1).numpy()
+            cell_right[t - 1] += (ok & (p == 0)).sum().item()
+            for k, v in layer.energy(x, t).items():
+                energy[k][t - 1, i: i + len(p)] = v.float().numpy()
+            if i == 0:
+                Z = layer.projections(x[:geometry_boards], t)
+                rank.append(effective_rank(Z).mean(0).tolist())
+                angle.append(average_angle(Z).mean(0).tolist())
+    return {"board_acc": board_right.mean(1).tolist(), "cell_acc": (cell_right / blanks).tolist(),
+            "board_right": board_right, "energy": {k: {"mean": v.mean(1).tolist(), "std": v.std(1).tolist()}
+                                                   for k, v in energy.items()},
+            "effective_rank": rank, "average_angle": angle}
+
+
+def per_givens(board_right: np.ndarray, givens: np.ndarray) -> dict[int, dict[str, float]]:
+    return {int(g): {"boards": int((givens == g).sum()), "board_acc": float(board_right[givens == g].mean())}
+            for g in np.unique(givens)}
+
+
+def strategies(solver: Solver, puzzles: list[str], solutions: list[str], T: int) -> list[dict]:
+    rows = []
+    for name, kw in [(f"single@{T}", {"iters": T}), (f"single@{2 * T}", {"iters": 2 * T}),
+                     ("auto", {"iters": "auto"}), (f"commit@{T}", {"iters": T, "strategy": "commit"})]:
+        t0 = time.perf_counter()
+        res = solver.solve(puzzles, solutions=solutions, batch_size=250, **kw)
+        dt = time.perf_counter() - t0
+        s = summarize(res, dt, solver)
+        rows.append({"strategy": name, "board_acc": s.board_accuracy, "cell_acc": s.cell_accuracy,
+                     "valid": s.valid / s.puzzles, "boards_per_s": len(puzzles) / dt, "seconds": dt,
+                     "mean_iterations": float(np.mean([r.iterations for r in res]))})
+        print(f"  {name:12s} board {s.board_accuracy:.3f} cell {s.cell_accuracy:.4f} "
+              f"{len(puzzles) / dt:7.1f} boards/s", file=sys.stderr)
+    return rows
+
+
+def plots(out: dict, prefix: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    T, curve = out["trained_iterations"], out["per_iteration"]
+    t = np.arange(1, len(curve["board_acc"]) + 1)
+    fig, ax = plt.subplots(1, 2, figsize=(11, 3.8))
+    ax[0].plot(t, curve["board_acc"], label="board accuracy")
+    ax[0].plot(t, curve["cell_acc"], label="cell accuracy")
+    ax[0].axvline(T, color="tab:red", ls="--", lw=1, label=f"trained depth {T}")
+    ax[0].set_xlabel("iterations")
+    ax[0].set_title("Accuracy vs iterations (single pass)")
+    ax[0].legend(fontsize=8)
+    g = out["per_givens"]
+    ks = sorted(int(k) for k in g[str(T)])
+    for key in (str(T), str(2 * T)):
+        ax[1].plot(ks, [g[key][str(k)]["board_acc"] for k in ks], marker="o", label=f"{key} iterations")
+    ax[1].set_xlabel("givens")
+    ax[1].set_title("Board accuracy per givens count")
+    ax[1].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(RESULTS / f"{prefix}_accuracy.png", dpi=120)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(1, 2, figsize=(11, 3.6))
+    for a, (k, label) in zip(ax, (("attn", "E_ATTN"), ("ff", "E_FF"))):
+        m, s = np.array(curve["energy"][k]["mean"]), np.array(curve["energy"][k]["std"])
+        a.plot(t, m)
+        a.fill_between(t, m - s, m + s, alpha=0.2)
+        a.axvline(T, color="tab:red", ls="--", lw=1)
+        a.set_title(f"{label} per iteration (mean ± std)")
+        a.set_xlabel("iteration t")
+    fig.tight_layout()
+    fig.savefig(RESULTS / f"{prefix}_energy.png", dpi=120)
+    plt.close(fig)
+
+    rank, angle = np.array(curve["effective_rank"]), np.array(curve["average_angle"])
+    fig, ax = plt.subplots(1, 2, figsize=(11, 3.6))
+    for h in range(rank.shape[1]):
+        ax[0].plot(t, rank[:, h], label=f"head {h + 1}")
+        ax[1].plot(t, angle[:, h], label=f"head {h + 1}")
+    for a, title in zip(ax, ("Effective rank per head (eq. 13)", "Average angle per head, degrees (eq. 14)")):
+        a.axvline(T, color="tab:red", ls="--", lw=1)
+        a.set_title(title)
+        a.set_xlabel("iteration t")
+        a.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(RESULTS / f"{prefix}_rank_angle.png", dpi=120)
+    plt.close(fig)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--checkpoint", default=None, help="checkpoint folder (default: the shipped model)")
+    ap.add_argument("--data", required=True, help="folder with the validation CSV (valid.csv / rrnstyle_valid...)")
+    ap.add_argument("--split", default="valid")
+    ap.add_argument("--n", type=int, default=1000)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--max-factor", type=int, default=4, help="iterate up to this multiple of the trained depth")
+    ap.add_argument("--geometry-boards", type=int, default=100)
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--name", default="sudoku", help="prefix of the output files")
+    ap.add_argument("--no-strategies", action="store_true")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    solver = Solver.load(args.checkpoint, "cpu")
+    T = solver.trained_iters
+    p, s = load_csv(find_split(args.data, args.split))
+    p, s = protocol_split(p, s, args.n, args.seed)
+    print(f"{args.n} puzzles from {args.data} ({args.split}, seed {args.seed}); trained depth {T}", file=sys.stderr)
+    curve = per_iteration(solver, p, s, args.max_factor * T, args.geometry_boards)
+    board_right = curve.pop("board_right")
+    givens = givens_count(p)
+    out = {
+        "checkpoint": str(args.checkpoint or bundled_checkpoint()), "data": str(args.data), "split": args.split,
+        "puzzles": args.n, "seed": args.seed, "protocol": "np.random.RandomState(seed).permutation, first n",
+        "trained_iterations": T, "parameters": solver.model.num_parameters(),
+        "model": solver.model.cfg.to_dict(), "device": solver.device_name(),
+        "per_iteration": curve,
+        "per_givens": {str(k): {str(g): v for g, v in per_givens(board_right[k - 1], givens).items()}
+                       for k in (T, 2 * T)},
+    }
+    if not args.no_strategies:
+        out["strategies"] = strategies(solver, to_strings(p), to_strings(s), T)
+    e = curve["energy"]
+    total = [a + f for a, f in zip(e["attn"]["mean"], e["ff"]["mean"])]
+    out["checks"] = {
+        "board_acc@T": curve["board_acc"][T - 1], "board_acc@2T": curve["board_acc"][2 * T - 1],
+        "energy@T": total[T - 1], "energy@last": total[-1],
+        "accuracy_2T_ge_T": curve["board_acc"][2 * T - 1] >= curve["board_acc"][T - 1],
+        "energy_last_lt_T": total[-1] < total[T - 1],
+    }
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(RESULTS / f"{args.name}_eval.json", out)
+    plots(out, args.name)
+    print(json.dumps(out["checks"], indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,698 @@
+"""Export Hyper-SET models (every task, every layer type) to ONNX: unrolled, as a Loop graph, and step by step.
+
+Graphs (all self-contained single files, dynamic batch, opset 17 by default):
+
+* unrolled   ``<input> -> logits, energy_attn [T, batch], energy_ff [T, batch]``; the recurrent core is unrolled
+  ``iters`` times per distinct layer (T = n_layers x iters), which may exceed the trained depth.
+* loop       ``<input>, iters (int64 scalar) -> logits, energy_attn, energy_ff``: stem -> ONNX ``Loop``
+  around the single-step graph (one Loop per distinct layer) -> head. ``iters`` is a run-time input, no
+  maximum is baked in. Same outputs as the unrolled graph for the same ``iters``.
+* step       ``x [batch, N, d], x0 [batch, N, d], t (int64 scalar, 1-based) -> x_next, energy_attn [batch],
+  energy_ff [batch]``: one iteration of the core, for calling the model iteration by iteration.
+* stem       ``<input> -> x0``; head ``x -> logits`` (complete the step graph for step-by-step use).
+
+``<input>`` is ``tokens`` (int64 ``[batch, N]``) for the Sudoku and MIM models and ``images`` (float32
+``[batch, C, H, W]``) for the classifier. Energies are evaluated after every update, exactly as
+``RecurrentCore.run(trace=True)`` records them. Layers without an energy (Transformer, CRATE, CRATE-T) output
+zeros; their metadata says ``energies = ""`` (the ET layer exports its closed-form gradient and its energies).
+
+Exporter choice: the legacy TorchScript exporter (``dynamo=False``) at opset 17. The model's RMSNorm is
+written out by hand, so nothing needs opset 23; the legacy exporter is 10-20x faster to export than dynamo
+(which matters for unrolled graphs, whose export time grows with ``iters``), writes no per-node stack traces
+(the dynamo files are 2-3x larger unless those are cleared) and never splits weights into a ``.data`` file.
+Its graphs match PyTorch to ~1e-6 (see ``ecosystem-notes.md``). It is deprecated upstream and prints a
+``DeprecationWarning`` that we silence. Constant folding is off: with it on, the exporter writes a transposed
+copy of W and D (and, with depth-wise LoRA, one folded W_t per unrolled iteration) into the file; ONNX Runtime
+folds these itself when it loads the model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import time
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import torch
+from onnx import TensorProto, helper
+from torch import Tensor, nn
+
+import hyperset
+from hyperset.checkpoint import atomic_write_bytes
+from hyperset.models import HyperSETModel
+
+from .loop import wrap_in_loop
+
+__all__ = [
+    "DEFAULT_OPSET", "EXPORTER", "ExportResult", "ParityReport", "check_model", "energy_names", "example_inputs",
+    "export_head", "export_loop", "human_size", "export_stem", "export_step", "export_unrolled", "input_name", "iterate_steps",
+    "model_fingerprint", "onnx_outputs", "parity", "read_metadata", "step_paths", "torch_outputs",
+]
+
+DEFAULT_OPSET = 17
+EXPORTER = "torch.onnx legacy TorchScript exporter (dynamo=False)"
+OUTPUT_NAMES = ("logits", "energy_attn", "energy_ff")
+STEP_INPUTS = ("x", "x0", "t")
+STEP_OUTPUTS = ("x_next", "energy_attn", "energy_ff")
+GRAPH_KINDS = ("unrolled", "loop", "step", "stem", "head")
+
+
+# ----------------------------------------------------------------------------------------------------
+# Small helpers
+# ----------------------------------------------------------------------------------------------------
+
+
+def input_name(task: str) -> str:
+    """Name of the model input: ``images`` for the classifier, ``tokens`` otherwise."""
+    return "images" if task == "classify" else "tokens"
+
+
+def example_inputs(cfg: Any, batch: int = 2, seed: int = 0) -> Tensor:
+    """Random valid inputs for a config: token ids in [0, vocab) or standard-normal images."""
+    g = torch.Generator().manual_seed(seed)
+    if cfg.task == "classify":
+        return torch.randn(batch, cfg.channels, cfg.img_size, cfg.img_size, generator=g)
+    return torch.randint(0, cfg.vocab_size, (batch, cfg.seq_len), generator=g, dtype=torch.long)
+
+
+def energy_names(model: HyperSETModel) -> list[str]:
+    """Energies the model's layers define (``["attn", "ff"]`` or ``[]`` for Transformer/CRATE)."""
+    with torch.no_grad():
+        x = model.stem(example_inputs(model.cfg, batch=1))
+        return list(model.core.layers[0].energy(x, 1))
+
+
+def model_fingerprint(model: HyperSETModel) -> str:
+    """SHA-256 of the config and every tensor of the state dict (names, shapes, dtypes and bytes)."""
+    h = hashlib.sha256(json.dumps(model.cfg.to_dict(), sort_keys=True).encode())
+    for name, value in sorted(model.state_dict().items()):
+        t = value.detach().cpu().contiguous()
+        h.update(f"{name}:{tuple(t.shape)}:{t.dtype}".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def _trained_iterations(model: HyperSETModel, info: Mapping[str, Any] | None) -> int:
+    value = (info or {}).get("trained_iterations")
+    return int(value) if value is not None else int(model.cfg.iters)
+
+
+def _zeros_b(x: Tensor) -> Tensor:
+    """A (batch,) float zero vector whose batch size stays dynamic in the traced graph."""
+    return torch.zeros_like(x.reshape(x.shape[0], -1)[:, 0])
+
+
+def check_model(path: str | Path | onnx.ModelProto) -> None:
+    """``onnx.checker.check_model(full_check=True)`` (strict shape inference) on a file or a model."""
+    onnx.checker.check_model(str(path) if isinstance(path, (str, Path)) else path, full_check=True)
+
+
+def read_metadata(path: str | Path) -> dict[str, str]:
+    """The ``metadata_props`` of an ONNX file, without loading its weights into ONNX Runtime."""
+    model = onnx.load(str(path), load_external_data=False)
+    return {p.key: p.value for p in model.metadata_props}
+
+
+# ----------------------------------------------------------------------------------------------------
+# Torch modules that are traced
+# ----------------------------------------------------------------------------------------------------
+
+
+class _Unrolled(nn.Module):
+    """inputs -> logits, energies (T, B): the core unrolled by Python iteration (trace-time constant iters)."""
+
+    def __init__(self, model: HyperSETModel, iters: int):
+        super().__init__()
+        self.model, self.iters = model, int(iters)
+
+    def forward(self, inputs: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        out = self.model.run(inputs, iters=self.iters, trace=True)
+        stacked = out.trace.stacked() if out.trace is not None else {}
+        zeros = _zeros_b(out.logits).unsqueeze(0).expand(self.iters * self.model.cfg.n_layers, -1)
+        return out.logits, stacked.get("energy_attn", zeros), stacked.get("energy_ff", zeros)
+
+
+class _Stem(nn.Module):
+    def __init__(self, model: HyperSETModel):
+        super().__init__()
+        self.model = model
+
+    def forward(self, inputs: Tensor) -> Tensor:
+        return self.model.stem(inputs)
+
+
+class _Head(nn.Module):
+    def __init__(self, model: HyperSETModel):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.model.readout(x)
+
+
+class _Step(nn.Module):
+    """(x, x0, t) -> (x_next, energy_attn, energy_ff): one update of one distinct layer, t an int64 tensor."""
+
+    def __init__(self, model: HyperSETModel, layer: int = 0):
+        super().__init__()
+        self.model, self.index = model, int(layer)
+
+    def forward(self, x: Tensor, x0: Tensor, t: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        core = self.model.core
+        layer = core.layers[self.index]
+        steps = None
+        if core.step_sizes is not None:
+            cond = x0 if core.cfg.step_cond == "x0" else x
+            steps = core.step_sizes(t.to(torch.float32), cond)
+        x = layer.step(x, t, steps)
+        energy = layer.energy(x, t)
+        zeros = _zeros_b(x)
+        return x, energy.get("attn", zeros), energy.get("ff", zeros)
+
+
+@contextmanager
+def _tensor_indexed_lora(model: HyperSETModel) -> Iterator[None]:
+    """Let DepthLoRA take the iteration t as a tensor: the adapter is gathered with min(t, T) - 1 in the graph."""
+    patched = []
+    for layer in model.core.layers:
+        lora = getattr(layer, "lora", None)
+        if lora is None:
+            continue
+
+        def deltas(t: Any, lora: nn.Module = lora) -> tuple[Tensor, Tensor]:
+            if not isinstance(t, Tensor):
+                return type(lora).deltas(lora, int(t))
+            i = (t.reshape(1).to(torch.long).clamp(1, lora.attn_B.shape[0]) - 1)
+            pick = lambda p: p.index_select(0, i)[0]  # noqa: E731
+            return (lora.scale * pick(lora.attn_B) @ pick(lora.attn_A), lora.scale * pick(lora.ff_B) @ pick(lora.ff_A))
+
+        lora.deltas = deltas
+        patched.append(lora)
+    try:
+        yield
+    finally:
+        for lora in patched:
+            del lora.deltas
+
+
+# ----------------------------------------------------------------------------------------------------
+# Tracing and metadata
+# ----------------------------------------------------------------------------------------------------
+
+
+def _trace(module: nn.Module, args: tuple[Tensor, ...], input_names: Sequence[str], output_names: Sequence[str],
+           dynamic_axes: Mapping[str, Mapping[int, str]], opset: int) -> onnx.ModelProto:
+    """Legacy TorchScript export into memory; returns the ModelProto (weights inside, no external data)."""
+    buf = io.BytesIO()
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")  # legacy-exporter deprecation, tracer warnings about Python ints
+        torch.onnx.export(module, args, buf, input_names=list(input_names), output_names=list(output_names),
+                          dynamic_axes={k: dict(v) for k, v in dynamic_axes.items()}, opset_version=int(opset),
+                          dynamo=False, do_constant_folding=False)
+    proto = onnx.load_from_string(buf.getvalue())
+    _ensure_inputs(proto, module, args, input_names, dynamic_axes)
+    return proto
+
+
+def _ensure_inputs(proto: onnx.ModelProto, module: nn.Module, args: tuple[Tensor, ...], names: Sequence[str],
+                   dynamic_axes: Mapping[str, Mapping[int, str]]) -> None:
+    """Re-declare inputs the tracer dropped because the graph does not use them (e.g. t for a Transformer).
+
+    The interface then stays the same for every layer type; an unused graph input is valid ONNX.
+    """
+    present = [vi.name for vi in proto.graph.input]
+    if all(n in present for n in names):
+        return
+    decl = []
+    for name, arg in zip(names, args):
+        if name in present:
+            decl.append(next(vi for vi in proto.graph.input if vi.name == name))
+            continue
+        axes = dynamic_axes.get(name, {})
+        shape = [axes.get(i, int(s)) for i, s in enumerate(arg.shape)]
+        elem = helper.np_dtype_to_tensor_dtype(np.dtype(str(arg.dtype).replace("torch.", "")))
+        decl.append(helper.make_tensor_value_info(name, elem, shape))
+    others = [vi for vi in proto.graph.input if vi.name not in names]
+    del proto.graph.input[:]
+    proto.graph.input.extend(decl + others)
+
+
+def _metadata(model: HyperSETModel, kind: str, opset: int, info: Mapping[str, Any] | None,
+              **extra: Any) -> dict[str, str]:
+    cfg = model.cfg
+    meta = {
+        "task": cfg.task,
+        "graph": kind,
+        "layer": cfg.layer,
+        "trained_iterations": str(_trained_iterations(model, info)),
+        "n_layers": str(cfg.n_layers),
+        "input": input_name(cfg.task),
+        "energies": ",".join(energy_names(model)),
+        "config": json.dumps(cfg.to_dict(), sort_keys=True),
+        "hyperset_version": hyperset.__version__,
+        "torch_version": torch.__version__,
+        "exporter": EXPORTER,
+        "opset": str(opset),
+        "model_sha256": model_fingerprint(model),
+    }
+    recipe = (info or {}).get("recipe")
+    if recipe:
+        meta["recipe"] = str(recipe)
+    preset = (info or {}).get("preset")
+    if preset:
+        meta["preset"] = str(preset)
+    meta.update({k: str(v) for k, v in extra.items()})
+    return meta
+
+
+def _finish(proto: onnx.ModelProto, meta: Mapping[str, str], doc: str) -> onnx.ModelProto:
+    del proto.metadata_props[:]
+    helper.set_model_props(proto, dict(meta))
+    proto.producer_name = "hyperset.exports"
+    proto.producer_version = hyperset.__version__
+    proto.doc_string = doc
+    return proto
+
+
+@dataclass
+class ExportResult:
+    """What was written: path, graph kind, size, opset, node count, export seconds, iterations."""
+
+    path: str
+    kind: str
+    bytes: int
+    opset: int
+    nodes: int
+    seconds: float
+    iterations: int | str
+    metadata: dict[str, str] = field(default_factory=dict)
+    extra_files: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["metadata"] = {k: v for k, v in self.metadata.items() if k != "config"}
+        return out
+
+
+def _count_nodes(graph: onnx.GraphProto) -> int:
+    n = 0
+    for node in graph.node:
+        n += 1
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                n += _count_nodes(attr.g)
+    return n
+
+
+def _write(proto: onnx.ModelProto, path: str | Path, kind: str, opset: int, seconds: float, iterations: int | str,
+           check: bool) -> ExportResult:
+    if check:
+        check_model(proto)
+    data = proto.SerializeToString()
+    atomic_write_bytes(path, data)
+    meta = {p.key: p.value for p in proto.metadata_props}
+    return ExportResult(str(path), kind, len(data), opset, _count_nodes(proto.graph), round(seconds, 3), iterations,
+                        meta)
+
+
+@contextmanager
+def _eval_mode(model: HyperSETModel) -> Iterator[None]:
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
+
+
+def _model_device(model: nn.Module) -> torch.device:
+    p = next(model.parameters(), None)
+    return p.device if p is not None else torch.device("cpu")
+
+
+# ----------------------------------------------------------------------------------------------------
+# Graph builders (in memory)
+# ----------------------------------------------------------------------------------------------------
+
+
+def unrolled_proto(model: HyperSETModel, iters: int, opset: int = DEFAULT_OPSET,
+                   info: Mapping[str, Any] | None = None) -> onnx.ModelProto:
+    """The unrolled graph as a ModelProto (see :func:`export_unrolled`)."""
+    iters = int(iters)
+    if iters < 1:
+        raise ValueError(f"iters must be >= 1 for an unrolled graph, got {iters}")
+    name = input_name(model.cfg.task)
+    with _eval_mode(model):
+        x = example_inputs(model.cfg, batch=2).to(_model_device(model))
+        proto = _trace(_Unrolled(model, iters), (x,), [name], OUTPUT_NAMES,
+                       {name: {0: "batch"}, "logits": {0: "batch"}, "energy_attn": {1: "batch"},
+                        "energy_ff": {1: "batch"}}, opset)
+    meta = _metadata(model, "unrolled", opset, info, unrolled_iterations=iters)
+    return _finish(proto, meta, f"Hyper-SET {model.cfg.task} model, core unrolled {iters} times per layer")
+
+
+def stem_proto(model: HyperSETModel, opset: int = DEFAULT_OPSET,
+               info: Mapping[str, Any] | None = None) -> onnx.ModelProto:
+    """``<input> -> x0`` (B, N, d)."""
+    name = input_name(model.cfg.task)
+    with _eval_mode(model):
+        x = example_inputs(model.cfg, batch=2).to(_model_device(model))
+        proto = _trace(_Stem(model), (x,), [name], ["x0"], {name: {0: "batch"}, "x0": {0: "batch"}}, opset)
+    return _finish(proto, _metadata(model, "stem", opset, info), "Hyper-SET stem: input -> x0")
+
+
+def head_proto(model: HyperSETModel, opset: int = DEFAULT_OPSET,
+               info: Mapping[str, Any] | None = None) -> onnx.ModelProto:
+    """``x`` (B, N, d) -> ``logits``."""
+    with _eval_mode(model):
+        dev = _model_device(model)
+        x = model.stem(example_inputs(model.cfg, batch=2).to(dev))
+        proto = _trace(_Head(model), (x,), ["x"], ["logits"], {"x": {0: "batch"}, "logits": {0: "batch"}}, opset)
+    return _finish(proto, _metadata(model, "head", opset, info), "Hyper-SET head: x -> logits")
+
+
+def step_proto(model: HyperSETModel, layer: int = 0, opset: int = DEFAULT_OPSET,
+               info: Mapping[str, Any] | None = None) -> onnx.ModelProto:
+    """One iteration of distinct layer ``layer``: ``(x, x0, t) -> (x_next, energy_attn, energy_ff)``."""
+    if not 0 <= layer < model.cfg.n_layers:
+        raise ValueError(f"layer must be in [0, {model.cfg.n_layers}), got {layer}")
+    with _eval_mode(model), _tensor_indexed_lora(model):
+        dev = _model_device(model)
+        x0 = model.stem(example_inputs(model.cfg, batch=2).to(dev))
+        x = x0 + 0.01 * torch.randn(x0.shape, generator=torch.Generator().manual_seed(1)).to(dev)
+        t = torch.tensor(1, dtype=torch.long, device=dev)
+        axes = {"x": {0: "batch"}, "x0": {0: "batch"}, "x_next": {0: "batch"}, "energy_attn": {0: "batch"},
+                "energy_ff": {0: "batch"}}
+        proto = _trace(_Step(model, layer), (x, x0, t), STEP_INPUTS, STEP_OUTPUTS, axes, opset)
+    meta = _metadata(model, "step", opset, info, layer_index=layer)
+    return _finish(proto, meta, "Hyper-SET core, one iteration: (x, x0, t) -> x_next and the energies of x_next")
+
+
+def _prefix_flat(graph: onnx.GraphProto, prefix: str, keep: Mapping[str, str]) -> onnx.GraphProto:
+    """Copy of a flat graph with every value/initializer/node name prefixed, except ``keep`` (old -> new)."""
+    out = onnx.GraphProto()
+    out.CopyFrom(graph)
+    if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for n in out.node for a in n.attribute):
+        raise ValueError("expected a graph without subgraphs")
+
+    def ren(name: str) -> str:
+        if not name:
+            return name
+        return keep[name] if name in keep else prefix + name
+
+    for node in out.node:
+        node.input[:] = [ren(n) for n in node.input]
+        node.output[:] = [ren(n) for n in node.output]
+        node.name = prefix + (node.name or node.op_type)
+    for coll in (out.input, out.output, out.value_info):
+        for vi in coll:
+            vi.name = ren(vi.name)
+    for init in out.initializer:
+        init.name = ren(init.name)
+    for sp in out.sparse_initializer:
+        sp.values.name = ren(sp.values.name)
+    return out
+
+
+def loop_proto(model: HyperSETModel, default_iters: int | None = None, opset: int = DEFAULT_OPSET,
+               info: Mapping[str, Any] | None = None,
+               steps: Sequence[onnx.ModelProto] | None = None) -> onnx.ModelProto:
+    """stem -> Loop(step) per distinct layer -> head, with ``iters`` as an int64 scalar input.
+
+    ``steps`` may pass already exported step graphs (one per distinct layer) to avoid tracing them twice.
+    """
+    cfg = model.cfg
+    default_iters = _trained_iterations(model, info) if default_iters is None else int(default_iters)
+    name = input_name(cfg.task)
+    stem = stem_proto(model, opset, info)
+    head = head_proto(model, opset, info)
+    steps = list(steps) if steps is not None else [step_proto(model, k, opset, info) for k in range(cfg.n_layers)]
+    if len(steps) != cfg.n_layers:
+        raise ValueError(f"expected {cfg.n_layers} step graphs, got {len(steps)}")
+
+    sg = _prefix_flat(stem.graph, "stem/", {name: name, "x0": "x0"})
+    nodes = list(sg.node)
+    inits = list(sg.initializer)
+    x_name = "x0"
+    energies: dict[str, list[str]] = {"energy_attn": [], "energy_ff": []}
+    loop_outputs: dict[str, onnx.ValueInfoProto] = {}
+    for k, step in enumerate(steps):
+        p = f"core{k}/"
+        single = cfg.n_layers == 1
+        flat = onnx.ModelProto()
+        flat.CopyFrom(step)
+        io_names = {n: n for n in (*STEP_INPUTS, *STEP_OUTPUTS)}
+        flat.graph.CopyFrom(_prefix_flat(step.graph, p + "w/", io_names))
+        out_names = {"x_next": p + "x_out"}
+        for e in energies:
+            out_names[e] = e if single else p + e
+        lp = wrap_in_loop(flat, ["x"], ["x0"], ["energy_attn", "energy_ff"], iter_input="t", iters_name="iters",
+                          output_names=out_names, prefix=p + "body/", graph_name=f"core{k}", check=False)
+        for node in lp.graph.node:
+            if node.op_type == "Loop":
+                node.input[:] = [x_name if n == "x" else n for n in node.input]
+            nodes.append(node)
+        inits.extend(lp.graph.initializer)
+        for vi in lp.graph.output:
+            loop_outputs[vi.name] = vi
+        x_name = p + "x_out"
+        for e in energies:
+            energies[e].append(out_names[e])
+
+    outputs = []
+    hg = _prefix_flat(head.graph, "head/", {"x": x_name, "logits": "logits"})
+    nodes.extend(hg.node)
+    inits.extend(hg.initializer)
+    outputs.append(next(vi for vi in hg.output if vi.name == "logits"))
+    for e, parts in energies.items():
+        if len(parts) == 1:
+            outputs.append(loop_outputs[e])
+        else:
+            nodes.append(helper.make_node("Concat", parts, [e], name=f"concat/{e}", axis=0))
+            outputs.append(helper.make_tensor_value_info(e, TensorProto.FLOAT, ["iterations", "batch"]))
+
+    inputs = [next(vi for vi in sg.input if vi.name == name),
+              helper.make_tensor_value_info("iters", TensorProto.INT64, [])]
+    graph = helper.make_graph(nodes, f"hyperset_{cfg.task}_loop", inputs, outputs, initializer=inits)
+    proto = helper.make_model(graph, opset_imports=list(steps[0].opset_import))
+    proto.ir_version = max(p.ir_version for p in (stem, head, *steps))
+    meta = _metadata(model, "loop", opset, info, unrolled_iterations="loop", default_iterations=default_iters)
+    return _finish(proto, meta, f"Hyper-SET {cfg.task} model: stem -> Loop(iters) over the core step -> head")
+
+
+# ----------------------------------------------------------------------------------------------------
+# Writers
+# ----------------------------------------------------------------------------------------------------
+
+
+def export_unrolled(model: HyperSETModel, iters: int, path: str | Path, opset: int = DEFAULT_OPSET, *,
+                    info: Mapping[str, Any] | None = None, check: bool = True) -> ExportResult:
+    """Write the graph with the recurrent core unrolled ``iters`` times (per distinct layer).
+
+    Inputs: ``tokens`` int64 (batch, N) or ``images`` float32 (batch, C, H, W). Outputs: ``logits``,
+    ``energy_attn`` and ``energy_ff`` of shape [n_layers * iters, batch] (zeros for layers without energies).
+    ``info`` is the checkpoint's info dict (``trained_iterations``, ``recipe``), recorded in the metadata.
+    """
+    t0 = time.perf_counter()
+    proto = unrolled_proto(model, iters, opset, info)
+    return _write(proto, path, "unrolled", opset, time.perf_counter() - t0, int(iters), check)
+
+
+def export_stem(model: HyperSETModel, path: str | Path, opset: int = DEFAULT_OPSET, *,
+                info: Mapping[str, Any] | None = None, check: bool = True) -> ExportResult:
+    t0 = time.perf_counter()
+    proto = stem_proto(model, opset, info)
+    return _write(proto, path, "stem", opset, time.perf_counter() - t0, "-", check)
+
+
+def export_head(model: HyperSETModel, path: str | Path, opset: int = DEFAULT_OPSET, *,
+                info: Mapping[str, Any] | None = None, check: bool = True) -> ExportResult:
+    t0 = time.perf_counter()
+    proto = head_proto(model, opset, info)
+    return _write(proto, path, "head", opset, time.perf_counter() - t0, "-", check)
+
+
+def export_step(model: HyperSETModel, path: str | Path, opset: int = DEFAULT_OPSET, *, layer: int = 0,
+                info: Mapping[str, Any] | None = None, check: bool = True) -> ExportResult:
+    """Write the single-iteration graph of distinct layer ``layer``.
+
+    Inputs ``x`` (batch, N, d), ``x0`` (batch, N, d) (the stem output, the step-size condition), ``t`` (int64
+    scalar, the 1-based iteration; it may exceed the trained depth). Outputs ``x_next``, ``energy_attn`` and
+    ``energy_ff`` (batch,), the energies of ``x_next``. Use :func:`iterate_steps` with the stem and head graphs.
+    """
+    t0 = time.perf_counter()
+    proto = step_proto(model, layer, opset, info)
+    return _write(proto, path, "step", opset, time.perf_counter() - t0, 1, check)
+
+
+def step_paths(path: str | Path, n_layers: int = 1) -> dict[str, list[Path] | Path]:
+    """File names written next to a Loop graph ``model.onnx``: ``model.stem.onnx``, ``model.step.onnx``
+    (``model.step0.onnx``, ``model.step1.onnx``, ... with several distinct layers) and ``model.head.onnx``."""
+    path = Path(path)
+    stem = path.name[: -len(".onnx")] if path.name.endswith(".onnx") else path.name
+    steps = [path.with_name(f"{stem}.step.onnx")] if n_layers == 1 else [
+        path.with_name(f"{stem}.step{k}.onnx") for k in range(n_layers)]
+    return {"stem": path.with_name(f"{stem}.stem.onnx"), "step": steps, "head": path.with_name(f"{stem}.head.onnx")}
+
+
+def export_loop(model: HyperSETModel, path: str | Path, default_iters: int | None = None,
+                opset: int = DEFAULT_OPSET, *, info: Mapping[str, Any] | None = None, check: bool = True,
+                write_steps: bool = False) -> ExportResult:
+    """Write the Loop graph (``iters`` is an int64 scalar input; ``default_iters`` only goes into the metadata).
+
+    With ``write_steps`` the stem, step and head graphs are written next to it as well (see :func:`step_paths`).
+    """
+    t0 = time.perf_counter()
+    steps = [step_proto(model, k, opset, info) for k in range(model.cfg.n_layers)]
+    proto = loop_proto(model, default_iters, opset, info, steps=steps)
+    result = _write(proto, path, "loop", opset, time.perf_counter() - t0, "loop", check)
+    if write_steps:
+        names = step_paths(path, model.cfg.n_layers)
+        for step, p in zip(steps, names["step"]):
+            _write(step, p, "step", opset, 0.0, 1, check)
+            result.extra_files.append(str(p))
+        for kind, builder in (("stem", stem_proto), ("head", head_proto)):
+            _write(builder(model, opset, info), names[kind], kind, opset, 0.0, "-", check)
+            result.extra_files.append(str(names[kind]))
+    return result
+
+
+# ----------------------------------------------------------------------------------------------------
+# Running and parity
+# ----------------------------------------------------------------------------------------------------
+
+
+def torch_outputs(model: HyperSETModel, inputs: Tensor, iters: int) -> dict[str, np.ndarray]:
+    """The reference: ``model.run(inputs, iters, trace=True)`` as numpy (``energy_*`` zeros when undefined)."""
+    with torch.no_grad(), _eval_mode(model):
+        out = model.run(inputs.to(_model_device(model)), iters=int(iters), trace=True)
+    stacked = out.trace.stacked() if out.trace is not None else {}
+    T, B = int(iters) * model.cfg.n_layers, inputs.shape[0]
+    result = {"logits": out.logits.float().cpu().numpy()}
+    for name in ("energy_attn", "energy_ff"):
+        value = stacked.get(name)
+        result[name] = value.float().cpu().numpy() if value is not None else np.zeros((T, B), np.float32)
+    return result
+
+
+def onnx_outputs(session: Any, inputs: Tensor | np.ndarray, iters: int | None = None) -> dict[str, np.ndarray]:
+    """Run an unrolled or Loop graph through an ``OrtSession`` (``iters`` is fed only to Loop graphs)."""
+    array = inputs.cpu().numpy() if isinstance(inputs, Tensor) else np.asarray(inputs)
+    feeds: dict[str, Any] = {}
+    for name in session.input_names:
+        if name == "iters":
+            if iters is None:
+                raise ValueError("this is a Loop graph: pass iters")
+            feeds[name] = np.asarray(int(iters), dtype=np.int64)
+        else:
+            feeds[name] = array
+    out = session.run(feeds)
+    if iters is not None and "energy_attn" in out and out["energy_attn"].shape[0] == 0:
+        b = array.shape[0]
+        out = {**out, **{k: out[k].reshape(0, b) for k in ("energy_attn", "energy_ff") if k in out}}
+    return out
+
+
+def iterate_steps(stem: Any, step: Sequence[Any] | Any, head: Any, inputs: Tensor | np.ndarray,
+                  iters: int) -> Iterator[tuple[int, int, np.ndarray, dict[str, np.ndarray]]]:
+    """Run the stem/step/head graphs iteration by iteration (``OrtSession`` objects; one step per layer).
+
+    Yields ``(layer, t, logits, {"attn": (B,), "ff": (B,)})`` after every update, like ``RecurrentCore.iterate``.
+    """
+    steps = list(step) if isinstance(step, (list, tuple)) else [step]
+    array = inputs.cpu().numpy() if isinstance(inputs, Tensor) else np.asarray(inputs)
+    x0 = stem.run({stem.input_names[0]: array})["x0"]
+    x = x0
+    for k, s in enumerate(steps):
+        for t in range(1, int(iters) + 1):
+            out = s.run({"x": x, "x0": x0, "t": np.asarray(t, dtype=np.int64)})
+            x = out["x_next"]
+            logits = head.run({"x": x})["logits"]
+            yield k, t, logits, {"attn": out["energy_attn"], "ff": out["energy_ff"]}
+
+
+@dataclass
+class ParityReport:
+    """Torch vs ONNX Runtime on the same inputs."""
+
+    path: str
+    graph: str
+    iters: int
+    batch: int
+    provider: str
+    max_abs_logits: float
+    max_abs_energy: float
+    max_rel_energy: float
+    prediction_agreement: float  # fraction of positions whose argmax agrees
+    tolerance: float
+
+    @property
+    def same_predictions(self) -> bool:
+        return self.prediction_agreement == 1.0
+
+    @property
+    def ok(self) -> bool:
+        return self.same_predictions and self.max_abs_logits <= self.tolerance
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out.update(same_predictions=self.same_predictions, ok=self.ok)
+        return out
+
+
+def compare(reference: Mapping[str, np.ndarray], candidate: Mapping[str, np.ndarray]) -> dict[str, float]:
+    """max |diff| of logits and energies, relative energy error and argmax agreement."""
+    a, b = reference["logits"], candidate["logits"]
+    if a.shape != b.shape:
+        raise ValueError(f"logits shapes differ: {a.shape} vs {b.shape}")
+    e_abs, e_rel = 0.0, 0.0
+    for name in ("energy_attn", "energy_ff"):
+        ra, ca = reference[name], candidate[name]
+        if ra.shape != ca.shape:
+            raise ValueError(f"{name} shapes differ: {ra.shape} vs {ca.shape}")
+        if ra.size:
+            d = np.abs(ra - ca)
+            e_abs = max(e_abs, float(d.max()))
+            e_rel = max(e_rel, float((d / np.maximum(np.abs(ra), 1.0)).max()))
+    return {"max_abs_logits": float(np.abs(a - b).max()) if a.size else 0.0, "max_abs_energy": e_abs,
+            "max_rel_energy": e_rel, "prediction_agreement": float((a.argmax(-1) == b.argmax(-1)).mean())}
+
+
+def parity(model: HyperSETModel, onnx_path: str | Path, iters: int, *, inputs: Tensor | None = None, batch: int = 3,
+           seed: int = 0, device: str = "cpu", threads: int | None = None, tolerance: float = 1e-4,
+           session: Any = None) -> ParityReport:
+    """Compare ``model.run(iters)`` with the ONNX graph at ``onnx_path`` (unrolled or Loop) on the same inputs.
+
+    Inputs default to :func:`example_inputs` with ``batch`` rows (a batch size other than the export's 2 also
+    checks the dynamic batch axis).
+    """
+    from .runtime import OrtSession
+
+    sess = session or OrtSession(onnx_path, device, intra_op_threads=threads)
+    if inputs is None:
+        inputs = example_inputs(model.cfg, batch=batch, seed=seed)
+    graph = sess.metadata.get("graph", "unrolled" if "iters" not in sess.input_names else "loop")
+    if graph == "unrolled":
+        n = int(sess.metadata.get("unrolled_iterations", iters))
+        if n != int(iters):
+            raise ValueError(f"{Path(onnx_path).name} is unrolled for {n} iterations, not {iters}")
+    ref = torch_outputs(model, inputs, iters)
+    got = onnx_outputs(sess, inputs, iters if "iters" in sess.input_names else None)
+    numbers = compare(ref, got)
+    return ParityReport(str(onnx_path), graph, int(iters), int(inputs.shape[0]), sess.provider, tolerance=tolerance,
+                        **numbers)
+
+
+def human_size(nbytes: int) -> str:
+    """Human-readable size (kB / MB)."""
+    if nbytes < 1024 * 1024:
+        return f"{nbytes / 1024:.1f} kB"
+    return f"{nbytes / (1024 * 1024):.2f} MB"

@@ -1,0 +1,355 @@
+"""Masked image reconstruction with a trained tokenizer and token model (the paper's masked image modeling).
+
+An image is tokenized (VQ tokenizer: 32x32 CIFAR images -> 8x8 codes; or the paper's VQGAN: 256 px -> 16x16),
+the tokens under a mask are replaced by the mask id (= codebook size), the token model fills them in with
+MaskGIT iterative decoding (Sec. 4.3 and App. "Masked Image Modeling": 24 steps, temperature 1), and the filled
+codes are decoded back to pixels.
+
+    from hyperset.vision.reconstruct import load_mim, sample_images, pixel_to_token_mask
+    pipe = load_mim()                                  # the shipped CIFAR-10 tokenizer + token model
+    images = torch.stack(list(sample_images().values()))
+    mask = pixel_to_token_mask(drawn_mask, pipe.grid)  # (H, W) bool -> (8, 8) bool
+    result = pipe.reconstruct(images, mask.expand(len(images), -1, -1))
+    result.images, result.energy["attn"]              # reconstructions, E_ATTN per iteration
+
+Used by ``hyperset-eval mim`` and by the web app.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image
+from torch import Tensor, nn
+
+from ..checkpoint import CheckpointError, load_checkpoint, load_weights_into, read_config
+from ..models import HyperSETModel
+from .maskgit import decode as maskgit_decode
+from .vq import VQConfig, VQTokenizer
+
+WEIGHTS_DIR = Path(__file__).resolve().parent.parent / "weights" / "mim"
+TOKENIZER_KIND = "vq-tokenizer"
+VQGAN_SUFFIXES = (".ckpt", ".pth", ".pt", ".safetensors")
+
+
+class MIMWeightsMissing(FileNotFoundError):
+    """The shipped tokenizer or token model is not in the package (not trained / not copied there yet)."""
+
+
+class Tokenizer(nn.Module):
+    """One interface over the CIFAR VQ tokenizer and the Taming VQGAN: images [0, 1] <-> codes (B, h, w).
+
+    Attributes: ``num_codes`` (K; the mask id is K), ``image_size`` (side of the images it was trained on),
+    ``grid`` (side of the code grid), ``kind`` ("vq-tokenizer" or "vqgan") and ``info`` (its config.json).
+    """
+
+    def __init__(self, model: nn.Module, kind: str, image_size: int, info: dict[str, Any] | None = None) -> None:
+        super().__init__()
+        self.model = model.eval()
+        self.kind = kind
+        self.image_size = int(image_size)
+        self.info = info or {}
+        downsample = 2 ** model.cfg.num_downsamples if kind == TOKENIZER_KIND else image_size // model.cfg.grid
+        if self.image_size % downsample:
+            raise ValueError(f"image size {image_size} is not a multiple of the tokenizer's factor {downsample}")
+        self.grid = self.image_size // downsample
+
+    @property
+    def num_codes(self) -> int:
+        return int(self.model.num_codes)
+
+    @torch.no_grad()
+    def encode(self, images: Tensor) -> Tensor:
+        """images (B, 3, H, W) in [0, 1] -> codes (B, h, w) long."""
+        return self.model.encode(images)
+
+    @torch.no_grad()
+    def decode(self, codes: Tensor) -> Tensor:
+        """codes (B, h, w) long in [0, K) -> images (B, 3, H, W) in [0, 1]."""
+        if codes.numel() and (int(codes.min()) < 0 or int(codes.max()) >= self.num_codes):
+            raise ValueError(f"codes must lie in [0, {self.num_codes}); masked positions must be filled first")
+        if self.kind == TOKENIZER_KIND:
+            return self.model.decode(codes)
+        return self.model.decode_code(codes)
+
+
+def default_tokenizer_dir() -> Path:
+    return WEIGHTS_DIR / "tokenizer"
+
+
+def default_model_dir() -> Path:
+    return WEIGHTS_DIR / "model"
+
+
+def _shipped(directory: Path, what: str) -> Path:
+    if not (directory / "config.json").is_file() or not (directory / "model.safetensors").is_file():
+        raise MIMWeightsMissing(
+            f"the shipped {what} is not in this package ({directory} lacks config.json / model.safetensors); "
+            "train one (hyperset-train mim --recipe mim-cpu-tokenizer / mim-cpu) and pass its folder")
+    return directory
+
+
+def load_tokenizer(path: str | Path | None = None, device: str | torch.device = "cpu",
+                   image_size: int | None = None) -> Tokenizer:
+    """A tokenizer from a ``vq-tokenizer`` checkpoint folder (default: the shipped one) or a VQGAN file.
+
+    A file ending in .ckpt/.pth/.pt/.safetensors is read as a Taming VQGAN checkpoint (``load_vqgan``), the
+    paper's tokenizer, used at 256 px unless ``image_size`` says otherwise.
+    """
+    path = _shipped(default_tokenizer_dir(), "tokenizer") if path is None else Path(path)
+    if path.is_file() and path.suffix in VQGAN_SUFFIXES and path.name != "model.safetensors":
+        from .vqgan import load_vqgan
+
+        vqgan = load_vqgan(path)
+        return Tokenizer(vqgan, "vqgan", image_size or vqgan.cfg.resolution, {"path": str(path)}).to(device)
+    if path.is_file():
+        path = path.parent
+    meta = read_config(path, kind=TOKENIZER_KIND)
+    try:
+        cfg = VQConfig(**meta["model"])
+    except TypeError as e:
+        raise CheckpointError(f"{path / 'config.json'}: invalid tokenizer config ({e})") from None
+    model = VQTokenizer(cfg)
+    load_weights_into(model, path, "weights of a VQ tokenizer")
+    size = image_size or int(meta.get("data", {}).get("image_size", 32))
+    return Tokenizer(model, TOKENIZER_KIND, size, meta).to(device)
+
+
+def check_compatible(tokenizer: Tokenizer, model: HyperSETModel) -> None:
+    """The token model must read K + 1 tokens (codes + mask id K), predict K codes over h * w positions."""
+    cfg, k, n = model.cfg, tokenizer.num_codes, tokenizer.grid**2
+    problems = []
+    if cfg.vocab_size != k + 1:
+        problems.append(f"vocab_size {cfg.vocab_size} != codebook size + 1 = {k + 1}")
+    if cfg.num_classes != k:
+        problems.append(f"num_classes {cfg.num_classes} != codebook size {k}")
+    if cfg.seq_len != n:
+        problems.append(f"seq_len {cfg.seq_len} != {tokenizer.grid}x{tokenizer.grid} code grid = {n}")
+    if problems:
+        raise ValueError("token model and tokenizer do not match: " + "; ".join(problems))
+
+
+@dataclass
+class ReconstructionResult:
+    """What ``MIMPipeline.reconstruct`` returns (all tensors on the CPU).
+
+    images: reconstructions (B, 3, H, W) in [0, 1], decoded from ``codes``.
+    codes: the filled code grids (B, h, w); unmasked positions equal ``input_codes``.
+    input_codes: the tokenizer's codes of the input images (B, h, w).
+    mask: the token mask used (B, h, w), True = masked.
+    tokenizer_images: decode(input_codes): the best any token model can do (the tokenizer's ceiling).
+    energy: {"attn": [T], "ff": [T]} E_ATTN and E_FF after each iteration t = 1..T of the token model's
+        forward pass at the final decoding step (its input: the codes with the last still-masked tokens),
+        averaged over the batch; empty for baselines without an energy (Transformer).
+    energy_per_image: the same, per image: {"attn": (B, T), "ff": (B, T)}.
+    iters, steps, temperature: the settings used.
+    """
+
+    images: Tensor
+    codes: Tensor
+    input_codes: Tensor
+    mask: Tensor
+    tokenizer_images: Tensor
+    energy: dict[str, list[float]] = field(default_factory=dict)
+    energy_per_image: dict[str, Tensor] = field(default_factory=dict)
+    iters: int = 0
+    steps: int = 0
+    temperature: float = 1.0
+
+
+def pixel_to_token_mask(pixel_mask: Tensor | np.ndarray, grid: int, threshold: float = 0.5) -> Tensor:
+    """A drawn pixel mask (H, W) or (B, H, W), True = hidden, -> a token mask (grid, grid) / (B, grid, grid).
+
+    Each token covers an (H / grid) x (W / grid) block of pixels. A token is masked when at least
+    ``threshold`` of its pixels are masked: the default 0.5 masks a token when most of it is hidden (a thin
+    stroke does not wipe out whole tokens); any value in (0, 1] works, and a tiny value such as 1e-6 masks a
+    token when any of its pixels is hidden. H and W must be multiples of ``grid``.
+    """
+    m = torch.as_tensor(np.asarray(pixel_mask) if not isinstance(pixel_mask, Tensor) else pixel_mask)
+    if m.ndim not in (2, 3):
+        raise ValueError(f"pixel mask must be (H, W) or (B, H, W), got shape {tuple(m.shape)}")
+    if not 0 < threshold <= 1:
+        raise ValueError(f"threshold must be in (0, 1], got {threshold}")
+    h, w = m.shape[-2:]
+    if h % grid or w % grid:
+        raise ValueError(f"a {h}x{w} pixel mask does not split into a {grid}x{grid} token grid")
+    frac = F.avg_pool2d(m.reshape(-1, 1, h, w).float(), (h // grid, w // grid))
+    return (frac >= threshold - 1e-9).reshape(*m.shape[:-2], grid, grid)
+
+
+def prepare_images(images: Tensor | Image.Image | list[Image.Image], size: int) -> Tensor:
+    """PIL image(s) or a float tensor (B, 3, H, W) in [0, 1] -> (B, 3, size, size): central square crop,
+    then an antialiased resize (no-op when already size x size)."""
+    if isinstance(images, Image.Image):
+        images = [images]
+    if isinstance(images, list):
+        arrays = [np.asarray(im.convert("RGB"), dtype=np.float32) / 255.0 for im in images]
+        return torch.cat([prepare_images(torch.from_numpy(a).permute(2, 0, 1)[None], size) for a in arrays])
+    if images.ndim == 3:
+        images = images[None]
+    if images.ndim != 4 or images.shape[1] != 3:
+        raise ValueError(f"expected RGB images (B, 3, H, W), got shape {tuple(images.shape)}")
+    h, w = images.shape[-2:]
+    side = min(h, w)
+    top, left = (h - side) // 2, (w - side) // 2
+    images = images[..., top:top + side, left:left + side].float()
+    if side != size:
+        images = F.interpolate(images, size=(size, size), mode="bilinear", antialias=True, align_corners=False)
+    return images.clamp(0, 1)
+
+
+class MIMPipeline:
+    """Tokenizer + token model: masked reconstruction by MaskGIT decoding (see the module docstring)."""
+
+    def __init__(self, tokenizer: Tokenizer, model: HyperSETModel, info: dict[str, Any] | None = None) -> None:
+        check_compatible(tokenizer, model)
+        self.tokenizer = tokenizer.eval()
+        self.model = model.eval()
+        self.info = info or {}
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def mask_id(self) -> int:
+        """The token written at masked positions: the codebook size K (paper: 1024 for the VQGAN)."""
+        return self.tokenizer.num_codes
+
+    @property
+    def grid(self) -> int:
+        return self.tokenizer.grid
+
+    @property
+    def image_size(self) -> int:
+        return self.tokenizer.image_size
+
+    @property
+    def trained_iters(self) -> int:
+        return self.model.cfg.iters
+
+    def logits_fn(self, iters: int | None = None) -> Callable[[Tensor], Tensor]:
+        """codes (B, N) with mask ids -> logits (B, N, K) of the token model run for ``iters`` iterations."""
+        return lambda codes: self.model(codes.to(self.device), iters=iters)
+
+    @torch.no_grad()
+    def encode(self, images: Tensor) -> Tensor:
+        return self.tokenizer.encode(images.to(self.device)).cpu()
+
+    @torch.no_grad()
+    def decode(self, codes: Tensor, fill: int | None = None) -> Tensor:
+        """codes (B, h, w) -> images; positions holding the mask id are replaced by ``fill`` first (e.g. to
+        preview a partly decoded grid); without ``fill`` they are an error."""
+        codes = codes.to(self.device)
+        if fill is not None:
+            codes = codes.masked_fill(codes >= self.mask_id, fill)
+        return self.tokenizer.decode(codes).cpu()
+
+    @torch.no_grad()
+    def reconstruct(self, images: Tensor, mask: Tensor, iters: int | None = None, steps: int = 24,
+                    temperature: float = 1.0, randomize_temp: float = 0.0, mode: str = "arccos",
+                    generator: torch.Generator | None = None,
+                    on_step: Callable[[int, Tensor], None] | None = None) -> ReconstructionResult:
+        """Reconstruct masked images.
+
+        Args:
+            images: (B, 3, H, W) in [0, 1] at the tokenizer's image size (see ``prepare_images``).
+            mask: token mask (B, h, w) or (h, w) bool, True = masked; a pixel mask (B, H, W) / (H, W) is
+                converted with ``pixel_to_token_mask`` (a token is masked when most of its pixels are).
+            iters: token-model iterations (default: the trained number; any number works).
+            steps: MaskGIT decoding steps (paper: 24).
+            temperature: sampling temperature (paper: 1; 0 = argmax).
+            randomize_temp: Gumbel noise on the confidences (the authors' reconstruction evaluation: 0).
+            mode: reveal schedule (paper: arccos).
+            generator: CPU generator for reproducible sampling.
+            on_step: ``on_step(step, codes)`` after each decoding step (masked positions hold ``mask_id``;
+                preview with ``decode(codes, fill=...)``).
+        """
+        if images.ndim == 3:
+            images = images[None]
+        b = images.shape[0]
+        if images.ndim != 4 or tuple(images.shape[1:]) != (3, self.image_size, self.image_size):
+            raise ValueError(f"images must be (B, 3, {self.image_size}, {self.image_size}) in [0, 1], got "
+                             f"{tuple(images.shape)}; resize them with prepare_images(images, {self.image_size})")
+        mask = torch.as_tensor(mask).bool().cpu()
+        if mask.shape[-1] == self.image_size and self.image_size != self.grid:
+            mask = pixel_to_token_mask(mask, self.grid)
+        if mask.ndim == 2:
+            mask = mask.expand(b, -1, -1)
+        if tuple(mask.shape) != (b, self.grid, self.grid):
+            raise ValueError(f"mask must be ({b}, {self.grid}, {self.grid}) tokens or a pixel mask, "
+                             f"got {tuple(mask.shape)}")
+        iters = self.trained_iters if iters is None else int(iters)
+        codes = self.encode(images)
+        last_input: list[Tensor] = []
+        base = self.logits_fn(iters)
+
+        def logits_fn(cur: Tensor) -> Tensor:
+            last_input[:] = [cur]
+            return base(cur)
+
+        filled = maskgit_decode(logits_fn, codes.to(self.device), mask.to(self.device), self.mask_id, steps=steps,
+                                temperature=temperature, mode=mode, randomize_temp=randomize_temp,
+                                generator=generator, on_step=on_step).cpu()
+        final_input = last_input[0] if last_input else codes.to(self.device)
+        trace = self.model.run(final_input.reshape(b, -1), iters=iters, trace=True).trace
+        per_image = {k: torch.stack(v, dim=1).cpu() for k, v in (trace.energy if trace else {}).items()}
+        return ReconstructionResult(
+            images=self.decode(filled), codes=filled, input_codes=codes, mask=mask,
+            tokenizer_images=self.decode(codes),
+            energy={k: v.mean(0).tolist() for k, v in per_image.items()}, energy_per_image=per_image,
+            iters=iters, steps=steps, temperature=temperature)
+
+
+def load_mim(directory: str | Path | None = None, tokenizer: str | Path | None = None,
+             device: str | torch.device = "cpu") -> MIMPipeline:
+    """Tokenizer + token model. ``directory`` is a token-model checkpoint folder (default: the shipped
+    ``hyperset/weights/mim/model``); the tokenizer is ``tokenizer``, else the one named in the model's
+    config.json (``data.tokenizer``) when that folder exists, else the shipped ``weights/mim/tokenizer``."""
+    model_dir = _shipped(default_model_dir(), "token model") if directory is None else Path(directory)
+    model, info = load_checkpoint(model_dir, task="mim", map_location=device)
+    if tokenizer is None:
+        named = info.get("data", {}).get("tokenizer")
+        if directory is not None and named and Path(named).exists():
+            tokenizer = named
+    tok = load_tokenizer(tokenizer, device=device)
+    return MIMPipeline(tok, model, info)
+
+
+SAMPLES_DIR = WEIGHTS_DIR / "samples"
+
+
+def sample_images(size: int = 32) -> dict[str, Tensor]:
+    """The redistributable sample images shipped in ``hyperset/weights/mim/samples`` (sources and licenses in
+    SOURCES.md there): name -> (3, size, size) float in [0, 1]. The 32 px files are used as they are; other
+    sizes are resized from the 128 px versions in ``samples/large``."""
+    folder = SAMPLES_DIR if size == 32 else SAMPLES_DIR / "large"
+    files = sorted(folder.glob("*.png"))
+    if not files:
+        raise MIMWeightsMissing(f"no sample images in {folder}")
+    out = {}
+    for path in files:
+        with Image.open(path) as img:
+            out[path.stem] = prepare_images(img, size)[0]
+    return out
+
+
+def most_frequent_fill(codes: Tensor, mask: Tensor, code: int) -> Tensor:
+    """The simple baseline: every masked token becomes the same (most frequent) code."""
+    return codes.masked_fill(mask.bool(), int(code))
+
+
+def describe_tokenizer(tokenizer: Tokenizer) -> dict[str, Any]:
+    """A few facts about a tokenizer for reports."""
+    cfg = tokenizer.model.cfg
+    return {"kind": tokenizer.kind, "codebook_size": tokenizer.num_codes, "grid": tokenizer.grid,
+            "image_size": tokenizer.image_size, "bits_per_image": round(tokenizer.grid**2 * math.log2(
+                tokenizer.num_codes), 1), "config": dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else {}}

@@ -1,0 +1,152 @@
+"""The solver and `hyperset-solve`: formats, errors and exit codes, strategies, JSON output, validity checks."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from hyperset.checkpoint import save_checkpoint
+from hyperset.cli import solve_main
+from hyperset.config import preset_config
+from hyperset.models import HyperSETModel
+from hyperset.solve import Solver
+from hyperset.sudoku.exact import generate
+
+EASY = "530070000600195000098000060800060003400803001700020006060000280000419005000080079"
+EASY_SOLUTION = "534678912672195348198342567859761423426853791713924856961537284287419635345286179"
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    torch.manual_seed(0)
+    cfg = preset_config("sudoku-cpu", dim=32, heads=2, ff_hidden=64, time_dim=16, iters=3)
+    path = tmp_path_factory.mktemp("ckpt") / "sudoku-tiny"
+    save_checkpoint(path, HyperSETModel(cfg), {"trained_iterations": 3})
+    return path
+
+
+@pytest.fixture(scope="module")
+def solver(tiny_checkpoint: Path) -> Solver:
+    return Solver.load(tiny_checkpoint, "cpu")
+
+
+def run(args: list[str], stdin: str | None = None) -> tuple[int, str, str]:
+    result = CliRunner().invoke(solve_main, args, input=stdin)
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_single_pass_returns_full_boards_that_keep_the_givens(solver: Solver) -> None:
+    (r,) = solver.solve([EASY], iters=5)
+    assert len(r.prediction) == 81 and "0" not in r.prediction
+    assert all(p == q for p, q in zip(EASY, r.prediction) if p != "0")
+    assert r.iterations == 5
+    assert len(r.energy["attn"]) == 5 and len(r.energy["ff"]) == 5
+
+
+def test_untrained_model_output_is_reported_invalid_not_solved(solver: Solver) -> None:
+    (r,) = solver.solve([EASY], iters=3)
+    assert not r.valid  # a random model does not solve Sudoku; the exact checker must say so
+    assert r.conflicting_cells and r.reason != "valid solution"
+
+
+def test_iterations_past_the_trained_depth_work_and_are_deterministic(solver: Solver) -> None:
+    a = solver.solve([EASY], iters=12)[0]
+    b = solver.solve([EASY], iters=12)[0]
+    assert a.prediction == b.prediction and a.energy == b.energy
+    assert len(a.energy["attn"]) == 12
+
+
+def test_auto_strategy_stops_within_its_bound(solver: Solver) -> None:
+    (r,) = solver.solve([EASY], iters="auto", max_iters=10, patience=2)
+    assert 1 <= r.iterations <= 10
+    assert len(r.energy["attn"]) == r.iterations
+
+
+def test_commit_strategy_fills_the_board_in_several_passes(solver: Solver) -> None:
+    (r,) = solver.solve([EASY], iters=3, strategy="commit")
+    assert "0" not in r.prediction and r.passes >= 2
+    assert all(p == q for p, q in zip(EASY, r.prediction) if p != "0")
+
+
+def test_known_solution_is_compared(solver: Solver) -> None:
+    (r,) = solver.solve([EASY], iters=3, solutions=[EASY_SOLUTION])
+    assert r.correct is (r.prediction == EASY_SOLUTION)
+
+
+def test_cli_reads_81_char_lines_grids_and_csv(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    grid = "\n".join(" ".join(EASY[r * 9:(r + 1) * 9]).replace("0", ".") for r in range(9))
+    (tmp_path / "grid.txt").write_text(grid + "\n")
+    (tmp_path / "line.txt").write_text(EASY + "\n" + EASY.replace("0", ".") + "\n")
+    (tmp_path / "set.csv").write_text(f"quizzes,solutions\n{EASY},{EASY_SOLUTION}\n")
+    code, out, _ = run([str(tmp_path / "grid.txt"), str(tmp_path / "line.txt"), str(tmp_path / "set.csv"),
+                        "--checkpoint", str(tiny_checkpoint), "--json", "--iters", "4"])
+    data = json.loads(out)
+    assert [r["puzzle"] for r in data["results"]] == [EASY] * 4
+    assert data["summary"]["puzzles"] == 4
+    assert "board_accuracy" in data["summary"] and data["summary"]["backend"] == "torch"
+    assert code in (0, 1)
+
+
+def test_cli_json_has_the_documented_shape(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    (tmp_path / "p.txt").write_text(EASY + "\n")
+    code, out, _ = run([str(tmp_path / "p.txt"), "--checkpoint", str(tiny_checkpoint), "--json", "--iters", "6"])
+    data = json.loads(out)
+    (r,) = data["results"]
+    assert set(r) >= {"puzzle", "prediction", "valid", "iterations", "energy"}
+    assert len(r["prediction"]) == 81 and r["iterations"] == 6
+    assert len(r["energy"]["attn"]) == 6 and len(r["energy"]["ff"]) == 6
+    assert set(data["summary"]) >= {"puzzles", "valid", "device", "backend", "seconds"}
+    assert code == (0 if r["valid"] else 1)
+
+
+def test_cli_exit_code_2_names_the_line_of_a_malformed_puzzle(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    (tmp_path / "bad.txt").write_text(EASY + "\n" + EASY[:80] + "\n")
+    code, _, err = run([str(tmp_path / "bad.txt"), "--checkpoint", str(tiny_checkpoint)])
+    assert code == 2
+    assert "bad.txt, line 2" in err and "81" in err
+    assert "Traceback" not in err
+
+
+def test_cli_reports_contradictory_givens_instead_of_solving(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    bad = "55" + EASY[2:]
+    (tmp_path / "contra.txt").write_text(bad + "\n")
+    code, _, err = run([str(tmp_path / "contra.txt"), "--checkpoint", str(tiny_checkpoint)])
+    assert code == 2 and "line 1" in err and "5" in err
+
+
+def test_cli_rejects_bad_iters_and_missing_checkpoint(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    (tmp_path / "p.txt").write_text(EASY + "\n")
+    code, _, err = run([str(tmp_path / "p.txt"), "--checkpoint", str(tiny_checkpoint), "--iters", "zero"])
+    assert code == 2 and "--iters" in err
+    code, _, err = run([str(tmp_path / "p.txt"), "--checkpoint", str(tmp_path / "nowhere")])
+    assert code == 2 and "nowhere" in err
+
+
+def test_cli_reads_stdin_and_writes_an_energy_plot(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    plot = tmp_path / "energy.png"
+    code, out, _ = run(["-", "--checkpoint", str(tiny_checkpoint), "--iters", "6", "--plot", str(plot), "--trace"],
+                       stdin=EASY + "\n")
+    assert code in (0, 1)
+    assert plot.stat().st_size > 1000 and plot.read_bytes()[:4] == b"\x89PNG"
+    assert "E_ATTN" in out and "trained depth" in out
+
+
+def test_solver_solves_when_the_model_predicts_the_solution(tiny_checkpoint: Path) -> None:
+    """A stand-in backend that returns the exact solution: the pipeline must report valid and correct boards."""
+    from hyperset.sudoku.exact import solve as exact_solve
+
+    solver = Solver.load(tiny_checkpoint, "cpu")
+    pairs = generate(3, 30, 34, seed=5)
+
+    def oracle(boards: torch.Tensor, iters: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        sols = [exact_solve("".join(map(str, b.tolist()))) for b in boards]
+        digits = torch.tensor([[int(c) for c in s] for s in sols])
+        return torch.nn.functional.one_hot(digits - 1, 9).float() * 10, {"attn": torch.zeros(iters, len(sols))}
+
+    solver.backend = oracle
+    results = solver.solve([p for p, _ in pairs], iters=2, solutions=[s for _, s in pairs])
+    assert all(r.valid and r.correct for r in results)
