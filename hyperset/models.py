@@ -132,8 +132,10 @@ class HyperSETModel(nn.Module):
         per_iter = [self.readout(s) for s in out.states] if all_logits else None
         return ModelOutput(self.readout(out.x), out.trace, per_iter)
 
-    def forward(self, inputs: Tensor, iters: int | None = None) -> Tensor:
-        return self.run(inputs, iters).logits
+    def forward(self, inputs: Tensor, iters: int | None = None, all_logits: bool = False) -> Tensor:
+        """Logits after `iters` iterations; with all_logits, the logits of every iteration stacked: (T, B, ...)."""
+        out = self.run(inputs, iters, all_logits=all_logits)
+        return torch.stack(out.all_logits) if all_logits else out.logits
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

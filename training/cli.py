@@ -35,7 +35,8 @@ def build_task(task: str, recipe: dict[str, Any], data_dir: str) -> Any:
 
 
 def _run(task: str, recipe_name: str, data: str, out: str, resume: bool, device: str, overrides: tuple[str, ...],
-         steps: int | None, as_json: bool, quiet: bool, preset: str | None = None, dataset: str | None = None) -> None:
+         steps: int | None, as_json: bool, quiet: bool, preset: str | None = None, dataset: str | None = None,
+         accum_steps: int | None = None) -> None:
     try:
         name, recipe = load_recipe(recipe_name)
         recipe = apply_overrides(recipe, list(overrides))
@@ -48,6 +49,8 @@ def _run(task: str, recipe_name: str, data: str, out: str, resume: bool, device:
         train = TrainConfig.from_dict(recipe.get("train", {}))
         if steps is not None:
             train.steps = steps
+        if accum_steps is not None:
+            train.accum_steps = accum_steps
         trainer = Trainer(build_task(task, recipe, data), train, Path(out), device=device, resume=resume,
                           recipe_name=name, quiet=quiet or as_json)
         result = trainer.fit()
@@ -71,6 +74,8 @@ def _options(f: Any) -> Any:
         click.option("--set", "overrides", multiple=True, metavar="SECTION.KEY=VALUE",
                      help="override a recipe value, e.g. --set train.lr=1e-3 --set model.iters=32"),
         click.option("--steps", type=int, default=None, help="override the number of optimizer steps"),
+        click.option("--accum-steps", type=int, default=None,
+                     help="gradient accumulation: split the global batch into this many micro-steps"),
         click.option("--preset", default=None, help="override the recipe's model preset (see hyperset.list_presets())"),
         click.option("--json", "as_json", is_flag=True, help="print the result as JSON"),
         click.option("--quiet", is_flag=True, help="no progress bar"),

@@ -95,11 +95,10 @@ class SudokuTask:
         puzzles, solutions = batch["puzzles"], batch["solutions"]
         target = torch.where(puzzles == 0, solutions - 1, torch.full_like(solutions, -100))
         if self.supervise == "all":
-            per_iter = model.run(puzzles, all_logits=True).all_logits
-            logits = torch.stack(per_iter)  # (T, B, 81, 9)
-            ce = F.cross_entropy(logits.float().flatten(0, 2), target.repeat(len(per_iter), 1).flatten(),
+            logits = model(puzzles, all_logits=True)  # (T, B, 81, 9)
+            ce = F.cross_entropy(logits.float().flatten(0, 2), target.repeat(len(logits), 1).flatten(),
                                  ignore_index=-100)
-            final = per_iter[-1]
+            final = logits[-1]
         else:
             final = model(puzzles)
             ce = F.cross_entropy(final.float().flatten(0, 1), target.flatten(), ignore_index=-100)
@@ -107,6 +106,10 @@ class SudokuTask:
             blank = puzzles == 0
             acc = ((final.argmax(-1) + 1 == solutions) & blank).sum() / blank.sum().clamp_min(1)
         return ce, {"acc": acc.item()}
+
+    def loss_weight(self, batch: dict[str, torch.Tensor]) -> int:
+        """Supervised cells in a batch: micro-batches are weighted by it, so accumulation equals one big batch."""
+        return int((batch["puzzles"] == 0).sum())
 
     @torch.no_grad()
     def evaluate(self, model: HyperSETModel, device: torch.device, autocast: Any) -> dict[str, float]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import signal
 import sys
 import time
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch
+import torch.distributed as dist
 from tqdm import tqdm
 
 from hyperset.checkpoint import save_checkpoint
@@ -49,6 +51,7 @@ class TrainConfig:
     log_every: int = 20
     save_every_seconds: float = 300.0
     threads: int = 0  # 0: torch default
+    accum_steps: int = 1  # gradient accumulation: the global batch is split into this many micro-steps
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
@@ -76,6 +79,71 @@ class Task(Protocol):
     def evaluate(self, model: HyperSETModel, device: torch.device, autocast: Any) -> dict[str, float]: ...
 
     def describe(self) -> dict[str, Any]: ...
+
+
+def split_batch(batch: dict[str, torch.Tensor], parts: int) -> list[dict[str, torch.Tensor]]:
+    """Split every tensor of a batch into `parts` equal row chunks (processes x accumulation steps)."""
+    if parts == 1:
+        return [batch]
+    chunks = {k: v.chunk(parts) for k, v in batch.items()}
+    return [{k: c[i] for k, c in chunks.items()} for i in range(parts)]
+
+
+@dataclass
+class DistEnv:
+    """The process group as torchrun sets it up (WORLD_SIZE, RANK, LOCAL_RANK); one process otherwise."""
+
+    world: int
+    rank: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @classmethod
+    def setup(cls, requested: str) -> DistEnv:
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        if world == 1:
+            return cls(1, 0, pick_device(requested))
+        device = pick_device(requested)
+        if device.type == "cuda":
+            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+            torch.cuda.set_device(device)
+        if not dist.is_initialized():
+            dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        return cls(dist.get_world_size(), dist.get_rank(), device)
+
+    def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        if self.world == 1:
+            return model
+        ids = [self.device.index] if self.device.type == "cuda" else None
+        return torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
+
+    def maybe_no_sync(self, net: torch.nn.Module, sync: bool) -> Any:
+        if self.world == 1 or sync:
+            return contextlib.nullcontext()
+        return net.no_sync()
+
+    def sum(self, values: dict[str, float]) -> dict[str, float]:
+        """Sum over processes (each holds its share of a weighted mean over the global batch)."""
+        if self.world == 1:
+            return values
+        keys = sorted(values)
+        t = torch.tensor([values[k] for k in keys], dtype=torch.float64, device=self.device)
+        dist.all_reduce(t)
+        return dict(zip(keys, t.tolist()))
+
+    def any(self, flag: bool) -> bool:
+        if self.world == 1:
+            return bool(flag)
+        t = torch.tensor([1.0 if flag else 0.0], device=self.device)
+        dist.all_reduce(t)
+        return bool(t.item() > 0)
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            dist.barrier()
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -136,15 +204,20 @@ class Trainer:
         cfg = self.cfg
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
-        device = pick_device(self.device)
+        dist_env = DistEnv.setup(self.device)
+        device = dist_env.device
+        self.quiet = self.quiet or not dist_env.is_main
         torch.manual_seed(cfg.seed)
-        self.out.mkdir(parents=True, exist_ok=True)
+        if dist_env.is_main:
+            self.out.mkdir(parents=True, exist_ok=True)
         build = getattr(self.task, "build_model", None)  # tasks that train another module (VQ tokenizer)
         model = (build() if build else HyperSETModel(self.task.model_config())).to(device)
+        self.model = model  # the trained module (this process's replica), for callers that inspect it
         opt = make_optimizer(model, cfg)
         start, best, best_metrics, elapsed = 0, -math.inf, {}, 0.0
         last_dir = self.out / "last"
         if self.resume and (last_dir / "trainer.json").is_file():
+            # the state is global (replicas are identical), so any number of processes can resume it
             progress = load_training_state(last_dir, model, opt)
             start, best = progress["step"], progress.get("best", -math.inf)
             best_metrics, elapsed = progress.get("best_metrics", {}), progress.get("elapsed", 0.0)
@@ -155,57 +228,85 @@ class Trainer:
         autocast = self._autocast(device)
         # fp16 needs loss scaling; bf16 and fp32 do not
         scaler = torch.amp.GradScaler(device.type, enabled=self._amp_dtype(device) == torch.float16)
-        step_model = torch.compile(model) if cfg.compile else model
-        self._say(f"training {self.task.name} on {describe(device)}: {model.num_parameters():,} parameters, "
-                  f"{cfg.steps} steps of batch {cfg.batch_size}, amp={cfg.amp}")
+        net = dist_env.wrap(model)
+        step_model = torch.compile(net) if cfg.compile else net
+        micro = dist_env.world * cfg.accum_steps
+        if cfg.batch_size % micro:
+            raise ValueError(f"global batch {cfg.batch_size} is not divisible by processes x accum-steps = {micro}")
+        self._say(f"training {self.task.name} on {describe(device)} x {dist_env.world} process(es): "
+                  f"{model.num_parameters():,} parameters, {cfg.steps} steps, global batch {cfg.batch_size} "
+                  f"({cfg.batch_size // micro} per process and micro-step, {cfg.accum_steps} accumulation steps), "
+                  f"lr {cfg.lr:g}, amp={cfg.amp}")
         old_handlers = {s: signal.signal(s, self._handle_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         t0, last_save = time.time() - elapsed, time.time()
 
         def save_state(step: int) -> None:
-            progress = {"step": step, "best": best, "best_metrics": best_metrics, "elapsed": time.time() - t0}
-            save_training_state(last_dir, model, opt, progress, self._info(device, step, best_metrics), self._save)
+            if dist_env.is_main:
+                progress = {"step": step, "best": best, "best_metrics": best_metrics, "elapsed": time.time() - t0,
+                            "world_size": dist_env.world}
+                save_training_state(last_dir, model, opt, progress, self._info(device, step, best_metrics),
+                                    self._save)
 
         bar = tqdm(total=cfg.steps, initial=start, disable=self.quiet, dynamic_ncols=True,
                    mininterval=1.0 if sys.stderr.isatty() else 60.0, desc=self.task.name)
         running: dict[str, float] = {}
+        count = 0
         step = start
         try:
-            while step < cfg.steps and not self._stop:
+            while step < cfg.steps and not dist_env.any(self._stop):
                 lr = lr_at(step, cfg)
                 for group in opt.param_groups:
                     group["lr"] = lr
                 model.train()
                 batch = self.task.batch(step, cfg.batch_size, cfg.seed, device)
-                with autocast():
-                    loss, logs = self.task.loss(step_model, batch)
-                if not torch.isfinite(loss):
-                    raise FloatingPointError(f"loss became {loss.item()} at step {step}; last good state in {last_dir}")
+                pieces = split_batch(batch, micro)
+                weights = [self._weight(p) for p in pieces]
+                total = sum(weights)
                 opt.zero_grad(set_to_none=True)
-                scaler.scale(loss).backward()
+                loss_sum, logs_sum = 0.0, {}
+                mine = range(dist_env.rank * cfg.accum_steps, (dist_env.rank + 1) * cfg.accum_steps)
+                for j, i in enumerate(mine):
+                    sync = j == cfg.accum_steps - 1
+                    with dist_env.maybe_no_sync(net, sync), autocast():
+                        loss, logs = self.task.loss(step_model, pieces[i])
+                    if not torch.isfinite(loss):
+                        raise FloatingPointError(f"loss became {loss.item()} at step {step}; "
+                                                 f"last good state in {last_dir}")
+                    # weighted so that micro-batches and processes add up to the mean over the global batch;
+                    # DDP averages gradients over processes, hence the factor world
+                    scale = weights[i] / total * dist_env.world
+                    scaler.scale(loss * scale).backward()
+                    loss_sum += loss.item() * weights[i] / total
+                    for k, v in logs.items():
+                        logs_sum[k] = logs_sum.get(k, 0.0) + v * weights[i] / total
                 scaler.unscale_(opt)
                 grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip if cfg.clip > 0 else 1e9)
                 scaler.step(opt)
                 scaler.update()
                 step += 1
-                for k, v in {"loss": loss.item(), "grad_norm": grad_norm.item(), **logs}.items():
+                reduced = dist_env.sum({"loss": loss_sum, **logs_sum})  # metrics reduced across processes
+                for k, v in {**reduced, "grad_norm": grad_norm.item()}.items():
                     running[k] = running.get(k, 0.0) + v
+                count += 1
                 bar.update(1)
-                if step % cfg.log_every == 0 or step == cfg.steps:
-                    avg = {k: v / cfg.log_every for k, v in running.items()}
-                    running = {}
+                if dist_env.is_main and (step % cfg.log_every == 0 or step == cfg.steps):
+                    avg = {k: v / count for k, v in running.items()}
+                    running, count = {}, 0
                     bar.set_postfix({k: f"{v:.3f}" for k, v in avg.items() if k in ("loss", "acc")})
                     self._log({"step": step, "time": round(time.time() - t0, 1), "lr": lr, **avg})
                 if step % cfg.eval_every == 0 or step == cfg.steps:
-                    metrics = self.task.evaluate(model, device, autocast)
-                    self._log({"step": step, "time": round(time.time() - t0, 1), "eval": metrics})
-                    bar.write(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
-                    score = metrics[self.task.select_metric]
-                    if score > best:
-                        best, best_metrics = score, metrics
-                        self._save(self.out / "best", model, self._info(device, step, metrics))
-                    save_state(step)
+                    if dist_env.is_main:
+                        metrics = self.task.evaluate(model, device, autocast)
+                        self._log({"step": step, "time": round(time.time() - t0, 1), "eval": metrics})
+                        bar.write(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+                        score = metrics[self.task.select_metric]
+                        if score > best:
+                            best, best_metrics = score, metrics
+                            self._save(self.out / "best", model, self._info(device, step, metrics))
+                        save_state(step)
+                    dist_env.barrier()
                     last_save = time.time()
-                elif time.time() - last_save > cfg.save_every_seconds:
+                elif dist_env.any(time.time() - last_save > cfg.save_every_seconds):
                     save_state(step)
                     last_save = time.time()
         finally:
@@ -213,10 +314,16 @@ class Trainer:
             for s, h in old_handlers.items():
                 signal.signal(s, h)
         save_state(step)
-        if self._stop:
+        dist_env.barrier()
+        if dist_env.any(self._stop):
             self._say(f"stopped at step {step}; state saved in {last_dir} (continue with --resume)")
         return {"step": step, "best": best, "best_metrics": best_metrics, "out": str(self.out),
-                "finished": step >= cfg.steps}
+                "finished": step >= cfg.steps, "world_size": dist_env.world}
+
+    def _weight(self, batch: dict[str, torch.Tensor]) -> float:
+        """How many supervised units a micro-batch holds (tasks may say; default: its rows)."""
+        weigh = getattr(self.task, "loss_weight", None)
+        return float(weigh(batch)) if weigh else float(len(next(iter(batch.values()))))
 
     def _save(self, directory: Path, model: torch.nn.Module, info: dict[str, Any]) -> None:
         save = getattr(self.task, "save", None)  # (directory, model, info) for tasks with their own module kind

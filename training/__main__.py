@@ -1,0 +1,5 @@
+"""`python -m training ...` (and `torchrun ... -m training ...`) is `hyperset-train ...`."""
+
+from .cli import main
+
+main()

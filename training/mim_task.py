@@ -1,0 +1,471 @@
+"""Masked image modeling for the shared trainer, in two stages (recipe ``[objective] stage``).
+
+* ``stage = "tokenizer"``: train the CIFAR VQ tokenizer (``hyperset.vision.vq``) on the training images minus
+  a held-out validation part; the best checkpoint (highest validation PSNR) is saved as a "vq-tokenizer".
+* ``stage = "tokens"``: the paper's masked image modeling (Sec. 4.3, App. "Masked Image Modeling", following
+  MaskGIT): images are tokenized once by a frozen tokenizer (each training image and its mirror image, cached
+  in memory), every token of a sample is masked independently with probability 0.4 * r, r ~ U(0, 1), masked
+  tokens become the mask id (= codebook size), and the token model is trained with label-smoothed (0.1)
+  cross-entropy on the masked tokens only. Evaluation on held-out images: token accuracy at 40% masking and
+  the reconstruction PSNR / SSIM at 40% masking after 24-step MaskGIT decoding and the tokenizer's decoder.
+
+Data: CIFAR-10 in its python layout (``DIR/cifar-10-batches-py``) or an ImageFolder tree
+(``DIR/train/<class>/*`` and ``DIR/val/<class>/*``, or ``DIR/<class>/*``), resized to ``image_size``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image
+from torch import Tensor
+
+from hyperset.checkpoint import save_module
+from hyperset.config import ModelConfig
+from hyperset.vision.data import cifar_dir, list_image_folder, read_cifar, train_val_split
+from hyperset.vision.maskgit import decode as maskgit_decode
+from hyperset.vision.maskgit import mask_by_ratio, random_token_mask
+from hyperset.vision.metrics import psnr, ssim
+from hyperset.vision.reconstruct import TOKENIZER_KIND, Tokenizer, check_compatible, load_tokenizer
+from hyperset.vision.vq import VQConfig, VQTokenizer
+
+STAGES = ("tokenizer", "tokens")
+
+
+# ----------------------------------------------------------------------------------------------------
+# Images
+
+
+class ImageSet:
+    """Images of one split as uint8 (3, S, S): CIFAR arrays in memory, or files decoded on demand."""
+
+    def __init__(self, arrays: Tensor | None = None, files: list[Path] | None = None, size: int = 32,
+                 source: str = "") -> None:
+        if (arrays is None) == (files is None):
+            raise ValueError("ImageSet needs either arrays or files")
+        self.arrays, self.files, self.size, self.source = arrays, files, size, source
+
+    def __len__(self) -> int:
+        return len(self.arrays) if self.arrays is not None else len(self.files or [])
+
+    def subset(self, indices: np.ndarray) -> ImageSet:
+        idx = np.asarray(indices, dtype=np.int64)
+        if self.arrays is not None:
+            return ImageSet(arrays=self.arrays[torch.from_numpy(idx)], size=self.size, source=self.source)
+        return ImageSet(files=[self.files[i] for i in idx], size=self.size, source=self.source)  # type: ignore
+
+    def get(self, indices: np.ndarray | list[int] | range) -> Tensor:
+        """uint8 (n, 3, S, S)."""
+        idx = np.asarray(list(indices), dtype=np.int64)
+        if self.arrays is not None:
+            return self.arrays[torch.from_numpy(idx)]
+        return torch.stack([_load_file(self.files[i], self.size) for i in idx])  # type: ignore[index]
+
+    def floats(self, indices: np.ndarray | list[int] | range) -> Tensor:
+        """float (n, 3, S, S) in [0, 1]."""
+        return self.get(indices).float().div_(255.0)
+
+
+def _load_file(path: Path, size: int) -> Tensor:
+    """An image file -> uint8 (3, size, size): shorter side resized to ``size``, central crop."""
+    with Image.open(path) as img:
+        img = img.convert("RGB")
+        w, h = img.size
+        scale = size / min(w, h)
+        img = img.resize((max(size, round(w * scale)), max(size, round(h * scale))), Image.BICUBIC)
+        w, h = img.size
+        left, top = (w - size) // 2, (h - size) // 2
+        img = img.crop((left, top, left + size, top + size))
+    return torch.from_numpy(np.asarray(img, dtype=np.uint8).copy()).permute(2, 0, 1)
+
+
+def load_images(root: str | Path, split: str, image_size: int = 32) -> ImageSet:
+    """The "train" or "test" images of CIFAR-10 (python layout) or of an ImageFolder tree under ``root``.
+
+    ImageFolder: "train" reads ``root/train`` (or ``root`` when it has no train/ folder); "test" reads
+    ``root/val`` (or ``root/test``). CIFAR images must be used at 32 px.
+    """
+    if split not in ("train", "test"):
+        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+    root = Path(root)
+    if not str(root) or not root.exists():
+        raise FileNotFoundError(f"no data folder {str(root) or '(none given: --data DIR)'}; expected CIFAR-10 "
+                                "(DIR/cifar-10-batches-py) or an ImageFolder tree (DIR/train/<class>/<images>)")
+    try:
+        cifar_dir("cifar10", root)
+        is_cifar = True
+    except FileNotFoundError:
+        is_cifar = False
+    if is_cifar:
+        if image_size != 32:
+            raise ValueError(f"CIFAR-10 images are 32x32; image_size {image_size} is not supported for them")
+        arrays = read_cifar("cifar10", root, split)
+        images = torch.from_numpy(arrays.images).permute(0, 3, 1, 2).contiguous()
+        return ImageSet(arrays=images, size=32, source=f"cifar10 {split} ({root})")
+    if split == "train":
+        folder = root / "train" if (root / "train").is_dir() else root
+    else:
+        folder = next((root / s for s in ("val", "test") if (root / s).is_dir()), None)
+        if folder is None:
+            raise FileNotFoundError(f"{root} is neither CIFAR-10 (cifar-10-batches-py/) nor an ImageFolder tree "
+                                    "with a val/ (or test/) folder for the test split")
+    samples, _ = list_image_folder(folder)
+    return ImageSet(files=[p for p, _ in samples], size=image_size, source=f"image folder {folder}")
+
+
+def epoch_indices(step: int, batch_size: int, n: int, seed: int) -> np.ndarray:
+    """Indices of batch ``step``: consecutive slices of seeded per-epoch permutations of range(n)."""
+    start = step * batch_size
+    out: list[int] = []
+    while len(out) < batch_size:
+        epoch, offset = divmod(start + len(out), n)
+        perm = np.random.default_rng([seed, epoch]).permutation(n)
+        out.extend(perm[offset: offset + batch_size - len(out)].tolist())
+    return np.asarray(out, dtype=np.int64)
+
+
+def _generator(*keys: int) -> torch.Generator:
+    """A CPU generator seeded from integers (deterministic batches and evaluation masks)."""
+    seed = int(np.random.default_rng(list(keys)).integers(0, 2**63 - 1))
+    return torch.Generator().manual_seed(seed)
+
+
+@dataclass
+class MIMData:
+    """Data settings of both stages (recipe ``[data]``).
+
+    data_dir: CIFAR-10 root or ImageFolder tree. image_size: side the images are used at.
+    n_val: training images held out for validation (model selection); the test split is never used here.
+    n_train: 0 = every remaining training image.
+    flip: horizontal-flip augmentation (tokens stage: each image and its mirror are both encoded once).
+    tokenizer: tokens stage: a "vq-tokenizer" checkpoint folder or a VQGAN checkpoint file ("" = shipped).
+    eval_images: validation images decoded with MaskGIT at each evaluation (the PSNR metric).
+    eval_tokens: validation images for token accuracy (one forward pass each).
+    encode_batch: batch size for pre-encoding images.
+    """
+
+    data_dir: str = ""
+    image_size: int = 32
+    n_val: int = 2000
+    n_train: int = 0
+    flip: bool = True
+    tokenizer: str = ""
+    eval_images: int = 128
+    eval_tokens: int = 2000
+    encode_batch: int = 500
+    seed: int = 0
+
+
+def _split(data: MIMData) -> tuple[ImageSet, ImageSet]:
+    images = load_images(data.data_dir, "train", data.image_size)
+    if data.n_val >= len(images):
+        raise ValueError(f"n_val {data.n_val} leaves no training images out of {len(images)}")
+    train_idx, val_idx = train_val_split(len(images), data.n_val / len(images), data.seed)
+    if data.n_train:
+        train_idx = train_idx[: data.n_train]
+    return images.subset(train_idx), images.subset(val_idx)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Stage 1: the VQ tokenizer
+
+
+class TrainableTokenizer(VQTokenizer):
+    """VQTokenizer plus what the trainer asks of a model (``num_parameters``); same weights and keys."""
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+
+@dataclass
+class TokenizerTask:
+    """Train the VQ tokenizer: reconstruction MSE + commitment, EMA codebook (hyperset.vision.vq)."""
+
+    vq: VQConfig
+    data: MIMData
+    eval_batch: int = 500
+    name: str = "mim-tokenizer"
+    select_metric: str = "val/psnr"
+
+    def __post_init__(self) -> None:
+        self.train, self.val = _split(self.data)
+
+    def model_config(self) -> VQConfig:  # type: ignore[override]
+        return self.vq
+
+    def build_model(self) -> TrainableTokenizer:
+        return TrainableTokenizer(self.vq)
+
+    def save(self, directory: Path, model: torch.nn.Module, info: dict[str, Any]) -> None:
+        info = {**info, "data": {**info.get("data", {}), "image_size": self.data.image_size}}
+        save_module(directory, model, TOKENIZER_KIND, dataclasses.asdict(model.cfg), info)
+
+    def describe(self) -> dict[str, Any]:
+        return {"stage": "tokenizer", "source": self.train.source, "train_images": len(self.train),
+                "val_images": len(self.val), "image_size": self.data.image_size, "flip": self.data.flip,
+                "seed": self.data.seed}
+
+    def batch(self, step: int, batch_size: int, seed: int, device: torch.device) -> dict[str, Tensor]:
+        idx = epoch_indices(step, batch_size, len(self.train), seed)
+        images = self.train.floats(idx)
+        if self.data.flip:
+            flip = torch.rand(len(idx), generator=_generator(seed, step, 1)) < 0.5
+            images = torch.where(flip[:, None, None, None], images.flip(-1), images)
+        return {"images": images.to(device)}
+
+    def loss(self, model: torch.nn.Module, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, float]]:
+        _, losses, _ = model(batch["images"])
+        return losses["total"], {"recon": losses["recon"].item(), "perplexity": losses["perplexity"].item()}
+
+    @torch.no_grad()
+    def evaluate(self, model: torch.nn.Module, device: torch.device, autocast: Any) -> dict[str, float]:
+        model.eval()
+        scores, mses, codes = [], [], []
+        for i in range(0, len(self.val), self.eval_batch):
+            images = self.val.floats(range(i, min(i + self.eval_batch, len(self.val)))).to(device)
+            recon, _, c = model(images)
+            scores.append(psnr(recon.float(), images).cpu())
+            mses.append((recon.float() - images).pow(2).flatten(1).mean(1).cpu())
+            codes.append(c.cpu())
+        all_codes = torch.cat(codes)
+        return {"val/psnr": float(torch.cat(scores).mean()), "val/mse": float(torch.cat(mses).mean()),
+                "val/codebook_usage": model.codebook_usage(all_codes)}
+
+
+# ----------------------------------------------------------------------------------------------------
+# Stage 2: the token model
+
+
+def masked_token_loss(logits: Tensor, targets: Tensor, mask: Tensor, label_smoothing: float = 0.1) -> Tensor:
+    """Label-smoothed cross-entropy over the masked tokens only (the paper: "Training loss is computed only
+    for the masked tokens"). logits (B, N, K), targets (B, N), mask (B, N) bool. Zero when nothing is masked."""
+    mask = mask.reshape(targets.shape).bool()
+    if not mask.any():
+        return logits.sum() * 0.0
+    return F.cross_entropy(logits[mask].float(), targets[mask], label_smoothing=label_smoothing)
+
+
+@torch.no_grad()
+def encode_all(tokenizer: Tokenizer, images: ImageSet, flip: bool, batch: int, device: torch.device) -> Tensor:
+    """Codes (n, N) int16 of every image (then, with ``flip``, of every mirrored image: rows n..2n-1)."""
+    out = []
+    for mirrored in ([False, True] if flip else [False]):
+        for i in range(0, len(images), batch):
+            x = images.floats(range(i, min(i + batch, len(images)))).to(device)
+            if mirrored:
+                x = x.flip(-1)
+            out.append(tokenizer.encode(x).flatten(1).to(torch.int16).cpu())
+    return torch.cat(out)
+
+
+@dataclass
+class TokensTask:
+    """Masked token modeling on frozen tokenizer codes (see the module docstring)."""
+
+    model: ModelConfig
+    data: MIMData
+    max_mask_ratio: float = 0.4
+    label_smoothing: float = 0.1
+    eval_ratio: float = 0.4
+    decode_steps: int = 24
+    temperature: float = 1.0
+    randomize_temp: float = 0.0
+    schedule: str = "arccos"
+    eval_batch: int = 250
+    name: str = "mim"
+    select_metric: str = field(default="", init=False)
+
+    def __post_init__(self) -> None:
+        if not self.data.tokenizer and self.data.image_size != 32:
+            raise ValueError(f"image_size {self.data.image_size}: the shipped tokenizer is for 32x32 CIFAR images; "
+                             "set [data] tokenizer (--set data.tokenizer=PATH) to a VQGAN checkpoint file "
+                             "(e.g. the Taming vqgan_imagenet_f16_1024 last.ckpt) or a trained tokenizer folder")
+        self.tokenizer = load_tokenizer(self.data.tokenizer or None, image_size=self.data.image_size)
+        check_compatible(self.tokenizer, _ProbeModel(self.model))
+        self.train, self.val = _split(self.data)
+        pct = round(100 * self.eval_ratio)
+        self.select_metric = f"val/psnr@{pct}"
+        self._codes: Tensor | None = None
+        self._val_codes: Tensor | None = None
+        self._device: torch.device | None = None
+
+    @property
+    def mask_id(self) -> int:
+        return self.tokenizer.num_codes
+
+    def model_config(self) -> ModelConfig:
+        return self.model
+
+    def describe(self) -> dict[str, Any]:
+        return {"stage": "tokens", "source": self.train.source, "train_images": len(self.train),
+                "val_images": len(self.val), "image_size": self.data.image_size, "flip": self.data.flip,
+                "tokenizer": str(self.data.tokenizer or "shipped: hyperset/weights/mim/tokenizer"),
+                "tokenizer_kind": self.tokenizer.kind, "codebook_size": self.tokenizer.num_codes,
+                "grid": self.tokenizer.grid, "mask_id": self.mask_id,
+                "masking": f"each token masked with p = {self.max_mask_ratio} * U(0, 1) per sample",
+                "label_smoothing": self.label_smoothing,
+                "eval": {"ratio": self.eval_ratio, "steps": self.decode_steps, "temperature": self.temperature,
+                         "randomize_temp": self.randomize_temp, "schedule": self.schedule,
+                         "images": min(self.data.eval_images, len(self.val))},
+                "seed": self.data.seed}
+
+    def _ensure_codes(self, device: torch.device) -> None:
+        """Encode the training images (and their mirrors) once, on the training device, the first time."""
+        if self._codes is not None and self._device == device:
+            return
+        self.tokenizer.to(device)
+        self._device = device
+        if self._codes is None:
+            self._codes = encode_all(self.tokenizer, self.train, self.data.flip, self.data.encode_batch, device)
+            n_val = min(len(self.val), max(self.data.eval_tokens, self.data.eval_images))
+            self._val_codes = encode_all(self.tokenizer, self.val.subset(np.arange(n_val)), False,
+                                         self.data.encode_batch, device)
+
+    def code_counts(self) -> Tensor:
+        """How often each code occurs in the (encoded) training set, (K,)."""
+        if self._codes is None:
+            self._ensure_codes(torch.device("cpu"))
+        assert self._codes is not None
+        return torch.bincount(self._codes.long().flatten(), minlength=self.tokenizer.num_codes)
+
+    def batch(self, step: int, batch_size: int, seed: int, device: torch.device) -> dict[str, Tensor]:
+        """Deterministic in (seed, step): seeded epochs over (image, mirror) pairs and a seeded mask."""
+        self._ensure_codes(device)
+        assert self._codes is not None
+        idx = epoch_indices(step, batch_size, len(self._codes), seed)
+        targets = self._codes[torch.from_numpy(idx)].long()
+        mask = random_token_mask(tuple(targets.shape), self.max_mask_ratio, generator=_generator(seed, step, 2))
+        inputs = targets.masked_fill(mask, self.mask_id)
+        return {"inputs": inputs.to(device), "targets": targets.to(device), "mask": mask.to(device)}
+
+    def loss_weight(self, batch: dict[str, Tensor]) -> float:
+        """Supervised units of a (micro-)batch: its masked tokens (the loss is their mean)."""
+        return float(batch["mask"].sum())
+
+    def loss(self, model: torch.nn.Module, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, float]]:
+        logits = model(batch["inputs"])
+        loss = masked_token_loss(logits, batch["targets"], batch["mask"], self.label_smoothing)
+        with torch.no_grad():
+            m = batch["mask"]
+            acc = ((logits.argmax(-1) == batch["targets"]) & m).sum() / m.sum().clamp_min(1)
+        return loss, {"acc": acc.item(), "masked": m.float().mean().item()}
+
+    @torch.no_grad()
+    def evaluate(self, model: torch.nn.Module, device: torch.device, autocast: Any) -> dict[str, float]:
+        model.eval()
+        self._ensure_codes(device)
+        assert self._val_codes is not None
+        pct = round(100 * self.eval_ratio)
+        out: dict[str, float] = {}
+        codes = self._val_codes[: self.data.eval_tokens].long()
+        mask = mask_by_ratio(tuple(codes.shape), self.eval_ratio, generator=_generator(self.data.seed, 7))
+        right, total, ce = 0, 0, 0.0
+        for i in range(0, len(codes), self.eval_batch):
+            c, m = codes[i: i + self.eval_batch].to(device), mask[i: i + self.eval_batch].to(device)
+            with autocast():
+                logits = model(c.masked_fill(m, self.mask_id)).float()
+            right += int(((logits.argmax(-1) == c) & m).sum())
+            total += int(m.sum())
+            ce += float(F.cross_entropy(logits[m], c[m], reduction="sum"))
+        out[f"val/token_acc@{pct}"] = right / max(total, 1)
+        out[f"val/token_ce@{pct}"] = ce / max(total, 1)
+        out.update(self.reconstruction_scores(model, device, autocast))
+        return out
+
+    @torch.no_grad()
+    def reconstruction_scores(self, model: torch.nn.Module, device: torch.device, autocast: Any) -> dict[str, float]:
+        """PSNR / SSIM of MaskGIT reconstructions of the first ``eval_images`` validation images at
+        ``eval_ratio`` masking (seeded mask and sampling), and the tokenizer's own PSNR on them."""
+        assert self._val_codes is not None
+        n = min(self.data.eval_images, len(self.val))
+        if n == 0:
+            return {}
+        pct = round(100 * self.eval_ratio)
+        g = self.tokenizer.grid
+        images = self.val.floats(range(n))
+        codes = self._val_codes[:n].long().view(n, g, g)
+        mask = mask_by_ratio((n, g, g), self.eval_ratio, generator=_generator(self.data.seed, 8))
+        sampler = _generator(self.data.seed, 9)
+
+        def logits_fn(cur: Tensor) -> Tensor:
+            with autocast():
+                return model(cur).float()
+
+        recon, ceiling = [], []
+        for i in range(0, n, self.eval_batch):
+            c, m = codes[i: i + self.eval_batch].to(device), mask[i: i + self.eval_batch].to(device)
+            filled = maskgit_decode(logits_fn, c, m, self.mask_id, steps=self.decode_steps,
+                                    temperature=self.temperature, mode=self.schedule,
+                                    randomize_temp=self.randomize_temp, generator=sampler)
+            recon.append(self.tokenizer.decode(filled).float().cpu())
+            ceiling.append(self.tokenizer.decode(c).float().cpu())
+        recon_t, ceiling_t = torch.cat(recon), torch.cat(ceiling)
+        return {f"val/psnr@{pct}": float(psnr(recon_t, images).mean()),
+                f"val/ssim@{pct}": float(ssim(recon_t, images).mean()) if self.data.image_size >= 11 else math.nan,
+                "val/tokenizer_psnr": float(psnr(ceiling_t, images).mean())}
+
+
+class _ProbeModel:
+    """Just enough of a model (``.cfg``) for ``check_compatible`` before the trainer builds the real one."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        self.cfg = cfg
+
+
+# ----------------------------------------------------------------------------------------------------
+# Recipe -> task
+
+
+def _epochs_to_steps(train: dict[str, Any], n_images: int) -> None:
+    """Rewrite ``epochs`` (passes over the training images) as optimizer ``steps``, in place."""
+    epochs = train.pop("epochs", None)
+    if epochs is None:
+        return
+    if "steps" in train:
+        raise ValueError("the recipe's [train] gives both epochs and steps; keep one")
+    batch = int(train.get("batch_size", 32))
+    train["steps"] = max(1, math.ceil(float(epochs) * n_images / batch))
+
+
+def build_mim_task(model_cfg: ModelConfig, recipe: dict[str, Any], data_dir: str) -> TokenizerTask | TokensTask:
+    """The task of a MIM recipe: ``[objective] stage`` = "tokenizer" or "tokens" (default).
+
+    Tables: ``[data]`` -> MIMData; ``[objective]`` -> TokensTask options (stage tokens) or ``eval_batch``;
+    ``[tokenizer]`` -> VQConfig (stage tokenizer); ``[train] epochs`` is converted to steps here.
+    """
+    objective = dict(recipe.get("objective", {}))
+    stage = objective.pop("stage", "tokens")
+    if stage not in STAGES:
+        raise ValueError(f"[objective] stage must be one of {', '.join(STAGES)}, got {stage!r}")
+    data_keys = {f.name for f in dataclasses.fields(MIMData)}
+    data_table = dict(recipe.get("data", {}))
+    unknown = sorted(set(data_table) - data_keys)
+    if unknown:
+        raise ValueError(f"unknown [data] keys for mim: {', '.join(unknown)} (known: {', '.join(sorted(data_keys))})")
+    data = MIMData(**{**data_table, "data_dir": data_dir or data_table.get("data_dir", "")})
+    task: TokenizerTask | TokensTask
+    if stage == "tokenizer":
+        try:
+            vq = VQConfig(**recipe.get("tokenizer", {}))
+        except TypeError as e:
+            raise ValueError(f"[tokenizer] table: {e}") from None
+        try:
+            task = TokenizerTask(vq=vq, data=data, **objective)
+        except TypeError as e:
+            raise ValueError(f"[objective] table: {e}") from None
+    else:
+        if model_cfg.task != "mim":
+            raise ValueError(f"preset {recipe.get('preset')!r} is a {model_cfg.task!r} model, not a mim model")
+        try:
+            task = TokensTask(model=model_cfg, data=data, **objective)
+        except TypeError as e:
+            raise ValueError(f"[objective] table: {e}") from None
+    _epochs_to_steps(recipe.setdefault("train", {}), len(task.train))
+    return task
