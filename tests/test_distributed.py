@@ -17,7 +17,7 @@ from hyperset.checkpoint import load_checkpoint
 from hyperset.config import preset_config
 from hyperset.sudoku.exact import generate
 from training.sudoku_task import SudokuData, SudokuTask
-from training.trainer import Trainer, TrainConfig
+from training.trainer import TrainConfig, Trainer
 
 WORKER = textwrap.dedent('''
     import json, os, sys
