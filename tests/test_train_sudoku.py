@@ -15,7 +15,7 @@ from hyperset.config import preset_config
 from hyperset.sudoku.exact import generate
 from training.cli import main as train_main
 from training.sudoku_task import SudokuData, SudokuTask
-from training.trainer import Trainer, TrainConfig, lr_at
+from training.trainer import TrainConfig, Trainer, lr_at
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,296 @@
+"""ONNX export: unrolled, Loop and step graphs of every task model and baseline layer, checked against PyTorch.
+
+Tiny models (d=16..32, 2 iterations) keep the exports under a second each. Parity is checked at the trained
+depth and at 2x, at a batch size other than the export's (dynamic batch axis), in ONNX Runtime on the CPU.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from click.testing import CliRunner
+
+from exports import export as E
+from exports.runtime import OnnxModelError, OrtSession
+from exports.solver_backend import OnnxSolverBackend, attach_onnx_backend
+from hyperset.checkpoint import save_checkpoint
+from hyperset.config import ModelConfig
+from hyperset.models import HyperSETModel
+from hyperset.solve import Solver
+
+T = 2  # trained depth of every tiny model
+TOL = 1e-4
+
+
+def _cfg(task: str, **kw) -> ModelConfig:
+    base = dict(task=task, dim=32, heads=2, ff_hidden=48, iters=T, time_dim=16, step_init=0.1, emb_dropout=0.0)
+    if task == "sudoku":
+        base.update(pos="grid")
+    if task == "classify":
+        base.update(img_size=8, patch_grid=2, num_classes=5, pos="sincos1d", step_cond="xt", step_norm="cond",
+                    head_norm="layer", head_bias=True)
+    if task == "mim":
+        base.update(vocab_size=17, num_classes=16, seq_len=16, pos="sincos2d", time_mlp=False, time_dim=32,
+                    step_norm="sum", head_bias=True)
+    base.update(kw)
+    return ModelConfig(**base)
+
+
+CONFIGS = {
+    "sudoku": _cfg("sudoku"),
+    "classify": _cfg("classify"),
+    "mim": _cfg("mim"),
+    "sudoku-lora-2layers": _cfg("sudoku", lora_rank=2, n_layers=2),
+    "sudoku-transformer": _cfg("sudoku", layer="transformer"),
+    "classify-crate": _cfg("classify", layer="crate", stem="linear"),
+    "classify-crate-t": _cfg("classify", layer="crate-t", stem="linear"),
+    "sudoku-et": _cfg("sudoku", layer="et"),
+}
+
+
+def _model(cfg: ModelConfig, seed: int = 0) -> HyperSETModel:
+    """A model whose every parameter is perturbed, so the step-size network and t really matter."""
+    torch.manual_seed(seed)
+    model = HyperSETModel(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return model
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+    """Each model exported unrolled at T and 2T, and as a Loop graph with its stem/step/head files."""
+    root = tmp_path_factory.mktemp("onnx")
+    out = {}
+    for name, cfg in CONFIGS.items():
+        model = _model(cfg)
+        out[name] = {
+            "model": model,
+            "unrolled": {k: E.export_unrolled(model, k, root / f"{name}.u{k}.onnx") for k in (T, 2 * T)},
+            "loop": E.export_loop(model, root / f"{name}.onnx", write_steps=True),
+        }
+    return out
+
+
+def _session(path: str | Path) -> OrtSession:
+    return OrtSession(path, "cpu", intra_op_threads=1)
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_parity_unrolled_loop_torch(exported: dict, name: str) -> None:
+    entry = exported[name]
+    model = entry["model"]
+    loop = _session(entry["loop"].path)
+    inputs = E.example_inputs(model.cfg, batch=3, seed=1)
+    for k in (T, 2 * T):
+        ref = E.torch_outputs(model, inputs, k)
+        unrolled = E.onnx_outputs(_session(entry["unrolled"][k].path), inputs)
+        looped = E.onnx_outputs(loop, inputs, k)
+        n_steps = k * model.cfg.n_layers
+        for got in (unrolled, looped):
+            assert got["logits"].shape == ref["logits"].shape
+            assert got["energy_attn"].shape == got["energy_ff"].shape == (n_steps, 3)
+            numbers = E.compare(ref, got)
+            assert numbers["prediction_agreement"] == 1.0, numbers
+            assert numbers["max_abs_logits"] < TOL, numbers
+            assert numbers["max_rel_energy"] < TOL, numbers
+        both = E.compare(unrolled, looped)
+        assert both["prediction_agreement"] == 1.0 and both["max_abs_logits"] < TOL, both
+    if model.cfg.layer in ("transformer", "crate", "crate-t"):
+        assert not looped["energy_attn"].any() and not looped["energy_ff"].any()
+    else:
+        assert np.abs(looped["energy_attn"]).min() > 0
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_metadata_and_full_check(exported: dict, name: str) -> None:
+    entry = exported[name]
+    cfg = entry["model"].cfg
+    for result in (entry["unrolled"][2 * T], entry["loop"]):
+        E.check_model(result.path)
+        model = onnx.load(result.path)
+        assert not any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
+        assert {o.opset_import[0].version for o in [model]} == {E.DEFAULT_OPSET}
+        meta = E.read_metadata(result.path)
+        assert meta["task"] == cfg.task and meta["graph"] == result.kind
+        assert meta["trained_iterations"] == str(T)
+        assert meta["unrolled_iterations"] == (str(2 * T) if result.kind == "unrolled" else "loop")
+        assert ModelConfig.from_dict(json.loads(meta["config"])) == cfg
+        assert meta["hyperset_version"] and meta["exporter"].startswith("torch.onnx legacy")
+        assert meta["energies"] == ("" if cfg.layer in ("transformer", "crate", "crate-t") else "attn,ff")
+        assert meta["model_sha256"] == E.model_fingerprint(entry["model"])
+        inputs = [i.name for i in model.graph.input]
+        expected = [E.input_name(cfg.task)] + (["iters"] if result.kind == "loop" else [])
+        assert inputs == expected
+        assert [o.name for o in model.graph.output] == ["logits", "energy_attn", "energy_ff"]
+
+
+def test_loop_runs_any_iteration_count_from_one_file(exported: dict) -> None:
+    entry = exported["sudoku"]
+    model, sess = entry["model"], _session(entry["loop"].path)
+    inputs = E.example_inputs(model.cfg, batch=1, seed=2)  # batch 1: the export used 2
+    for k in (0, 1, 3, 7, 12):
+        got = E.onnx_outputs(sess, inputs, k)
+        ref = E.torch_outputs(model, inputs, k)
+        assert got["energy_attn"].shape == (k, 1)
+        numbers = E.compare(ref, got)
+        assert numbers["prediction_agreement"] == 1.0 and numbers["max_abs_logits"] < TOL, (k, numbers)
+    report = E.parity(model, entry["loop"].path, 5, batch=4, session=sess)
+    assert report.ok and report.provider == "CPUExecutionProvider"
+
+
+@pytest.mark.parametrize("name", ["sudoku", "sudoku-lora-2layers", "sudoku-et"])
+def test_step_graphs_match_torch_iteration_by_iteration(exported: dict, name: str) -> None:
+    entry = exported[name]
+    model = entry["model"]
+    paths = E.step_paths(entry["loop"].path, model.cfg.n_layers)
+    assert sorted(entry["loop"].extra_files) == sorted(map(str, [*paths["step"], paths["stem"], paths["head"]]))
+    stem, head = _session(paths["stem"]), _session(paths["head"])
+    steps = [_session(p) for p in paths["step"]]
+    assert E.read_metadata(paths["step"][0])["graph"] == "step"
+    assert steps[0].input_names == ["x", "x0", "t"]
+    inputs = E.example_inputs(model.cfg, batch=2, seed=3)
+    iters = 2 * T + 1  # past the trained depth: the LoRA adapter index is clamped in the graph
+    with torch.no_grad():
+        x0 = model.stem(inputs)
+        ref = [(t, model.readout(x), layer.energy(x, t)) for layer, t, x in model.core.iterate(x0, iters)]
+    got = list(E.iterate_steps(stem, steps, head, inputs, iters))
+    assert len(got) == len(ref) == iters * model.cfg.n_layers
+    for (t, logits, energy), (_, t2, logits2, energy2) in zip(ref, got):
+        assert t == t2
+        np.testing.assert_allclose(logits2, logits.numpy(), atol=TOL)
+        for k in ("attn", "ff"):
+            np.testing.assert_allclose(energy2[k], energy[k].numpy(), rtol=TOL, atol=TOL)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Solver backend and CLIs
+# ----------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("ckpt") / "sudoku-tiny"
+    save_checkpoint(path, _model(CONFIGS["sudoku"], seed=4), {"trained_iterations": T, "recipe": "test"})
+    return path
+
+
+PUZZLES = [
+    "800000001040005020000000090100309000000000500007000306430010000005620000020083005",
+    "135980460060000020080400003000003000508004071000010940900620010000000090820150730",
+    "000000000000003085001020000000507000004000100090000000500000073002010000000040009",
+]
+
+
+def test_solver_backend_refuses_bad_files(exported: dict, tmp_path: Path, tiny_checkpoint: Path) -> None:
+    solver = Solver.load(tiny_checkpoint, "cpu")
+    bad = tmp_path / "corrupt.onnx"
+    bad.write_bytes(b"\x08\x07garbage, not a protobuf" * 20)
+    with pytest.raises(OnnxModelError, match="not a valid ONNX model"):
+        attach_onnx_backend(solver, bad, "cpu")
+    truncated = tmp_path / "truncated.onnx"
+    truncated.write_bytes(Path(exported["sudoku"]["loop"].path).read_bytes()[:5000])
+    with pytest.raises(OnnxModelError):
+        attach_onnx_backend(solver, truncated, "cpu")
+    with pytest.raises(OnnxModelError, match="is a 'classify' model, expected 'sudoku'"):
+        attach_onnx_backend(solver, exported["classify"]["loop"].path, "cpu")
+    with pytest.raises(OnnxModelError, match="'step' graph"):
+        attach_onnx_backend(solver, E.step_paths(exported["sudoku"]["loop"].path)["step"][0], "cpu")
+    with pytest.raises(OnnxModelError, match="not found"):
+        attach_onnx_backend(solver, tmp_path / "missing.onnx", "cpu")
+    assert solver.backend is None
+
+
+def test_solver_backend_unrolled_and_transformer(exported: dict) -> None:
+    boards = torch.tensor([[int(c) for c in p] for p in PUZZLES])
+    entry = exported["sudoku-transformer"]
+    backend = OnnxSolverBackend(_session(entry["loop"].path))
+    logits, energy = backend(boards, 3)
+    assert logits.shape == (3, 81, 9) and energy == {}  # no energy defined: like the torch path
+    assert backend.name == "onnxruntime (CPUExecutionProvider)" and backend.device_name.startswith("cpu")
+    unrolled = OnnxSolverBackend(_session(exported["sudoku"]["unrolled"][T].path))
+    logits, energy = unrolled(boards, T)
+    assert energy["attn"].shape == (T, 3)
+    with pytest.raises(OnnxModelError, match="unrolled for 2 iterations"):
+        unrolled(boards, 5)
+
+
+def _solve(args: list[str]) -> tuple[int, dict]:
+    from hyperset.cli import solve_main
+
+    result = CliRunner().invoke(solve_main, args)
+    assert result.exit_code in (0, 1), result.output
+    return result.exit_code, json.loads(result.stdout)
+
+
+def test_hyperset_solve_onnx_backend_matches_torch(tiny_checkpoint: Path, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HYPERSET_CACHE_DIR", str(tmp_path / "cache"))
+    puzzles = tmp_path / "puzzles.txt"
+    puzzles.write_text("\n".join(PUZZLES) + "\n")
+    common = [str(puzzles), "--checkpoint", str(tiny_checkpoint), "--json", "--device", "cpu"]
+    runs = {}
+    for iters in ("2", "5"):
+        runs["torch", iters] = _solve([*common, "--iters", iters])
+        runs["onnx", iters] = _solve([*common, "--iters", iters, "--backend", "onnx"])  # exports to the cache
+        assert runs["onnx", iters][1]["summary"]["backend"] == "onnxruntime (CPUExecutionProvider)"
+        for a, b in zip(runs["torch", iters][1]["results"], runs["onnx", iters][1]["results"]):
+            assert a["prediction"] == b["prediction"]
+            assert a["iterations"] == b["iterations"] == int(iters)
+            np.testing.assert_allclose(a["energy"]["attn"], b["energy"]["attn"], rtol=1e-5)
+            np.testing.assert_allclose(a["energy"]["ff"], b["energy"]["ff"], rtol=1e-5)
+        assert runs["torch", iters][0] == runs["onnx", iters][0]
+    cached = list((tmp_path / "cache").glob("sudoku-*.onnx"))
+    assert len(cached) == 1  # exported once, reused for the second iteration count
+    # an explicit file, written by hyperset-export, gives the same boards
+    from exports.cli import main as export_main
+
+    out = tmp_path / "exp" / "model.onnx"
+    result = CliRunner().invoke(export_main, [str(tiny_checkpoint), "--out", str(out), "--loop", "--json"])
+    assert result.exit_code == 0, result.output
+    _, explicit = _solve([*common, "--iters", "5", "--backend", "onnx", "--onnx-model", str(out)])
+    assert [r["prediction"] for r in explicit["results"]] == [r["prediction"] for r in runs["torch", "5"][1]["results"]]
+    # a corrupted ONNX file through the CLI: exit 2, one line
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"not an onnx file")
+    from hyperset.cli import solve_main
+
+    result = CliRunner().invoke(solve_main, [*common, "--backend", "onnx", "--onnx-model", str(bad)])
+    assert result.exit_code == 2
+    assert "not a valid ONNX model" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_hyperset_export_cli(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    from exports.cli import main as export_main
+
+    runner = CliRunner()
+    out = tmp_path / "m.onnx"
+    result = runner.invoke(export_main, [str(tiny_checkpoint), "--iters", "3", "--out", str(out), "--parity",
+                                         "--parity-batch", "2", "--device", "cpu", "--json"])
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout)
+    assert payload["kind"] == "unrolled" and payload["iterations"] == 3 and payload["bytes"] == out.stat().st_size
+    assert [p["iters"] for p in payload["parity"]] == [3] and payload["parity"][0]["ok"]
+    assert payload["parity"][0]["provider"] == "CPUExecutionProvider"
+    result = runner.invoke(export_main, [str(tiny_checkpoint), "--out", str(tmp_path / "l.onnx"), "--loop",
+                                         "--parity", "--parity-batch", "2", "--device", "cpu"])
+    assert result.exit_code == 0, result.output
+    assert "Loop graph" in result.stdout and "l.step.onnx" in result.stdout and "MISMATCH" not in result.stdout
+    assert [line.strip().split(":")[0] for line in result.stdout.splitlines() if "-> OK" in line] == [
+        "iters   2", "iters   4"]
+    assert (tmp_path / "l.step.onnx").is_file() and E.read_metadata(tmp_path / "l.onnx")["default_iterations"] == "2"
+    # bad input: exit 2 with a one-line error
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text((tiny_checkpoint / "config.json").read_text())
+    (broken / "model.safetensors").write_bytes(b"\x00" * 64)
+    for args in ([str(tmp_path / "nope"), "--out", str(out)], [str(broken), "--out", str(out)]):
+        result = runner.invoke(export_main, args)
+        assert result.exit_code == 2, result.output
+        assert result.stderr.startswith("hyperset-export: error: ") and len(result.stderr.strip().splitlines()) == 1

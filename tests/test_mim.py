@@ -1,0 +1,251 @@
+"""Masked image modeling: training task (both stages), reconstruction pipeline and the eval command."""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+from hyperset.config import preset_config
+from hyperset.models import HyperSETModel
+from hyperset.vision import reconstruct
+from hyperset.vision.maskgit import random_token_mask
+from hyperset.vision.reconstruct import MIMPipeline, Tokenizer, pixel_to_token_mask, sample_images
+from hyperset.vision.vq import VQConfig, VQTokenizer
+from training.eval_mim import mim_command
+from training.mim_task import TokensTask, build_mim_task, masked_token_loss
+from training.trainer import TrainConfig, Trainer
+
+TINY_VQ = {"hidden": 32, "num_res_blocks": 1, "codebook_size": 64, "code_dim": 16, "restart_after": 5}
+TINY_MODEL = {"dim": 32, "heads": 2, "ff_hidden": 32, "iters": 2, "time_dim": 32, "vocab_size": 65,
+              "num_classes": 64, "seq_len": 64}
+
+
+def _images(n: int, rng: np.random.Generator) -> np.ndarray:
+    """Smooth synthetic images (N, 3, 32, 32) uint8: a colour gradient plus a coloured square."""
+    lin = np.linspace(0, 1, 32)
+    out = np.empty((n, 3, 32, 32))
+    for i in range(n):
+        slope, offset = rng.random((3, 1, 1)), 0.3 * rng.random((3, 1, 1))
+        img = np.broadcast_to(slope * lin[None, None, :] + offset, (3, 32, 32)).copy()
+        y, x = rng.integers(0, 20, 2)
+        img[:, y:y + 12, x:x + 12] = rng.random((3, 1, 1))
+        out[i] = img
+    return (out.clip(0, 1) * 255).astype(np.uint8)
+
+
+def write_cifar(root: Path, per_batch: int = 16, n_test: int = 16) -> Path:
+    """A tiny CIFAR-10 in the real python layout: pickled dicts with b"data" (N, 3072) uint8 and b"labels"."""
+    folder = root / "cifar-10-batches-py"
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    names = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
+    for name in names:
+        n = n_test if name == "test_batch" else per_batch
+        batch = {b"data": _images(n, rng).reshape(n, -1), b"labels": rng.integers(0, 10, n).tolist(),
+                 b"batch_label": name.encode()}
+        with open(folder / name, "wb") as f:
+            pickle.dump(batch, f)
+    with open(folder / "batches.meta", "wb") as f:
+        pickle.dump({b"label_names": [f"c{i}".encode() for i in range(10)]}, f)
+    return root
+
+
+def _train_cfg(steps: int, **kw) -> TrainConfig:
+    base = dict(steps=steps, batch_size=16, optimizer="adam", lr=3e-3, min_lr=3e-3, schedule="constant",
+                weight_decay=0.0, clip=1.0, amp="off", eval_every=steps, log_every=5, save_every_seconds=1e9)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def _losses(run: Path) -> list[float]:
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [r["loss"] for r in rows if "loss" in r]
+
+
+@pytest.fixture(scope="module")
+def cifar(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_cifar(tmp_path_factory.mktemp("cifar"))
+
+
+@pytest.fixture(scope="module")
+def tokenizer_run(cifar: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    recipe = {"preset": "mim-cpu", "objective": {"stage": "tokenizer", "eval_batch": 16},
+              "tokenizer": TINY_VQ, "data": {"n_val": 16}, "train": {}}
+    task = build_mim_task(preset_config("mim-cpu"), recipe, str(cifar))
+    out = tmp_path_factory.mktemp("tok")
+    torch.manual_seed(0)
+    Trainer(task, _train_cfg(30), out, quiet=True).fit()
+    return out
+
+
+def _tokens_recipe(tokenizer: Path) -> dict:
+    return {"preset": "mim-cpu", "model": TINY_MODEL,
+            "objective": {"stage": "tokens", "decode_steps": 4, "eval_batch": 8},
+            "data": {"n_val": 16, "tokenizer": str(tokenizer), "eval_images": 4, "eval_tokens": 16}, "train": {}}
+
+
+def _tokens_task(cifar: Path, tokenizer: Path) -> TokensTask:
+    recipe = _tokens_recipe(tokenizer)
+    task = build_mim_task(preset_config("mim-cpu", **TINY_MODEL), recipe, str(cifar))
+    assert isinstance(task, TokensTask)
+    return task
+
+
+@pytest.fixture(scope="module")
+def tokens_run(cifar: Path, tokenizer_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("tokens")
+    torch.manual_seed(0)
+    Trainer(_tokens_task(cifar, tokenizer_run / "best"), _train_cfg(40, eval_every=20), out, quiet=True).fit()
+    return out
+
+
+def _tiny_pipeline() -> MIMPipeline:
+    torch.manual_seed(0)
+    vq = VQTokenizer(VQConfig(**TINY_VQ))
+    vq.train()
+    vq(torch.rand(4, 3, 32, 32))  # seeds the codebook
+    model = HyperSETModel(preset_config("mim-cpu", **TINY_MODEL))
+    return MIMPipeline(Tokenizer(vq, "vq-tokenizer", 32), model)
+
+
+# ----------------------------------------------------------------------------------------------------
+
+
+def test_training_mask_masks_a_fifth_of_the_tokens_on_average(cifar: Path, tokenizer_run: Path):
+    """p = 0.4 * U(0, 1) per sample -> E[masked fraction] = 0.2; masked inputs hold the mask id."""
+    frac = random_token_mask((4000, 64), 0.4, generator=torch.Generator().manual_seed(0)).float().mean()
+    assert abs(float(frac) - 0.2) < 0.01
+    task = _tokens_task(cifar, tokenizer_run / "best")
+    batches = [task.batch(s, 64, 0, torch.device("cpu")) for s in range(20)]
+    fracs = torch.stack([b["mask"].float().mean(1) for b in batches]).flatten()
+    assert abs(float(fracs.mean()) - 0.2) < 0.03 and float(fracs.max()) <= 0.75
+    for b in batches[:3]:
+        assert torch.equal(b["inputs"][b["mask"]], torch.full_like(b["inputs"][b["mask"]], task.mask_id))
+        assert torch.equal(b["inputs"][~b["mask"]], b["targets"][~b["mask"]])
+    again = task.batch(7, 64, 0, torch.device("cpu"))
+    assert all(torch.equal(again[k], batches[7][k]) for k in again)  # deterministic in (seed, step)
+
+
+def test_loss_only_sees_masked_tokens():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(4, 64, 64, generator=g)
+    targets = torch.randint(0, 64, (4, 64), generator=g)
+    mask = torch.rand(4, 64, generator=g) < 0.3
+    loss = masked_token_loss(logits, targets, mask, 0.1)
+    changed = logits.clone()
+    changed[~mask] = torch.randn_like(changed[~mask]) * 10
+    assert torch.allclose(masked_token_loss(changed, targets, mask, 0.1), loss)
+    changed[mask] += torch.randn_like(changed[mask])
+    assert not torch.allclose(masked_token_loss(changed, targets, mask, 0.1), loss)
+    expected = torch.nn.functional.cross_entropy(logits[mask], targets[mask], label_smoothing=0.1)
+    assert torch.allclose(loss, expected)
+
+
+def test_reconstruct_fills_masked_tokens_and_keeps_the_others():
+    pipe = _tiny_pipeline()
+    images = torch.rand(3, 3, 32, 32)
+    mask = torch.rand(3, 8, 8, generator=torch.Generator().manual_seed(1)) < 0.4
+    seen = []
+    res = pipe.reconstruct(images, mask, steps=6, generator=torch.Generator().manual_seed(0),
+                           on_step=lambda s, c: seen.append(s))
+    assert res.images.shape == (3, 3, 32, 32) and res.codes.shape == (3, 8, 8)
+    assert int(res.codes.max()) < pipe.mask_id and int(res.codes.min()) >= 0
+    assert torch.equal(res.codes[~mask], res.input_codes[~mask])
+    assert torch.equal(res.mask, mask) and seen == list(range(6))
+    assert set(res.energy) == {"attn", "ff"} and len(res.energy["attn"]) == pipe.trained_iters
+    assert res.energy_per_image["ff"].shape == (3, pipe.trained_iters)
+    res5 = pipe.reconstruct(images, mask, iters=5, steps=2)
+    assert len(res5.energy["attn"]) == 5 and torch.equal(res5.codes[~mask], res5.input_codes[~mask])
+    with pytest.raises(ValueError, match="prepare_images"):
+        pipe.reconstruct(torch.rand(1, 3, 16, 16), mask[:1])
+
+
+def test_pixel_mask_to_token_mask():
+    pixels = torch.zeros(32, 32, dtype=torch.bool)
+    pixels[0:4, 0:4] = True  # all of token (0, 0)
+    pixels[4:6, 4:8] = True  # half of token (1, 1)
+    pixels[8, 8] = True  # one pixel of token (2, 2)
+    most = pixel_to_token_mask(pixels, 8)
+    assert most.shape == (8, 8) and most.sum() == 2 and most[0, 0] and most[1, 1]
+    anyp = pixel_to_token_mask(pixels, 8, threshold=1e-6)
+    assert anyp.sum() == 3 and anyp[2, 2]
+    assert pixel_to_token_mask(pixels[None].expand(2, -1, -1), 8).shape == (2, 8, 8)
+    with pytest.raises(ValueError):
+        pixel_to_token_mask(torch.zeros(30, 30, dtype=torch.bool), 8)
+
+
+def test_a_few_steps_lower_the_tokenizer_loss(tokenizer_run: Path):
+    losses = _losses(tokenizer_run)
+    assert losses[-1] < 0.75 * losses[0]
+    meta = json.loads((tokenizer_run / "best" / "config.json").read_text())
+    assert meta["kind"] == "vq-tokenizer" and meta["model"]["codebook_size"] == 64
+    assert "val/psnr" in meta["metrics"] and "val/codebook_usage" in meta["metrics"]
+
+
+def test_a_few_steps_lower_the_token_loss(tokens_run: Path):
+    losses = _losses(tokens_run)
+    assert losses[-1] < losses[0] - 0.3
+    meta = json.loads((tokens_run / "best" / "config.json").read_text())
+    assert {"val/psnr@40", "val/token_acc@40", "val/tokenizer_psnr"} <= set(meta["metrics"])
+
+
+def test_resume_continues_exactly(cifar: Path, tokenizer_run: Path, tmp_path: Path):
+    from safetensors.torch import load_file
+
+    tok = tokenizer_run / "best"
+    full, part = tmp_path / "full", tmp_path / "part"
+    cfg = dict(eval_every=4, log_every=2)
+    Trainer(_tokens_task(cifar, tok), _train_cfg(8, **cfg), full, quiet=True).fit()
+    Trainer(_tokens_task(cifar, tok), _train_cfg(4, **cfg), part, quiet=True).fit()
+    result = Trainer(_tokens_task(cifar, tok), _train_cfg(8, **cfg), part, resume=True, quiet=True).fit()
+    assert result["step"] == 8
+    a, b = load_file(str(full / "last" / "model.safetensors")), load_file(str(part / "last" / "model.safetensors"))
+    assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+    with pytest.raises(SystemExit, match="--resume"):
+        Trainer(_tokens_task(cifar, tok), _train_cfg(8), part, quiet=True).fit()
+
+
+def test_eval_command_json(cifar: Path, tokenizer_run: Path, tokens_run: Path, monkeypatch: pytest.MonkeyPatch):
+    for var in ("HYPERSET_LPIPS_WEIGHTS", "HYPERSET_LPIPS_BACKBONE", "HYPERSET_FID_WEIGHTS"):
+        monkeypatch.delenv(var, raising=False)
+    args = [str(tokens_run / "best"), "--data", str(cifar), "--tokenizer", str(tokenizer_run / "best"),
+            "--images", "6", "--steps", "3", "--mask-ratio", "0.25", "--json"]
+    out = CliRunner().invoke(mim_command, args)
+    assert out.exit_code == 0, out.output
+    result = json.loads(out.output)
+    keys = {"psnr", "ssim", "ms_ssim", "lpips", "fid", "images", "iters", "mask_ratio", "tokenizer_psnr"}
+    assert keys <= set(result)
+    assert result["images"] == 6 and result["iters"] == TINY_MODEL["iters"] and result["mask_ratio"] == 0.25
+    assert result["masked_tokens"] == 16 and all(isinstance(result[k], float) for k in ("psnr", "ssim", "ms_ssim"))
+    assert result["lpips"] is None and "LPIPS unavailable" in result["lpips_reason"]
+    assert result["fid"] is None and "FID unavailable" in result["fid_reason"]
+    assert "2 scales" in result["ms_ssim_config"]
+    table = CliRunner().invoke(mim_command, args[:-1] + ["--iters", "3"])
+    assert table.exit_code == 0 and "PSNR" in table.output and "Iter 3" in table.output
+    base = CliRunner().invoke(mim_command, ["--baseline", "most-frequent", "--data", str(cifar), "--tokenizer",
+                                            str(tokenizer_run / "best"), "--images", "6", "--json"])
+    assert base.exit_code == 0, base.output
+    b = json.loads(base.output)
+    assert b["model"] == "Most-frequent code" and 0 <= b["most_frequent_code"] < 64
+    assert b["tokenizer_psnr"] == pytest.approx(result["tokenizer_psnr"])
+
+
+def test_eval_command_without_shipped_models_exits_2(cifar: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(reconstruct, "WEIGHTS_DIR", tmp_path / "nothing")
+    out = CliRunner().invoke(mim_command, ["--data", str(cifar), "--json"])
+    assert out.exit_code == 2 and "not in this package" in out.output
+
+
+def test_sample_images_are_shipped_with_their_sources():
+    small, large = sample_images(), sample_images(64)
+    assert len(small) >= 5 and set(small) == set(large)
+    assert all(v.shape == (3, 32, 32) and 0 <= float(v.min()) and float(v.max()) <= 1 for v in small.values())
+    assert all(v.shape == (3, 64, 64) for v in large.values())
+    sources = (reconstruct.SAMPLES_DIR / "SOURCES.md").read_text()
+    assert all(f"{name}.png" in sources for name in small)
