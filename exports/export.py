@@ -17,13 +17,14 @@ Graphs (all self-contained single files, dynamic batch, opset 17 by default):
 zeros; their metadata says ``energies = ""`` (the ET layer exports its closed-form gradient and its energies).
 
 Exporter choice: the legacy TorchScript exporter (``dynamo=False``) at opset 17. The model's RMSNorm is
-written out by hand, so nothing needs opset 23; the legacy exporter is 10-20x faster to export than dynamo
-(which matters for unrolled graphs, whose export time grows with ``iters``), writes no per-node stack traces
-(the dynamo files are 2-3x larger unless those are cleared) and never splits weights into a ``.data`` file.
+written out by hand, so nothing needs opset 23; the legacy exporter exports 5-25x faster than dynamo (which
+matters for unrolled graphs, whose export time grows with ``iters``), writes no per-node stack traces (the
+dynamo files are 2-3x larger unless those are cleared) and never splits weights into a ``.data`` file.
 Its graphs match PyTorch to ~1e-6 (see ``ecosystem-notes.md``). It is deprecated upstream and prints a
 ``DeprecationWarning`` that we silence. Constant folding is off: with it on, the exporter writes a transposed
 copy of W and D (and, with depth-wise LoRA, one folded W_t per unrolled iteration) into the file; ONNX Runtime
-folds these itself when it loads the model.
+folds these itself when it loads the model. Traced graphs also lose every ``Mul`` by a scalar constant 1
+(see ``_drop_unit_scalar_muls``: an ONNX Runtime 1.31 optimizer bug otherwise breaks untrained ET models).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from typing import Any
 import numpy as np
 import onnx
 import torch
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 from torch import Tensor, nn
 
 import hyperset
@@ -52,9 +53,10 @@ from hyperset.models import HyperSETModel
 from .loop import wrap_in_loop
 
 __all__ = [
-    "DEFAULT_OPSET", "EXPORTER", "ExportResult", "ParityReport", "check_model", "energy_names", "example_inputs",
-    "export_head", "export_loop", "human_size", "export_stem", "export_step", "export_unrolled", "input_name", "iterate_steps",
-    "model_fingerprint", "onnx_outputs", "parity", "read_metadata", "step_paths", "torch_outputs",
+    "DEFAULT_OPSET", "EXPORTER", "ExportResult", "ParityReport", "check_model", "compare", "energy_names",
+    "example_inputs", "export_head", "export_loop", "export_stem", "export_step", "export_unrolled", "human_size",
+    "input_name", "iterate_steps", "loop_proto", "model_fingerprint", "onnx_outputs", "parity", "read_metadata",
+    "step_paths", "step_proto", "torch_outputs", "trained_iterations", "unrolled_proto",
 ]
 
 DEFAULT_OPSET = 17
@@ -100,7 +102,7 @@ def model_fingerprint(model: HyperSETModel) -> str:
     return h.hexdigest()
 
 
-def _trained_iterations(model: HyperSETModel, info: Mapping[str, Any] | None) -> int:
+def trained_iterations(model: HyperSETModel, info: Mapping[str, Any] | None) -> int:
     value = (info or {}).get("trained_iterations")
     return int(value) if value is not None else int(model.cfg.iters)
 
@@ -219,7 +221,42 @@ def _trace(module: nn.Module, args: tuple[Tensor, ...], input_names: Sequence[st
                           dynamo=False, do_constant_folding=False)
     proto = onnx.load_from_string(buf.getvalue())
     _ensure_inputs(proto, module, args, input_names, dynamic_axes)
+    _drop_unit_scalar_muls(proto.graph)
     return proto
+
+
+def _drop_unit_scalar_muls(graph: onnx.GraphProto) -> int:
+    """Remove ``Mul(x, c)`` nodes whose ``c`` is a rank-0 initializer equal to 1 (x passes through unchanged).
+
+    Works around an ONNX Runtime 1.31 optimizer bug: when ORT's NoopElimination removes such a Mul and
+    DivMulFusion rewrites its consumer in the same pass, the session fails with "Node input ... is not a graph
+    input, initializer, or output of a previous node" (or a "Missing Input" at run time inside a Loop). The
+    Energy Transformer's scalar LayerNorm gain starts at exactly 1, so every untrained ET model hit it.
+    Returns the number of nodes removed. Expects the topologically sorted flat graph the exporter writes.
+    """
+    scalars = {init.name for init in graph.initializer
+               if not init.dims and numpy_helper.to_array(init).dtype.kind == "f"
+               and float(numpy_helper.to_array(init)) == 1.0}
+    outputs = {o.name for o in graph.output}
+    replace: dict[str, str] = {}
+    kept = []
+    for node in graph.node:
+        node.input[:] = [replace.get(i, i) for i in node.input]
+        if node.op_type == "Mul" and len(node.input) == 2 and node.output[0] not in outputs:
+            a, b = node.input
+            if b in scalars or a in scalars:
+                replace[node.output[0]] = a if b in scalars else b
+                continue
+        kept.append(node)
+    if not replace:
+        return 0
+    del graph.node[:]
+    graph.node.extend(kept)
+    used = {i for n in graph.node for i in n.input} | outputs
+    unused = [init for init in graph.initializer if init.name in scalars and init.name not in used]
+    for init in unused:
+        graph.initializer.remove(init)
+    return len(replace)
 
 
 def _ensure_inputs(proto: onnx.ModelProto, module: nn.Module, args: tuple[Tensor, ...], names: Sequence[str],
@@ -252,7 +289,7 @@ def _metadata(model: HyperSETModel, kind: str, opset: int, info: Mapping[str, An
         "task": cfg.task,
         "graph": kind,
         "layer": cfg.layer,
-        "trained_iterations": str(_trained_iterations(model, info)),
+        "trained_iterations": str(trained_iterations(model, info)),
         "n_layers": str(cfg.n_layers),
         "input": input_name(cfg.task),
         "energies": ",".join(energy_names(model)),
@@ -266,11 +303,18 @@ def _metadata(model: HyperSETModel, kind: str, opset: int, info: Mapping[str, An
     recipe = (info or {}).get("recipe")
     if recipe:
         meta["recipe"] = str(recipe)
-    preset = (info or {}).get("preset")
+    preset = (info or {}).get("preset") or _matching_preset(cfg)
     if preset:
         meta["preset"] = str(preset)
     meta.update({k: str(v) for k, v in extra.items()})
     return meta
+
+
+def _matching_preset(cfg: Any) -> str | None:
+    """Name of the preset whose config equals ``cfg`` exactly, if any (the config JSON is always recorded)."""
+    from hyperset.config import get_preset, list_presets
+
+    return next((name for name in list_presets() if get_preset(name).config == cfg), None)
 
 
 def _finish(proto: onnx.ModelProto, meta: Mapping[str, str], doc: str) -> onnx.ModelProto:
@@ -430,7 +474,7 @@ def loop_proto(model: HyperSETModel, default_iters: int | None = None, opset: in
     ``steps`` may pass already exported step graphs (one per distinct layer) to avoid tracing them twice.
     """
     cfg = model.cfg
-    default_iters = _trained_iterations(model, info) if default_iters is None else int(default_iters)
+    default_iters = trained_iterations(model, info) if default_iters is None else int(default_iters)
     name = input_name(cfg.task)
     stem = stem_proto(model, opset, info)
     head = head_proto(model, opset, info)

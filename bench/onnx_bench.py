@@ -1,0 +1,280 @@
+"""Sudoku boards/s: PyTorch eager vs ONNX Runtime (unrolled graph) vs ONNX Runtime (Loop graph), on this CPU.
+
+Every figure is put next to the machine's measured matmul throughput (a large fp32 and bf16 matmul with the same
+number of threads) and the model's FLOPs per board, counted analytically from the config (see `flops_per_board`),
+so each is also a fraction of that roofline.
+
+    python bench/onnx_bench.py                  # full run: 24 and 48 iterations, batch 1 and 256
+    python bench/onnx_bench.py --quick          # a short run to check that everything works
+
+The model is the shipped one (`hyperset/weights/sudoku`) when present, else a randomly initialised `sudoku-cpu`
+preset with iters=24 (speed does not depend on the weights); the JSON says which. All runners compute the same
+thing: logits and both energies after every iteration (the solver's trace). Runners are interleaved within each
+repeat so that load from other processes spreads over all of them; the machine is shared, so compare medians.
+Writes bench/results/onnx_bench.json and bench/results/onnx_bench.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parent
+RESULTS = ROOT / "results"
+
+
+def flops_per_board(cfg: Any, iters: int, energies: bool = True) -> dict[str, Any]:
+    """Multiply-add FLOPs (2 per MAC) of one board through a Hyper-SET model, from the config alone.
+
+    Counted, per iteration (N tokens, d = dim, M = ff_hidden, p = d / H):
+      attention step   X W (2Nd^2), scores Z Z^T per head (2N^2 d), (P + P^T) Z (2N^2 d), back-projection (2Nd^2)
+      feedforward step X D (2NdM), ReLU(U) D^T (2NdM)
+      step sizes       L3 on the condition (2N d 2d); the time MLP L1, L2 (2 t_dim d + 2 d^2), which is shared by
+                       the whole batch but counted per board (an upper bound; it is < 1 % of the total)
+      energies         X W (2Nd^2), Z Z^T (2N^2 d), X D (2NdM): the trace evaluates both energies after every
+                       update (what the solver and all three runners compute)
+    and once: the head (2 N d C). Not counted: the embedding lookups, the RMSNorms, softmax/logsumexp, GELU/ReLU
+    and the residual additions (elementwise, O(N d) or O(N^2 H) each). Only the Hyper-SET layer is modelled.
+    """
+    if cfg.layer != "hyperset":
+        raise ValueError(f"FLOP model only for the hyperset layer, not {cfg.layer!r}")
+    N, d, M, C = cfg.seq_len, cfg.dim, cfg.ff_hidden, cfg.num_classes
+    per_iter = {
+        "attention_projections": 2 * (2 * N * d * d),
+        "attention_scores_and_AV": 2 * (2 * N * N * d),
+        "feedforward": 2 * (2 * N * d * M),
+        "step_sizes": (2 * N * d * 2 * d + (2 * cfg.time_dim * d + 2 * d * d if cfg.time_mlp else 0))
+        if cfg.step == "adaptive" else 0,
+        "energies": (2 * N * d * d + 2 * N * N * d + 2 * N * d * M) if energies else 0,
+    }
+    steps = iters * cfg.n_layers
+    total = steps * sum(per_iter.values()) + 2 * N * d * C
+    return {"per_iteration": per_iter, "head": 2 * N * d * C, "iterations": steps, "total": total}
+
+
+def matmul_flops(dtype: torch.dtype, n: int, repeats: int) -> dict[str, Any]:
+    """Best-of-`repeats` FLOP/s of an n x n x n matmul (torch, the current number of threads)."""
+    a = torch.randn(n, n).to(dtype)
+    b = torch.randn(n, n).to(dtype)
+    torch.matmul(a, b)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        torch.matmul(a, b)
+        times.append(time.perf_counter() - t0)
+    flops = 2 * n**3
+    return {"n": n, "best_s": min(times), "median_s": statistics.median(times), "flops_per_s": flops / min(times),
+            "median_flops_per_s": flops / statistics.median(times)}
+
+
+def load_bench_model() -> tuple[Any, dict[str, Any], str]:
+    from hyperset.checkpoint import load_checkpoint
+    from hyperset.config import preset_config
+    from hyperset.models import HyperSETModel
+    from hyperset.solve import bundled_checkpoint
+
+    shipped = bundled_checkpoint()
+    if (shipped / "config.json").is_file():
+        model, info = load_checkpoint(shipped, task="sudoku")
+        return model, info, f"shipped model ({shipped})"
+    torch.manual_seed(0)
+    model = HyperSETModel(preset_config("sudoku-cpu", iters=24)).eval()
+    return model, {}, "sudoku-cpu preset, iters=24, random weights (hyperset/weights/sudoku not present)"
+
+
+def bench_boards(batch: int) -> torch.Tensor:
+    """Real puzzles from examples/, tiled to `batch` boards."""
+    puzzles = []
+    csv = ROOT.parent / "examples" / "mixed.csv"
+    if csv.is_file():
+        for line in csv.read_text().splitlines()[1:]:
+            p = line.split(",")[0].strip()
+            if len(p) == 81 and p.isdigit():
+                puzzles.append([int(c) for c in p])
+    if not puzzles:
+        puzzles = torch.randint(0, 10, (8, 81)).tolist()
+    reps = -(-batch // len(puzzles))
+    return torch.tensor(puzzles * reps, dtype=torch.long)[:batch]
+
+
+def machine_info(threads: int) -> dict[str, Any]:
+    from exports.runtime import describe_runtime
+    from hyperset.device import cpu_has_native_bf16
+
+    cpu = platform.processor()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    rt = describe_runtime()
+    return {"cpu": cpu, "logical_cpus": os.cpu_count(), "threads_used": threads, "python": sys.version.split()[0],
+            "torch": torch.__version__, "onnxruntime": rt.get("onnxruntime_version"),
+            "onnxruntime_build": rt.get("build_package"), "native_bf16": cpu_has_native_bf16(),
+            "load_average_at_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from exports import export as E
+    from exports.runtime import OrtSession
+
+    torch.set_num_threads(args.threads)
+    iters_list = [int(x) for x in args.iters.split(",")]
+    batches = [int(x) for x in args.batches.split(",")]
+    model, info, source = load_bench_model()
+    cfg = model.cfg
+    report: dict[str, Any] = {
+        "quick": args.quick, "machine": machine_info(args.threads), "model_source": source,
+        "model_config": cfg.to_dict(), "parameters": model.num_parameters(), "iters": iters_list, "batches": batches,
+        "repeats": args.repeats, "note": "shared 2-vCPU machine: other processes (e.g. a training run) may take CPU "
+        "time during the measurement; medians are reported, runners are interleaved per repeat",
+    }
+    print(f"model: {source}; threads {args.threads}; iters {iters_list}; batches {batches}", flush=True)
+
+    print("matmul roofline ...", flush=True)
+    start = {"float32": matmul_flops(torch.float32, args.matmul_n, max(3, args.repeats)),
+             "bfloat16": matmul_flops(torch.bfloat16, args.matmul_n, max(3, args.repeats))}
+    report["flops_per_board"] = {str(k): flops_per_board(cfg, k) for k in iters_list}
+    report["flops_counted"] = " ".join(flops_per_board.__doc__.split())
+
+    workdir = Path(tempfile.mkdtemp(prefix="hyperset-bench-"))
+    exports: dict[str, Any] = {}
+    sessions: dict[str, OrtSession] = {}
+    res = E.export_loop(model, workdir / "loop.onnx", opset=17, info=info)
+    exports["loop"] = {"bytes": res.bytes, "seconds": res.seconds, "nodes": res.nodes}
+    sessions["loop"] = OrtSession(res.path, "cpu", intra_op_threads=args.threads)
+    for k in iters_list:
+        print(f"exporting unrolled x{k} ...", flush=True)
+        res = E.export_unrolled(model, k, workdir / f"unrolled{k}.onnx", opset=17, info=info)
+        exports[f"unrolled_{k}"] = {"bytes": res.bytes, "seconds": res.seconds, "nodes": res.nodes}
+        sessions[f"unrolled_{k}"] = OrtSession(res.path, "cpu", intra_op_threads=args.threads)
+    report["exports"] = exports
+    report["ort_provider"] = sessions["loop"].provider
+
+    def torch_run(boards: torch.Tensor, k: int) -> None:
+        with torch.inference_mode():
+            model.run(boards, iters=k, trace=True)
+
+    def ort_runner(name: str):
+        def go(boards: torch.Tensor, k: int) -> None:
+            sess = sessions[name if name == "loop" else f"unrolled_{k}"]
+            E.onnx_outputs(sess, boards, k if name == "loop" else None)
+        return go
+
+    runners = {"pytorch_eager": torch_run, "ort_unrolled": ort_runner("unrolled"), "ort_loop": ort_runner("loop")}
+    rows = []
+    for k in iters_list:
+        fpb = report["flops_per_board"][str(k)]["total"]
+        for b in batches:
+            boards = bench_boards(b)
+            times: dict[str, list[float]] = {r: [] for r in runners}
+            for fn in runners.values():  # warm-up (ORT allocations, torch kernels)
+                fn(boards, k)
+            for _ in range(args.repeats):
+                for name, fn in runners.items():
+                    t0 = time.perf_counter()
+                    fn(boards, k)
+                    times[name].append(time.perf_counter() - t0)
+            for name, ts in times.items():
+                med = statistics.median(ts)
+                bps = b / med
+                rows.append({"runner": name, "iters": k, "batch": b, "median_s": med, "min_s": min(ts),
+                             "times_s": ts, "boards_per_s": bps, "flops_per_s": bps * fpb})
+                print(f"  iters {k:3d} batch {b:4d} {name:14s} {bps:10.1f} boards/s", flush=True)
+    report["results"] = rows
+    # the roofline is measured before and after the runs; the better of the two is used (less contention)
+    end = {"float32": matmul_flops(torch.float32, args.matmul_n, max(3, args.repeats)),
+           "bfloat16": matmul_flops(torch.bfloat16, args.matmul_n, max(3, args.repeats))}
+    report["matmul"] = {dt: {**max(start[dt], end[dt], key=lambda m: m["flops_per_s"]),
+                             "at_start_flops_per_s": start[dt]["flops_per_s"],
+                             "at_end_flops_per_s": end[dt]["flops_per_s"]} for dt in start}
+    peak = report["matmul"]["float32"]["flops_per_s"]
+    report["roofline_flops_per_s"] = peak
+    for row in rows:
+        row["fraction_of_fp32_matmul"] = row["flops_per_s"] / peak
+        print(f"  iters {row['iters']:3d} batch {row['batch']:4d} {row['runner']:14s} {row['boards_per_s']:10.1f} "
+              f"boards/s  {row['flops_per_s'] / 1e9:7.2f} GFLOP/s  {100 * row['fraction_of_fp32_matmul']:5.1f} % of "
+              "fp32 matmul", flush=True)
+    report["machine"]["load_average_at_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+    for f in workdir.iterdir():
+        f.unlink()
+    workdir.rmdir()
+    return report
+
+
+def plot(report: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = report["results"]
+    runners = list(dict.fromkeys(r["runner"] for r in rows))
+    groups = list(dict.fromkeys((r["iters"], r["batch"]) for r in rows))
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
+    width = 0.8 / len(runners)
+    for i, runner in enumerate(runners):
+        vals = {(r["iters"], r["batch"]): r for r in rows if r["runner"] == runner}
+        xs = np.arange(len(groups)) + (i - (len(runners) - 1) / 2) * width
+        axes[0].bar(xs, [vals[g]["boards_per_s"] for g in groups], width, label=runner)
+        axes[1].bar(xs, [100 * vals[g]["fraction_of_fp32_matmul"] for g in groups], width, label=runner)
+    labels = [f"T={k}\nbatch {b}" for k, b in groups]
+    mm = report["matmul"]
+    for ax in axes:
+        ax.set_xticks(np.arange(len(groups)), labels)
+        ax.legend(fontsize=8)
+    axes[0].set_ylabel("boards / s (median)")
+    axes[0].set_yscale("log")
+    axes[1].set_ylabel("% of fp32 matmul FLOP/s")
+    axes[1].set_title(f"roofline: fp32 {mm['float32']['flops_per_s'] / 1e9:.0f} GFLOP/s, "
+                      f"bf16 {mm['bfloat16']['flops_per_s'] / 1e9:.0f} GFLOP/s "
+                      f"({report['machine']['threads_used']} threads)", fontsize=9)
+    tag = "QUICK run on a contended machine — " if report["quick"] else ""
+    fig.suptitle(f"{tag}Hyper-SET Sudoku, {report['model_source'].split(' (')[0]}, "
+                 f"{report['machine']['cpu']}", fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(path)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--threads", type=int, default=2, help="torch and ONNX Runtime intra-op threads")
+    parser.add_argument("--repeats", type=int, default=None, help="timed runs per runner [5; quick: 2]")
+    parser.add_argument("--quick", action="store_true", help="batches 1 and 16, 2 repeats, a 1024 matmul")
+    parser.add_argument("--iters", default="24,48", help="comma-separated iteration counts")
+    parser.add_argument("--batches", default=None, help="comma-separated batch sizes [1,256; quick: 1,16]")
+    parser.add_argument("--matmul-n", type=int, default=None, help="matmul size for the roofline [2048; quick 1024]")
+    parser.add_argument("--out", type=Path, default=RESULTS / "onnx_bench.json")
+    args = parser.parse_args(argv)
+    args.repeats = args.repeats or (2 if args.quick else 5)
+    args.batches = args.batches or ("1,16" if args.quick else "1,256")
+    args.matmul_n = args.matmul_n or (1024 if args.quick else 2048)
+    report = run(args)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = args.out.with_name(f".{args.out.name}.tmp")
+    tmp.write_text(json.dumps(report, indent=2) + "\n")
+    tmp.replace(args.out)
+    png = args.out.with_suffix(".png")
+    plot(report, png)
+    print(f"wrote {args.out} and {png}")
+
+
+if __name__ == "__main__":
+    main()

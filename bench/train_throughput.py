@@ -1,0 +1,103 @@
+"""Sudoku training and inference throughput on this machine (boards/s), written to bench/results/ as JSON.
+
+    python bench/train_throughput.py [--threads 1] [--steps 10]
+
+Rows:
+  reference   the authors' configuration at d=128 (4 heads, M=4d, 24 iterations, batch 64, loss on the last
+              iteration, fp32) — the number the issue quotes for their code (~29 boards/s training here)
+  paper-d768  the paper's model (d=768, 12 heads, 24 iterations, batch 16, fp32)
+  ours        the shipped recipe (d=128, 16 iterations, batch 32, loss on every iteration) in fp32 and bf16
+Each row is timed after warm-up steps; the machine's load at the time is recorded (a shared 2-core VM).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from hyperset.checkpoint import atomic_write_json
+from hyperset.config import preset_config
+from hyperset.device import cpu_has_native_bf16
+from hyperset.models import HyperSETModel
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+ROWS = {
+    "reference-d128-fp32": dict(preset="sudoku", overrides=dict(dim=128, heads=4, ff_hidden=512, iters=24),
+                                batch=64, supervise="last", amp=False),
+    "paper-d768-fp32": dict(preset="sudoku", overrides={}, batch=16, supervise="last", amp=False),
+    "ours-fp32": dict(preset="sudoku-cpu", overrides={}, batch=32, supervise="all", amp=False),
+    "ours-bf16": dict(preset="sudoku-cpu", overrides={}, batch=32, supervise="all", amp=True),
+}
+
+
+def measure(row: dict, steps: int, warmup: int) -> dict:
+    torch.manual_seed(0)
+    model = HyperSETModel(preset_config(row["preset"], **row["overrides"]))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    b = row["batch"]
+    puzzles = torch.randint(0, 10, (b, 81))
+    target = torch.where(puzzles == 0, torch.randint(0, 9, (b, 81)), -100)
+
+    def ctx() -> torch.autocast:
+        return torch.autocast("cpu", dtype=torch.bfloat16, enabled=row["amp"])
+
+    def train_step() -> None:
+        with ctx():
+            if row["supervise"] == "all":
+                logits = model(puzzles, all_logits=True)
+                loss = F.cross_entropy(logits.float().flatten(0, 2), target.repeat(len(logits), 1).flatten(),
+                                       ignore_index=-100)
+            else:
+                loss = F.cross_entropy(model(puzzles).float().flatten(0, 1), target.flatten(), ignore_index=-100)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    for _ in range(warmup):
+        train_step()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        train_step()
+    train_rate = steps * b / (time.perf_counter() - t0)
+    model.eval()
+    with torch.no_grad(), ctx():
+        model(puzzles)
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            model(puzzles)
+        infer_rate = steps * b / (time.perf_counter() - t0)
+    return {**{k: v for k, v in row.items()}, "iters": model.cfg.iters, "dim": model.cfg.dim,
+            "parameters": model.num_parameters(), "train_boards_per_s": train_rate,
+            "inference_boards_per_s": infer_rate}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--rows", nargs="*", default=list(ROWS))
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    results = []
+    for name in args.rows:
+        r = measure(ROWS[name], args.steps, args.warmup)
+        r["name"] = name
+        results.append(r)
+        print(f"{name:22s} train {r['train_boards_per_s']:7.1f} boards/s   "
+              f"inference {r['inference_boards_per_s']:7.1f} boards/s")
+    out = {"threads": args.threads, "torch": torch.__version__, "cpu": platform.processor() or platform.machine(),
+           "native_bf16": cpu_has_native_bf16(), "load_average": os.getloadavg(), "rows": results}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(RESULTS / "train_throughput.json", out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,108 @@
+"""`hyperset-export`: write a Hyper-SET checkpoint as an ONNX file (unrolled or Loop), check it, test parity."""
+
+from __future__ import annotations
+
+import json
+import sys
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import click
+
+EXIT_OK, EXIT_PARITY, EXIT_BAD_INPUT = 0, 1, 2
+SHIPPED = {"sudoku": "sudoku", "classifier": "classifier", "mim": "mim/model"}
+MIN_OPSET, MAX_OPSET = 14, 20  # legacy exporter range that covers every op of the models
+
+
+def resolve_checkpoint(name: str) -> Path:
+    """A checkpoint folder, or the shorthand sudoku/classifier/mim for the models shipped in the package."""
+    from hyperset.checkpoint import CheckpointError
+
+    path = Path(name)
+    if path.exists() or name not in SHIPPED:
+        return path
+    shipped = Path(str(resources.files("hyperset") / "weights")) / SHIPPED[name]
+    if not (shipped / "config.json").is_file():
+        raise CheckpointError(f"the shipped {name} model is not in this installation ({shipped}); "
+                              "pass a checkpoint folder instead")
+    return shipped
+
+
+def _fmt_parity(p: dict[str, Any]) -> str:
+    return (f"iters {p['iters']:>3}: max |dlogits| {p['max_abs_logits']:.2e}, "
+            f"predictions agree {p['prediction_agreement']:.1%}, max rel |denergy| {p['max_rel_energy']:.1e} "
+            f"-> {'OK' if p['ok'] else 'MISMATCH'}")
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("checkpoint", type=str)
+@click.option("--iters", type=click.IntRange(min=1), default=None,
+              help="unrolled iterations per layer (may exceed the trained depth); with --loop only the default "
+                   "recorded in the metadata [default: trained depth]")
+@click.option("--out", "-o", "out", type=click.Path(dir_okay=False), required=True, help="output .onnx file")
+@click.option("--loop", is_flag=True,
+              help="write the Loop graph (iters is a run-time input) plus OUT.step/.stem/.head.onnx next to it")
+@click.option("--opset", type=click.IntRange(MIN_OPSET, MAX_OPSET), default=17, show_default=True,
+              help="ONNX opset (legacy TorchScript exporter)")
+@click.option("--check/--no-check", default=True, show_default=True, help="onnx.checker full check")
+@click.option("--parity", is_flag=True,
+              help="compare with PyTorch in ONNX Runtime (at --iters; with --loop also at 2x --iters)")
+@click.option("--parity-batch", type=click.IntRange(min=1), default=4, show_default=True)
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+              help="ONNX Runtime device for --parity")
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object")
+def main(checkpoint: str, iters: int | None, out: str, loop: bool, opset: int, check: bool, parity: bool,
+         parity_batch: int, device: str, as_json: bool) -> None:
+    """Export CHECKPOINT (a checkpoint folder, or sudoku / classifier / mim for the shipped models) to ONNX.
+
+    Exit code 0 on success, 1 when --parity finds a mismatch, 2 on bad input (missing or corrupted checkpoint,
+    unwritable output).
+    """
+    from hyperset.checkpoint import CheckpointError, load_checkpoint
+
+    from . import export as E
+    from .runtime import OnnxModelError, ProviderError
+
+    try:
+        model, info = load_checkpoint(resolve_checkpoint(checkpoint), map_location="cpu")
+        trained = E.trained_iterations(model, info)
+        n = iters or trained
+        if loop:
+            result = E.export_loop(model, out, default_iters=n, opset=opset, info=info, check=check,
+                                   write_steps=True)
+        else:
+            result = E.export_unrolled(model, n, out, opset=opset, info=info, check=check)
+        reports = []
+        if parity:
+            from .runtime import OrtSession
+
+            session = OrtSession(result.path, device)
+            for k in ([n, 2 * n] if loop else [n]):
+                reports.append(E.parity(model, result.path, k, batch=parity_batch, session=session).to_json())
+    except (CheckpointError, OnnxModelError, ProviderError, OSError, ValueError) as e:
+        click.echo(f"hyperset-export: error: {e}", err=True)
+        sys.exit(EXIT_BAD_INPUT)
+
+    payload = result.to_json()
+    payload.update(checkpoint=checkpoint, task=model.cfg.task, layer=model.cfg.layer, trained_iterations=trained,
+                   checked=check, parity=reports)
+    if as_json:
+        click.echo(json.dumps(payload))
+    else:
+        what = (f"Loop graph (iters is an input; default {n})" if loop
+                else f"unrolled graph ({n} iterations per layer, trained depth {trained})")
+        click.echo(f"wrote {result.path}: {model.cfg.task} {model.cfg.layer} model, {what}")
+        click.echo(f"  {E.human_size(result.bytes)}, opset {result.opset}, {result.nodes} nodes, "
+                   f"exported in {result.seconds:.1f} s{', onnx.checker full check OK' if check else ''}")
+        for f in result.extra_files:
+            click.echo(f"  also wrote {f} ({E.human_size(Path(f).stat().st_size)})")
+        if reports:
+            click.echo(f"  parity vs PyTorch on {reports[0]['provider']} (batch {reports[0]['batch']}):")
+            for p in reports:
+                click.echo(f"    {_fmt_parity(p)}")
+    sys.exit(EXIT_OK if all(p["ok"] for p in reports) else EXIT_PARITY)
+
+
+if __name__ == "__main__":
+    main()
