@@ -46,13 +46,14 @@ def _run(task: str, recipe_name: str, data: str, out: str, resume: bool, device:
             recipe.setdefault("data", {})["dataset"] = dataset
         if recipe.get("task", task) != task:
             raise ValueError(f"recipe {name} is for task {recipe['task']!r}, not {task!r}")
+        built = build_task(task, recipe, data)  # may rewrite recipe["train"] (epochs -> steps)
         train = TrainConfig.from_dict(recipe.get("train", {}))
         if steps is not None:
             train.steps = steps
         if accum_steps is not None:
             train.accum_steps = accum_steps
-        trainer = Trainer(build_task(task, recipe, data), train, Path(out), device=device, resume=resume,
-                          recipe_name=name, quiet=quiet or as_json)
+        trainer = Trainer(built, train, Path(out), device=device, resume=resume, recipe_name=name,
+                          quiet=quiet or as_json)
         result = trainer.fit()
     except (ValueError, CheckpointError, FileNotFoundError) as e:
         click.echo(f"hyperset-train: error: {e}", err=True)

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from hyperset.config import ModelConfig
 from hyperset.models import HyperSETModel
+from hyperset.sudoku.board import UNITS
 from hyperset.sudoku.data import augment, find_split, load_csv, protocol_split
 
 
@@ -40,11 +41,28 @@ def predict_digits(logits: torch.Tensor, puzzles: torch.Tensor) -> torch.Tensor:
     return torch.where(puzzles > 0, puzzles, logits.argmax(-1) + 1)
 
 
+_UNITS = torch.tensor(UNITS)  # (27, 9) cell indices of every row, column and box
+
+
+def constraint_loss(logits: torch.Tensor, puzzles: torch.Tensor) -> torch.Tensor:
+    """L_sudoku: in every row, column and box each digit appears once, on straight-through binarised probabilities.
+
+    logits (T, B, 81, 9); givens count as certain. Mean over iterations, boards, units and digits.
+    """
+    probs = torch.softmax(logits, -1)
+    given = F.one_hot((puzzles - 1).clamp_min(0), 9).to(probs.dtype) * (puzzles > 0)[..., None]
+    probs = torch.where(puzzles[None, ..., None] > 0, given[None], probs)
+    hard = probs + ((probs >= 0.5).to(probs.dtype) - probs).detach()  # straight-through
+    per_unit = hard[:, :, _UNITS.to(puzzles.device)].sum(3)  # (T, B, 27, 9): how often each digit stands in a unit
+    return (per_unit - 1).pow(2).mean()
+
+
 @dataclass
 class SudokuTask:
     model: ModelConfig
     data: SudokuData
     supervise: str = "all"  # all: mean CE over every iteration; last: the paper's final-iteration loss
+    constraint_weight: float = 0.0  # the Recurrent Transformer's L_sudoku (Yang et al. 2023), 0 = off
     eval_iters: list[int] = field(default_factory=list)
     eval_batch: int = 500
     name: str = "sudoku"
@@ -100,12 +118,18 @@ class SudokuTask:
                                  ignore_index=-100)
             final = logits[-1]
         else:
-            final = model(puzzles)
+            logits = model(puzzles)[None]
+            final = logits[-1]
             ce = F.cross_entropy(final.float().flatten(0, 1), target.flatten(), ignore_index=-100)
+        logs = {}
+        if self.constraint_weight:
+            lc = constraint_loss(logits.float(), puzzles)
+            ce = ce + self.constraint_weight * lc
+            logs["constraint"] = lc.item()
         with torch.no_grad():
             blank = puzzles == 0
             acc = ((final.argmax(-1) + 1 == solutions) & blank).sum() / blank.sum().clamp_min(1)
-        return ce, {"acc": acc.item()}
+        return ce, {"acc": acc.item(), **logs}
 
     def loss_weight(self, batch: dict[str, torch.Tensor]) -> int:
         """Supervised cells in a batch: micro-batches are weighted by it, so accumulation equals one big batch."""

@@ -1,0 +1,285 @@
+"""Image classification: data pipeline, task, trainer (Hyper-SET and baselines), resume, eval command, figures.
+
+Every dataset here is generated: tiny CIFAR-10/100 in the standard pickle layout and a tiny ImageFolder tree.
+Images of class c carry a class colour plus noise, so a few optimizer steps visibly lower the loss.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import signal
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+from PIL import Image
+
+from hyperset.checkpoint import load_checkpoint, save_checkpoint
+from hyperset.config import preset_config
+from hyperset.models import HyperSETModel
+from training import eval_classify
+from training.classify_task import build_classify_task, epochs_to_steps
+from training.eval_classify import classify_command
+from training.trainer import TrainConfig, Trainer
+
+TINY = dict(dim=32, heads=2, ff_hidden=32, iters=2, patch_grid=4, time_dim=16)
+PRESETS = {"hyperset": "cifar10-small", "transformer": "cifar10-transformer", "crate": "cifar10-crate",
+           "crate-t": "cifar10-crate-t", "et": "cifar10-et"}
+WNIDS = ["n01558993", "n01692333", "n01729322"]
+
+
+def _images(labels: np.ndarray, rng: np.random.Generator, size: int = 32) -> np.ndarray:
+    """uint8 (N, size, size, 3): a class colour + noise."""
+    palette = np.random.default_rng(123).integers(30, 226, size=(100, 3))
+    noise = rng.integers(-30, 31, size=(len(labels), size, size, 3))
+    return np.clip(palette[labels][:, None, None, :] + noise, 0, 255).astype(np.uint8)
+
+
+def _dump(path: Path, obj: dict) -> None:
+    with open(path, "wb") as f:
+        pickle.dump(obj, f, protocol=2)
+
+
+def _cifar_rows(labels: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """(N, 3072) uint8: row-major R, G and B planes, as the CIFAR batches store them."""
+    return _images(labels, rng).transpose(0, 3, 1, 2).reshape(len(labels), -1)
+
+
+@pytest.fixture(scope="module")
+def cifar10(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("c10")
+    folder = root / "cifar-10-batches-py"
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(1, 6):
+        y = rng.integers(0, 10, 24)
+        _dump(folder / f"data_batch_{i}", {b"batch_label": b"train", b"data": _cifar_rows(y, rng),
+                                            b"labels": [int(v) for v in y]})
+    y = rng.integers(0, 10, 30)
+    _dump(folder / "test_batch", {b"data": _cifar_rows(y, rng), b"labels": [int(v) for v in y]})
+    _dump(folder / "batches.meta", {b"label_names": [f"class{i}".encode() for i in range(10)]})
+    return root
+
+
+@pytest.fixture(scope="module")
+def cifar100(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("c100")
+    folder = root / "cifar-100-python"
+    folder.mkdir()
+    rng = np.random.default_rng(1)
+    for name, n in (("train", 80), ("test", 20)):
+        y = rng.integers(0, 100, n)
+        _dump(folder / name, {b"data": _cifar_rows(y, rng), b"fine_labels": [int(v) for v in y],
+                              b"coarse_labels": [int(v) // 5 for v in y]})
+    _dump(folder / "meta", {b"fine_label_names": [f"fine{i}".encode() for i in range(100)],
+                            b"coarse_label_names": [f"coarse{i}".encode() for i in range(20)]})
+    return root
+
+
+@pytest.fixture(scope="module")
+def imagefolder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("in100")
+    rng = np.random.default_rng(2)
+    for split, per_class in (("train", 6), ("val", 2)):
+        for c, wnid in enumerate(WNIDS):
+            (root / split / wnid).mkdir(parents=True)
+            for i, img in enumerate(_images(np.full(per_class, c), rng, size=40)):
+                Image.fromarray(img[:, :36]).save(root / split / wnid / f"{i}.png")
+    return root
+
+
+def _recipe(dataset: str = "cifar10", layer: str = "hyperset", **data: object) -> dict:
+    return {"preset": PRESETS[layer], "data": {"dataset": dataset, "val_fraction": 0.25, "seed": 0, **data},
+            "objective": {"label_smoothing": 0.1}, "train": {"batch_size": 16}}
+
+
+def _task(root: Path, dataset: str = "cifar10", layer: str = "hyperset", **data: object):
+    recipe = _recipe(dataset, layer, **data)
+    return build_classify_task(preset_config(recipe["preset"], **TINY), recipe, str(root))
+
+
+def _train_cfg(steps: int, **kw: object) -> TrainConfig:
+    base = dict(steps=steps, batch_size=16, optimizer="adam", betas=(0.9, 0.999), lr=3e-3, min_lr=1e-4,
+                warmup_steps=2, weight_decay=5e-5, clip=1.0, amp="off", eval_every=1000, log_every=1,
+                save_every_seconds=1e9, seed=0)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def _losses(out: Path) -> list[float]:
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [r["loss"] for r in records if "loss" in r]
+
+
+# ---------------------------------------------------------------------------------------------------- data
+
+
+def test_cifar_tasks_fit_the_model_to_the_dataset(cifar10: Path, cifar100: Path) -> None:
+    t10 = _task(cifar10)
+    assert (len(t10.train), len(t10.val)) == (90, 30)
+    assert t10.model.num_classes == 10 and t10.model.img_size == 32
+    assert t10.select_metric == "val/top1@2" and t10.eval_iters == [2, 4]
+    t100 = _task(cifar100, "cifar100", n_train=40)
+    assert t100.model.num_classes == 100 and len(t100.train) == 40
+    assert t100.describe()["dataset"] == "cifar100"
+
+
+def test_batches_are_augmented_normalized_and_deterministic(cifar10: Path) -> None:
+    task = _task(cifar10)
+    a = task.batch(3, 8, seed=0, device=torch.device("cpu"))
+    b = task.batch(3, 8, seed=0, device=torch.device("cpu"))
+    assert a["images"].shape == (8, 3, 32, 32) and a["images"].dtype == torch.float32
+    assert a["labels"].shape == (8,) and a["labels"].dtype == torch.int64
+    assert torch.equal(a["images"], b["images"]) and torch.equal(a["labels"], b["labels"])
+    assert not torch.equal(a["images"], task.batch(4, 8, seed=0, device=torch.device("cpu"))["images"])
+    assert not torch.equal(a["images"], task.batch(3, 8, seed=1, device=torch.device("cpu"))["images"])
+    # zero padding shows up as the normalized value of black in cropped images
+    plain, _ = task.train.subset(np.arange(len(task.train))).batch(range(8))
+    assert abs(float(plain.mean())) < 1.5 and float(plain.std()) > 0.05
+    # one epoch visits every training image once
+    seen = torch.cat([task.batch(s, 10, 0, torch.device("cpu"))["labels"] for s in range(9)])
+    assert torch.equal(torch.sort(seen).values, torch.sort(task.train.labels).values)
+
+
+def test_imagefolder_batches(imagefolder: Path) -> None:
+    task = _task(imagefolder, "imagenet100", image_size=32, classes=WNIDS, workers=2)
+    assert task.model.num_classes == 3 and task.model.img_size == 32
+    a = task.batch(1, 4, seed=0, device=torch.device("cpu"))
+    b = task.batch(1, 4, seed=0, device=torch.device("cpu"))
+    assert a["images"].shape == (4, 3, 32, 32) and torch.equal(a["images"], b["images"])
+    assert set(task.evaluate(HyperSETModel(task.model), torch.device("cpu"), _nullcontext)) == {
+        "val/top1@2", "val/top1@4"}
+
+
+def test_epochs_become_steps() -> None:
+    train = {"epochs": 3, "warmup_epochs": 0.5, "eval_every_epochs": 2, "batch_size": 16}
+    epochs, per_epoch = epochs_to_steps(train, 100)
+    assert (epochs, per_epoch) == (3, 7)
+    assert train == {"steps": 21, "warmup_steps": 4, "eval_every": 14, "batch_size": 16}
+    assert TrainConfig.from_dict(train).steps == 21
+    with pytest.raises(ValueError, match="both"):
+        epochs_to_steps({"epochs": 1, "steps": 5}, 100)
+
+
+def test_incompatible_presets_and_settings_are_errors(cifar10: Path) -> None:
+    recipe = _recipe()
+    with pytest.raises(ValueError, match="classify preset"):
+        build_classify_task(preset_config("sudoku"), recipe, str(cifar10))
+    with pytest.raises(ValueError, match="patch_grid 5"):
+        build_classify_task(preset_config("cifar10-small", **{**TINY, "patch_grid": 5}), recipe, str(cifar10))
+    with pytest.raises(ValueError, match="num_classes"):
+        build_classify_task(preset_config("cifar10-small", **TINY), {**recipe, "model": {"num_classes": 7}},
+                            str(cifar10))
+    with pytest.raises(ValueError, match="val_fraction"):
+        _task(cifar10, val_fraction=0.0)
+    with pytest.raises(ValueError, match="unknown \\[data\\] keys"):
+        _task(cifar10, colour=True)
+    with pytest.raises(FileNotFoundError):
+        _task(cifar10.parent / "missing")
+
+
+# ---------------------------------------------------------------------------------------------------- training
+
+
+def _nullcontext():
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
+@pytest.mark.parametrize("layer", list(PRESETS))
+def test_training_lowers_the_loss(cifar10: Path, tmp_path: Path, layer: str) -> None:
+    task = _task(cifar10, layer=layer)
+    assert task.model.layer == layer
+    result = Trainer(task, _train_cfg(24), tmp_path, device="cpu", quiet=True).fit()
+    losses = _losses(tmp_path)
+    assert result["finished"] and len(losses) == 24
+    assert np.mean(losses[-4:]) < np.mean(losses[:4]) - 0.1, losses
+    assert (tmp_path / "best" / "model.safetensors").is_file()
+
+
+def test_resume_matches_an_uninterrupted_run(cifar10: Path, tmp_path: Path) -> None:
+    class Interrupted:
+        """The task, with a SIGTERM sent while step `at` is being prepared (as if the run were killed)."""
+
+        def __init__(self, task: object, at: int) -> None:
+            self.task, self.at = task, at
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self.task, name)
+
+        def batch(self, step: int, *args: object) -> dict:
+            if step == self.at:
+                os.kill(os.getpid(), signal.SIGTERM)
+            return self.task.batch(step, *args)
+
+    cfg = _train_cfg(8, eval_every=5)
+    Trainer(_task(cifar10), cfg, tmp_path / "full", device="cpu", quiet=True).fit()
+    first = Trainer(Interrupted(_task(cifar10), 3), cfg, tmp_path / "split", device="cpu", quiet=True).fit()
+    assert first["step"] == 4 and not first["finished"]
+    second = Trainer(_task(cifar10), cfg, tmp_path / "split", device="cpu", resume=True, quiet=True).fit()
+    assert second["step"] == 8 and second["finished"]
+    full, _ = load_checkpoint(tmp_path / "full" / "last")
+    resumed, _ = load_checkpoint(tmp_path / "split" / "last")
+    for (name, a), (_, b) in zip(full.state_dict().items(), resumed.state_dict().items()):
+        assert torch.allclose(a, b, atol=1e-6, rtol=0), name
+
+
+# ---------------------------------------------------------------------------------------------------- evaluation
+
+
+@pytest.fixture(scope="module")
+def checkpoint(cifar10: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    task = _task(cifar10)
+    torch.manual_seed(0)
+    folder = tmp_path_factory.mktemp("ckpt") / "best"
+    save_checkpoint(folder, HyperSETModel(task.model), {"task": "classify", "data": task.describe()})
+    return folder
+
+
+def test_eval_command_json_beyond_the_trained_depth(cifar10: Path, checkpoint: Path) -> None:
+    run = CliRunner().invoke(classify_command, [str(checkpoint), "--data", str(cifar10), "--json", "--iters", "5"])
+    assert run.exit_code == 0, run.output
+    record = json.loads(run.output)
+    assert set(record) == {"top1", "images", "iters", "checkpoint", "dataset", "device", "seconds"}
+    assert record["iters"] == 5 and record["images"] == 30 and record["dataset"] == "cifar10"
+    assert 0.0 <= record["top1"] <= 1.0
+    val = CliRunner().invoke(classify_command, [str(checkpoint), "--data", str(cifar10), "--split", "val", "--json"])
+    assert val.exit_code == 0 and json.loads(val.output)["images"] == 30 and json.loads(val.output)["iters"] == 2
+    few = CliRunner().invoke(classify_command, [str(checkpoint), "--data", str(cifar10), "--limit", "7", "--json"])
+    assert few.exit_code == 0 and json.loads(few.output)["images"] == 7
+    text = CliRunner().invoke(classify_command, [str(checkpoint), "--data", str(cifar10)])
+    assert text.exit_code == 0 and "top-1" in text.output and "at 2 iterations" in text.output
+
+
+def test_eval_command_errors(cifar10: Path, checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                             ) -> None:
+    runner = CliRunner()
+    missing = runner.invoke(classify_command, [str(checkpoint), "--data", str(tmp_path / "nope"), "--json"])
+    assert missing.exit_code == 2 and "does not exist" in missing.output and "Traceback" not in missing.output
+    sudoku = tmp_path / "sudoku"
+    save_checkpoint(sudoku, HyperSETModel(preset_config("sudoku", dim=16, heads=2, ff_hidden=16, iters=1)))
+    wrong = runner.invoke(classify_command, [str(sudoku), "--data", str(cifar10)])
+    assert wrong.exit_code == 2 and "classify" in wrong.output
+    monkeypatch.setattr(eval_classify, "shipped_classifier_dir", lambda: tmp_path / "none")
+    unshipped = runner.invoke(classify_command, ["--data", str(cifar10)])
+    assert unshipped.exit_code == 2 and "no classifier is shipped yet" in unshipped.output
+
+
+def test_figures(cifar10: Path, checkpoint: Path, tmp_path: Path) -> None:
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "classify_figures.py"
+    spec = importlib.util.spec_from_file_location("classify_figures", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    written = module.make_figures(str(checkpoint), str(cifar10), images=12, iters=4, out=tmp_path, batch_size=5)
+    assert all(p.is_file() for p in written.values())
+    energy = json.loads((tmp_path / "classify_energy.json").read_text())
+    assert len(energy["energy_attn"]["mean"]) == 5 and len(energy["top1"]) == 5 and energy["trained_iters"] == 2
+    geometry = json.loads((tmp_path / "classify_rank_angle.json").read_text())
+    assert np.array(geometry["effective_rank"]["mean"]).shape == (5, 2)

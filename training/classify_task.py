@@ -1,0 +1,390 @@
+"""Image classification for the shared trainer (paper Sec. 4.2 and App. "Image Classification").
+
+The paper trains a one-layer model for 12 iterations on CIFAR-10/100 (32 px, 8 x 8 patches of 4 px) and
+ImageNet-100 (224 px, 16 x 16 patches of 14 px) with Adam, 5 warm-up epochs, cosine decay, label-smoothed
+(0.1) cross-entropy on the CLS logits, random crop (pad 4) + horizontal flip on CIFAR and RandomResizedCrop +
+flip on ImageNet. Here:
+
+* CIFAR is held in memory as uint8 tensors; a batch is drawn from a seeded permutation of the training images
+  and augmented as a whole (``random_crop_flip``), so ``batch(step)`` is a pure function of (seed, step) and a
+  resumed run sees exactly the batches it would have seen.
+* ImageNet-100 is an ImageFolder tree decoded per item (``ImageNetTransform``), each item with its own
+  generator seeded from (seed, step, position in the batch).
+* "val" is held out from the training set (``val_fraction``, drawn with ``seed``). The best checkpoint is
+  selected on it at the trained depth; the test split is never looked at during training (the authors'
+  code selected on the test set).
+* Recipes may count in epochs: ``build_classify_task`` rewrites ``[train] epochs / warmup_epochs /
+  eval_every_epochs`` into steps (steps per epoch = ceil(n_train / batch_size)). The paper's scheduler steps
+  once per epoch; ours steps per update, which is the same curve sampled finer.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image
+from torch import Tensor
+
+from hyperset.config import ModelConfig
+from hyperset.models import HyperSETModel
+from hyperset.vision.data import (
+    DATASETS,
+    IMAGENET100_WNIDS,
+    NORMALIZATION,
+    ImageFolderDataset,
+    ImageNetTransform,
+    normalize,
+    random_crop_flip,
+    read_cifar,
+    read_class_list,
+    train_val_split,
+)
+
+CIFAR_SIZE = 32
+DATA_KEYS = ("dataset", "val_fraction", "seed", "n_train", "n_val", "image_size", "eval_mode", "classes", "workers")
+OBJECTIVE_KEYS = ("label_smoothing", "eval_iters", "eval_batch")
+
+
+# ----------------------------------------------------------------------------------------------------
+# Data
+
+
+@dataclass
+class ClassifyData:
+    """Where the images come from and how the training set is split (recipe table ``[data]``).
+
+    Args:
+        dataset: "cifar10", "cifar100" or "imagenet100".
+        data_dir: CIFAR root (holding ``cifar-10-batches-py/`` or ``cifar-100-python/``) or ImageNet-100 root
+            (``train/<wnid>/*`` and ``val/<wnid>/*``).
+        val_fraction: part of the training set held out for checkpoint selection (must be > 0).
+        seed: seed of the train/val split, the training subset and the batch order.
+        n_train: train on a seeded subset of this many images (0: all of the training part).
+        n_val: evaluate on the first n_val held-out images only (0: all), for quick runs.
+        image_size: ImageNet input size (CIFAR is always 32).
+        eval_mode: ImageNet evaluation resize, "resize" (the authors') or "resize_center_crop".
+        classes: ImageNet class list: WordNet ids or a list file (default: the paper's ImageNet-100 classes).
+        workers: threads decoding ImageNet images (0: decode in the training thread).
+    """
+
+    dataset: str = "cifar10"
+    data_dir: str = ""
+    val_fraction: float = 0.1
+    seed: int = 0
+    n_train: int = 0
+    n_val: int = 0
+    image_size: int = 224
+    eval_mode: str = "resize"
+    classes: list[str] | str | None = None
+    workers: int = 0
+
+    def __post_init__(self) -> None:
+        if self.dataset not in DATASETS:
+            raise ValueError(f"unknown dataset {self.dataset!r}; choose from {', '.join(DATASETS)}")
+        if not 0.0 < self.val_fraction < 1.0:
+            raise ValueError(f"data.val_fraction must be in (0, 1), got {self.val_fraction}: a held-out part of "
+                             "the training set selects the best checkpoint (the test split is never used for it)")
+        if self.n_train < 0 or self.n_val < 0:
+            raise ValueError("data.n_train and data.n_val must be >= 0 (0 means all)")
+
+    @property
+    def is_cifar(self) -> bool:
+        return self.dataset in ("cifar10", "cifar100")
+
+    @property
+    def size(self) -> int:
+        return CIFAR_SIZE if self.is_cifar else self.image_size
+
+
+def class_names_for(data: ClassifyData) -> list[str]:
+    """The ImageNet class list (sorted WordNet ids, the ImageFolder order)."""
+    if data.classes is None:
+        return sorted(IMAGENET100_WNIDS)
+    if isinstance(data.classes, str):
+        return sorted(read_class_list(data.classes))
+    return sorted(dict.fromkeys(data.classes))
+
+
+def _generator(seed: Sequence[int] | None) -> torch.Generator | None:
+    """A CPU generator seeded from a sequence of ints (e.g. (seed, step, 1)); None draws from the global RNG."""
+    if seed is None:
+        return None
+    return torch.Generator().manual_seed(int(np.random.default_rng(list(seed)).integers(2**62)))
+
+
+class ImageSplit:
+    """The images of one split: CIFAR uint8 (N, 3, 32, 32) in memory, or ImageNet files decoded on demand.
+
+    ``batch(indices, seed)`` returns normalized float images and labels; with ``augment`` the paper's
+    augmentation is applied (CIFAR: pad-4 crop + flip for the whole batch; ImageNet: RandomResizedCrop + flip).
+    """
+
+    def __init__(self, data: ClassifyData, augment: bool, images: Tensor | None = None,
+                 labels: Tensor | None = None, folder: ImageFolderDataset | None = None) -> None:
+        self.data, self.augment = data, augment
+        self.images, self.folder = images, folder
+        self.mean, self.std = NORMALIZATION[data.dataset]
+        if folder is not None:
+            labels = torch.as_tensor(folder.targets, dtype=torch.int64)
+            self.transform = ImageNetTransform(train=augment, size=data.size, eval_mode=data.eval_mode,
+                                               mean=self.mean, std=self.std)
+        assert labels is not None
+        self.labels = labels
+        self._pool: ThreadPoolExecutor | None = None
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def subset(self, indices: np.ndarray) -> ImageSplit:
+        idx = torch.from_numpy(np.asarray(indices, dtype=np.int64))
+        if self.images is not None:
+            return ImageSplit(self.data, self.augment, self.images[idx], self.labels[idx])
+        assert self.folder is not None
+        return ImageSplit(self.data, self.augment, folder=self.folder.select(idx.numpy()))
+
+    def _decode(self, index: int, seed: Sequence[int] | None) -> Tensor:
+        assert self.folder is not None
+        path, _ = self.folder.samples[index]
+        with Image.open(path) as img:
+            return self.transform(img.convert("RGB"), generator=_generator(seed))
+
+    def batch(self, indices: Sequence[int] | np.ndarray, seed: Sequence[int] | None = None) -> tuple[Tensor, Tensor]:
+        """(images (n, 3, S, S) normalized float32, labels (n,)); augmentation drawn from ``seed`` if given."""
+        idx = np.asarray(indices, dtype=np.int64)
+        labels = self.labels[torch.from_numpy(idx)]
+        if self.images is not None:
+            x = self.images[torch.from_numpy(idx)]
+            if self.augment:
+                x = random_crop_flip(x, pad=4, generator=_generator(seed))
+            return normalize(x.float().div_(255.0), self.mean, self.std), labels
+        seeds = [None if seed is None else [*seed, i] for i in range(len(idx))]
+        if self.data.workers > 0:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.data.workers)
+            items = list(self._pool.map(self._decode, idx.tolist(), seeds))
+        else:
+            items = [self._decode(int(i), s) for i, s in zip(idx, seeds)]
+        return torch.stack(items), labels
+
+    def batches(self, batch_size: int) -> Iterator[tuple[Tensor, Tensor]]:
+        """The whole split in order, without augmentation randomness (for evaluation)."""
+        for start in range(0, len(self), batch_size):
+            yield self.batch(range(start, min(start + batch_size, len(self))))
+
+
+def sample(split: ImageSplit, n: int, seed: int = 0) -> ImageSplit:
+    """A seeded random subset of n images (in index order): split files may be sorted by class."""
+    if n <= 0 or n >= len(split):
+        return split
+    return split.subset(np.sort(np.random.default_rng(seed).permutation(len(split))[:n]))
+
+
+def load_split(data: ClassifyData, split: str) -> ImageSplit:
+    """One split ("train", "val" or "test") of ``data``; "val" is the held-out part of the training set."""
+    if split not in ("train", "val", "test"):
+        raise ValueError(f"unknown split {split!r}; expected train, val or test")
+    if not data.data_dir:
+        raise ValueError(f"no data folder given (--data DIR) for {data.dataset}")
+    root = Path(data.data_dir)
+    if not root.is_dir():
+        raise FileNotFoundError(f"data folder {root} does not exist")
+    augment = split == "train"
+    if data.is_cifar:
+        arrays = read_cifar(data.dataset, root, "test" if split == "test" else "train")
+        images = torch.from_numpy(arrays.images).permute(0, 3, 1, 2).contiguous()
+        full = ImageSplit(data, augment, images, torch.from_numpy(arrays.labels))
+        if split == "test":
+            return full
+        train_idx, val_idx = train_val_split(len(full), data.val_fraction, data.seed)
+        return full.subset(train_idx if split == "train" else val_idx)
+    classes = class_names_for(data)
+    if split == "test":
+        folder = root / "val"
+        if not folder.is_dir():
+            raise FileNotFoundError(f"{root} has no val/ folder; the ImageNet test split is root/val/<wnid>/<images>")
+        return ImageSplit(data, augment, folder=ImageFolderDataset(folder, classes))
+    folder = root / "train" if (root / "train").is_dir() else root
+    full = ImageSplit(data, augment, folder=ImageFolderDataset(folder, classes))
+    train_idx, val_idx = train_val_split(len(full), data.val_fraction, data.seed)
+    return full.subset(train_idx if split == "train" else val_idx)
+
+
+def dataset_classes(data: ClassifyData) -> int:
+    if data.dataset == "cifar10":
+        return 10
+    if data.dataset == "cifar100":
+        return 100
+    return len(class_names_for(data))
+
+
+# ----------------------------------------------------------------------------------------------------
+# Evaluation shared with `hyperset-eval classify`
+
+
+@torch.no_grad()
+def top1(model: HyperSETModel, split: ImageSplit, iters: int, device: torch.device, autocast: Any,
+         batch_size: int = 500) -> tuple[float, int]:
+    """(top-1 accuracy, number of images) of ``model`` on ``split`` at ``iters`` iterations."""
+    model.eval()
+    correct, total = 0, 0
+    for images, labels in split.batches(batch_size):
+        with autocast():
+            logits = model(images.to(device), iters=iters)
+        correct += int((logits.float().argmax(-1).cpu() == labels).sum())
+        total += len(labels)
+    return correct / max(total, 1), total
+
+
+# ----------------------------------------------------------------------------------------------------
+# The task
+
+
+@dataclass
+class ClassifyTask:
+    """Classification for ``training.trainer.Trainer``: label-smoothed CE on the CLS logits, top-1 on val."""
+
+    model: ModelConfig
+    data: ClassifyData
+    label_smoothing: float = 0.1
+    eval_iters: list[int] = field(default_factory=list)
+    eval_batch: int = 500
+    epochs: float | None = None
+    steps_per_epoch: int = 0
+    name: str = "classify"
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ValueError(f"objective.label_smoothing must be in [0, 1), got {self.label_smoothing}")
+        self.train = load_split(self.data, "train")
+        if self.data.n_train:
+            if self.data.n_train > len(self.train):
+                raise ValueError(f"data.n_train = {self.data.n_train} but the training part holds only "
+                                 f"{len(self.train)} images")
+            keep = np.random.default_rng([self.data.seed, 7]).permutation(len(self.train))[: self.data.n_train]
+            self.train = self.train.subset(np.sort(keep))
+        self.val = load_split(self.data, "val")
+        if self.data.n_val:
+            self.val = sample(self.val, self.data.n_val, self.data.seed)
+        if len(self.train) == 0 or len(self.val) == 0:
+            raise ValueError(f"{self.data.data_dir}: the training part ({len(self.train)} images) and the held-out "
+                             f"val part ({len(self.val)} images) must both be non-empty; adjust data.val_fraction")
+        self.eval_iters = [int(i) for i in self.eval_iters] or [self.model.iters, 2 * self.model.iters]
+        self.select_metric = f"val/top1@{self.model.iters}"
+        if self.model.iters not in self.eval_iters:
+            self.eval_iters.insert(0, self.model.iters)
+
+    def model_config(self) -> ModelConfig:
+        return self.model
+
+    def describe(self) -> dict[str, Any]:
+        d = self.data
+        out: dict[str, Any] = {
+            "dataset": d.dataset, "data_dir": str(d.data_dir), "val_fraction": d.val_fraction, "seed": d.seed,
+            "train_images": len(self.train), "val_images": len(self.val), "n_train": d.n_train, "n_val": d.n_val,
+            "image_size": d.size, "normalization": {"mean": list(self.train.mean), "std": list(self.train.std)},
+            "augmentation": "random crop (pad 4) + horizontal flip" if d.is_cifar
+            else "RandomResizedCrop (0.08-1) + horizontal flip",
+            "label_smoothing": self.label_smoothing, "selection": f"{self.select_metric} (held out from train)",
+            "epochs": self.epochs, "steps_per_epoch": self.steps_per_epoch,
+        }
+        if not d.is_cifar:
+            out["eval_mode"] = d.eval_mode
+            out["classes"] = class_names_for(d)
+        return out
+
+    def batch(self, step: int, batch_size: int, seed: int, device: torch.device) -> dict[str, Tensor]:
+        """Deterministic in (seed, step): epochs are seeded permutations, augmentation is seeded per step."""
+        n = len(self.train)
+        start = step * batch_size
+        idx: list[int] = []
+        while len(idx) < batch_size:
+            epoch, offset = divmod(start + len(idx), n)
+            perm = np.random.default_rng([seed, epoch]).permutation(n)
+            idx.extend(perm[offset: offset + batch_size - len(idx)].tolist())
+        images, labels = self.train.batch(idx, seed=[seed, step, 1])
+        return {"images": images.to(device), "labels": labels.to(device)}
+
+    def loss(self, model: HyperSETModel, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, float]]:
+        logits = model(batch["images"])
+        loss = F.cross_entropy(logits.float(), batch["labels"], label_smoothing=self.label_smoothing)
+        with torch.no_grad():
+            acc = (logits.argmax(-1) == batch["labels"]).float().mean()
+        return loss, {"acc": acc.item()}
+
+    @torch.no_grad()
+    def evaluate(self, model: HyperSETModel, device: torch.device, autocast: Any) -> dict[str, float]:
+        return {f"val/top1@{iters}": top1(model, self.val, iters, device, autocast, self.eval_batch)[0]
+                for iters in self.eval_iters}
+
+
+# ----------------------------------------------------------------------------------------------------
+# Building from a recipe
+
+
+def fit_model_to_data(model_cfg: ModelConfig, data: ClassifyData, explicit: dict[str, Any]) -> ModelConfig:
+    """Set num_classes and img_size from the dataset; error when the recipe or preset cannot fit it."""
+    if model_cfg.task != "classify":
+        raise ValueError(f"the model preset is for task {model_cfg.task!r}; image classification needs a classify "
+                         "preset (e.g. cifar10-small, cifar100-small, imagenet100-small, cifar10-cpu)")
+    classes, size = dataset_classes(data), data.size
+    for key, want in (("num_classes", classes), ("img_size", size)):
+        if key in explicit and explicit[key] != want:
+            raise ValueError(f"model.{key} = {explicit[key]} does not fit {data.dataset}, which needs {want}")
+    if size % model_cfg.patch_grid:
+        raise ValueError(f"{data.dataset} images are {size} px, which patch_grid {model_cfg.patch_grid} does not "
+                         f"divide; choose a fitting preset or --set model.patch_grid=N (the paper: 8 for 32 px, "
+                         "16 for 224 px)")
+    if model_cfg.channels != 3:
+        raise ValueError(f"model.channels = {model_cfg.channels}, but {data.dataset} images are RGB (3 channels)")
+    return model_cfg.replace(num_classes=classes, img_size=size)
+
+
+def _check_keys(table: dict[str, Any], known: Sequence[str], section: str) -> None:
+    unknown = sorted(set(table) - set(known))
+    if unknown:
+        raise ValueError(f"unknown [{section}] keys: {', '.join(unknown)} (known: {', '.join(known)})")
+
+
+def epochs_to_steps(train: dict[str, Any], n_train: int) -> tuple[float | None, int]:
+    """Rewrite ``epochs``, ``warmup_epochs`` and ``eval_every_epochs`` of a recipe's [train] table into steps,
+    in place. Returns (epochs or None, steps per epoch)."""
+    batch = int(train.get("batch_size", 32))
+    if batch < 1:
+        raise ValueError(f"train.batch_size must be >= 1, got {batch}")
+    per_epoch = math.ceil(n_train / batch)
+    epochs = train.pop("epochs", None)
+    if epochs is not None:
+        if "steps" in train:
+            raise ValueError("the recipe gives both train.steps and train.epochs; keep one")
+        if epochs <= 0:
+            raise ValueError(f"train.epochs must be > 0, got {epochs}")
+        train["steps"] = max(1, round(epochs * per_epoch))
+        train.setdefault("eval_every", per_epoch)
+    for key, target in (("warmup_epochs", "warmup_steps"), ("eval_every_epochs", "eval_every")):
+        if key in train:
+            value = train.pop(key)
+            if target in train and key == "warmup_epochs":
+                raise ValueError(f"the recipe gives both train.{target} and train.{key}; keep one")
+            train[target] = max(0 if target == "warmup_steps" else 1, round(value * per_epoch))
+    return epochs, per_epoch
+
+
+def build_classify_task(model_cfg: ModelConfig, recipe: dict[str, Any], data_dir: str) -> ClassifyTask:
+    """The classification task of a recipe. Rewrites ``recipe["train"]`` epochs into steps (in place)."""
+    data_table = dict(recipe.get("data", {}))
+    objective = dict(recipe.get("objective", {}))
+    _check_keys(data_table, DATA_KEYS, "data")
+    _check_keys(objective, OBJECTIVE_KEYS, "objective")
+    data = ClassifyData(data_dir=data_dir, **data_table)
+    model_cfg = fit_model_to_data(model_cfg, data, recipe.get("model", {}))
+    task = ClassifyTask(model=model_cfg, data=data, **objective)
+    task.epochs, task.steps_per_epoch = epochs_to_steps(recipe.setdefault("train", {}), len(task.train))
+    return task

@@ -1,0 +1,125 @@
+"""`hyperset-eval classify [CHECKPOINT] --data DIR --split test|val [--iters N] [--json]`: top-1 accuracy.
+
+The paper (Sec. 4.2, Table "Top-1 accuracy on image classification") reports top-1 on the CIFAR test set and
+the ImageNet-100 validation set at the trained 12 iterations; Hyper-SET's recurrence also runs past the trained
+depth (``--iters``). "val" is the part of the training set held out during training (same fraction and seed as
+the checkpoint's training run, read from its config.json).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import pickle
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+import torch
+
+from hyperset.checkpoint import CheckpointError, load_checkpoint
+from hyperset.device import autocast_dtype, describe, pick_device
+
+from .classify_task import ClassifyData, ImageSplit, load_split, sample, top1
+
+TRAIN_HINT = ("train one with `hyperset-train classify --recipe cifar10-cpu --data DIR --out runs/cifar10-cpu` "
+              "and pass runs/cifar10-cpu/best as CHECKPOINT")
+
+
+def shipped_classifier_dir() -> Path:
+    """Where the package ships its classifier: hyperset/weights/classifier/ (model.safetensors + config.json)."""
+    import hyperset
+
+    return Path(hyperset.__file__).resolve().parent / "weights" / "classifier"
+
+
+class EvalError(Exception):
+    """A user mistake: reported as one line, exit code 2."""
+
+
+def resolve_checkpoint(checkpoint: str | None) -> Path:
+    if checkpoint:
+        return Path(checkpoint)
+    folder = shipped_classifier_dir()
+    if not (folder / "config.json").is_file():
+        raise EvalError(f"no classifier is shipped yet ({folder} does not exist); {TRAIN_HINT}")
+    return folder
+
+
+def data_for_checkpoint(meta: dict[str, Any], data_dir: str, dataset: str | None) -> ClassifyData:
+    """The data description of the checkpoint's training run (dataset, val split, image size, classes)."""
+    info = meta.get("data") or {}
+    name = dataset or info.get("dataset") or "cifar10"
+    kw: dict[str, Any] = {"dataset": name, "data_dir": data_dir}
+    if info.get("dataset", name) == name:
+        for key in ("val_fraction", "seed", "eval_mode", "classes"):
+            if info.get(key) is not None:
+                kw[key] = info[key]
+        if name == "imagenet100" and info.get("image_size"):
+            kw["image_size"] = int(info["image_size"])
+    return ClassifyData(**kw)
+
+
+def run_eval(checkpoint: str | None, data_dir: str, split: str, iters: int | None, batch_size: int,
+             device_name: str, dataset: str | None = None, precision: str = "auto", limit: int = 0
+             ) -> dict[str, Any]:
+    """Evaluate a classifier; returns the --json record. Raises EvalError for user mistakes."""
+    path = resolve_checkpoint(checkpoint)
+    if not Path(data_dir).is_dir():
+        raise EvalError(f"data folder {data_dir} does not exist (expected e.g. DIR/cifar-10-batches-py/)")
+    try:
+        device = pick_device(device_name)
+    except RuntimeError as e:
+        raise EvalError(str(e)) from None
+    model, meta = load_checkpoint(path, task="classify", map_location=device)
+    data = data_for_checkpoint(meta, data_dir, dataset)
+    if data.size != model.cfg.img_size:
+        raise EvalError(f"{path}: the model takes {model.cfg.img_size} px images, {data.dataset} here has "
+                        f"{data.size} px")
+    split_data: ImageSplit = load_split(data, split)
+    split_data = sample(split_data, limit)
+    labels_max = int(split_data.labels.max()) if len(split_data) else -1
+    if labels_max >= model.cfg.num_classes:
+        raise EvalError(f"{path}: the model has {model.cfg.num_classes} classes but {data.dataset} has label "
+                        f"{labels_max}; pass the dataset it was trained on")
+    dtype = autocast_dtype(device) if precision == "auto" else None
+    autocast = (lambda: torch.autocast(device.type, dtype=dtype)) if dtype is not None else contextlib.nullcontext
+    iters = model.cfg.iters if iters is None else iters
+    start = time.time()
+    accuracy, images = top1(model, split_data, iters, device, autocast, batch_size)
+    return {"top1": accuracy, "images": images, "iters": iters, "checkpoint": str(path), "dataset": data.dataset,
+            "device": describe(device), "seconds": round(time.time() - start, 3)}
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("checkpoint", required=False)
+@click.option("--data", "data_dir", required=True, help="dataset folder (CIFAR python layout or ImageNet tree)")
+@click.option("--split", type=click.Choice(["test", "val"]), default="test", show_default=True,
+              help="test split, or the part of train held out during training")
+@click.option("--iters", type=click.IntRange(min=1), default=None,
+              help="iterations (default: the trained depth; may exceed it)")
+@click.option("--batch-size", type=click.IntRange(min=1), default=500, show_default=True)
+@click.option("--device", default="auto", show_default=True, help="auto | cpu | cuda | cuda:N")
+@click.option("--dataset", type=click.Choice(["cifar10", "cifar100", "imagenet100"]), default=None,
+              help="default: the dataset recorded in the checkpoint")
+@click.option("--precision", type=click.Choice(["auto", "fp32"]), default="auto", show_default=True,
+              help="auto: bf16/fp16 autocast where the device supports it")
+@click.option("--limit", type=click.IntRange(min=0), default=0,
+              help="evaluate a seeded random sample of N images (0: all)")
+@click.option("--json", "as_json", is_flag=True, help="print one JSON record")
+def classify_command(checkpoint: str | None, data_dir: str, split: str, iters: int | None, batch_size: int,
+                     device: str, dataset: str | None, precision: str, limit: int, as_json: bool) -> None:
+    """Top-1 accuracy of a classifier (default: the one shipped in the package) at N iterations."""
+    try:
+        result = run_eval(checkpoint, data_dir, split, iters, batch_size, device, dataset, precision, limit)
+    except (EvalError, CheckpointError, FileNotFoundError, ValueError, pickle.UnpicklingError) as e:
+        click.echo(f"hyperset-eval classify: error: {e}", err=True)
+        sys.exit(2)
+    if as_json:
+        click.echo(json.dumps(result))
+    else:
+        click.echo(f"{result['dataset']} {split}: top-1 {100 * result['top1']:.2f}% on {result['images']} images "
+                   f"at {result['iters']} iterations ({result['checkpoint']}, {result['device']}, "
+                   f"{result['seconds']:.1f} s)")
