@@ -11,13 +11,6 @@ MASK_ID = 16
 V = 16
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Small tensors: one intra-op thread is faster and immune to a busy CPU (threads spin-wait badly)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def _gen(seed: int = 0) -> torch.Generator:

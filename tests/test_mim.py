@@ -158,6 +158,8 @@ def test_reconstruct_fills_masked_tokens_and_keeps_the_others():
     assert int(res.codes.max()) < pipe.mask_id and int(res.codes.min()) >= 0
     assert torch.equal(res.codes[~mask], res.input_codes[~mask])
     assert torch.equal(res.mask, mask) and seen == list(range(6))
+    hidden = res.masked_images[0, :, :4, :4] if mask[0, 0, 0] else res.masked_images[0, :, :4, :4] * 0 + 0.5
+    assert torch.all(hidden == 0.5) and res.masked_images.shape == images.shape
     assert set(res.energy) == {"attn", "ff"} and len(res.energy["attn"]) == pipe.trained_iters
     assert res.energy_per_image["ff"].shape == (3, pipe.trained_iters)
     res5 = pipe.reconstruct(images, mask, iters=5, steps=2)
@@ -249,3 +251,24 @@ def test_sample_images_are_shipped_with_their_sources():
     assert all(v.shape == (3, 64, 64) for v in large.values())
     sources = (reconstruct.SAMPLES_DIR / "SOURCES.md").read_text()
     assert all(f"{name}.png" in sources for name in small)
+
+
+def test_shipped_recipes_build(cifar: Path):
+    from training.mim_task import TokenizerTask, _epochs_to_steps
+    from training.recipes import load_recipe
+
+    _, recipe = load_recipe("mim-cpu-tokenizer")
+    recipe["data"]["n_val"] = 16
+    task = build_mim_task(preset_config(recipe["preset"]), recipe, str(cifar))
+    assert isinstance(task, TokenizerTask) and task.vq.codebook_size == 512 and len(task.train) == 64
+    TrainConfig.from_dict(recipe["train"])
+    _, paper = load_recipe("mim-paper")
+    assert TrainConfig.from_dict({k: v for k, v in paper["train"].items() if k != "epochs"}).lr == 1e-4
+    with pytest.raises(ValueError, match="VQGAN"):
+        build_mim_task(preset_config(paper["preset"]), paper, str(cifar))
+    train = {"epochs": 300, "batch_size": 256}
+    _epochs_to_steps(train, 126689)
+    assert train == {"steps": 148464, "batch_size": 256}
+    _, cpu = load_recipe("mim-cpu")
+    cfg = preset_config(cpu["preset"], **cpu["model"])
+    assert (cfg.dim, cfg.vocab_size, cfg.num_classes, cfg.seq_len, cfg.iters) == (128, 513, 512, 64, 12)

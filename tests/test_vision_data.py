@@ -20,15 +20,6 @@ from PIL import Image
 from hyperset.vision import data as vd
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    """One intra-op thread: on 2 cores shared with a training job, two threads mostly wait for each other."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def _cifar_images(n: int, seed: int) -> np.ndarray:
     """(n, 3072) uint8 rows in CIFAR's storage order (CHW, row-major)."""
     return np.random.default_rng(seed).integers(0, 256, size=(n, 3072), dtype=np.uint8)

@@ -14,15 +14,6 @@ from safetensors.torch import save_file
 from hyperset.vision import metrics as vm
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    """One intra-op thread: on 2 cores shared with a training job, two threads mostly wait for each other."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(autouse=True)
 def _no_weight_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for var in vm.ENV_VARS.values():

@@ -3,7 +3,6 @@
 import dataclasses
 import json
 
-import pytest
 import torch
 
 from hyperset.vision.vq import VQConfig, VQTokenizer
@@ -11,13 +10,6 @@ from hyperset.vision.vq import VQConfig, VQTokenizer
 SMALL = VQConfig(hidden=32, codebook_size=64, code_dim=16, restart_after=3)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Small tensors: one intra-op thread is faster and immune to a busy CPU (threads spin-wait badly)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def _images(n: int = 8, seed: int = 0) -> torch.Tensor:

@@ -1,6 +1,5 @@
 """Taming VQGAN structure, checkpoint key layout and loader (hyperset.vision.vqgan)."""
 
-import pytest
 import torch
 import torch.nn.functional as F
 from pytest import raises
@@ -12,13 +11,6 @@ SMALL = VQGANConfig(embed_dim=16, n_embed=64, z_channels=16, resolution=32, ch=3
                     num_res_blocks=1, attn_resolutions=(8,))
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Small tensors: one intra-op thread is faster and immune to a busy CPU (threads spin-wait badly)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def _taming_f16_1024_shapes() -> dict[str, tuple[int, ...]]:

@@ -1,0 +1,249 @@
+"""The web app: its handlers called directly, then the launched app through gradio_client.
+
+Tiny untrained models keep this fast; the shipped ones are not needed."""
+
+from __future__ import annotations
+
+import socket
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from apps.app import (
+    EXAMPLES,
+    MAX_ITER_FACTOR,
+    MAX_TEXT_CHARS,
+    HyperSETApp,
+    InputError,
+    build_demo,
+    grid_to_puzzle,
+    puzzle_to_grid,
+    render_board,
+)
+from hyperset.checkpoint import save_checkpoint
+from hyperset.config import preset_config
+from hyperset.models import HyperSETModel
+from hyperset.solve import Solver
+from hyperset.vision.reconstruct import MIMPipeline, Tokenizer
+from hyperset.vision.vq import VQConfig, VQTokenizer
+
+TRAINED = 3
+EASY = "063092051749160820510738694106309207384276019097051346430510962975624108601983475"
+TINY_VQ = {"hidden": 32, "num_res_blocks": 1, "codebook_size": 64, "code_dim": 16, "restart_after": 5}
+TINY_TOKENS = {"dim": 32, "heads": 2, "ff_hidden": 32, "iters": 2, "time_dim": 32, "vocab_size": 65,
+               "num_classes": 64, "seq_len": 64}
+
+
+def tiny_solver(directory: Path) -> Solver:
+    torch.manual_seed(0)
+    cfg = preset_config("sudoku-cpu", dim=32, heads=2, ff_hidden=64, time_dim=16, iters=TRAINED)
+    save_checkpoint(directory, HyperSETModel(cfg), {"trained_iterations": TRAINED})
+    return Solver.load(directory, device="cpu")
+
+
+def tiny_mim() -> MIMPipeline:
+    torch.manual_seed(0)
+    vq = VQTokenizer(VQConfig(**TINY_VQ))
+    vq.train()
+    vq(torch.rand(4, 3, 32, 32))  # seeds the codebook
+    return MIMPipeline(Tokenizer(vq, "vq-tokenizer", 32), HyperSETModel(preset_config("mim-cpu", **TINY_TOKENS)))
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory: pytest.TempPathFactory) -> HyperSETApp:
+    return HyperSETApp(tiny_solver(tmp_path_factory.mktemp("sudoku")), tiny_mim())
+
+
+# ---- pure helpers ---------------------------------------------------------------------------------------------
+
+
+def test_grid_round_trip_and_cell_forms():
+    grid = puzzle_to_grid(EASY)
+    assert len(grid) == 9 and all(len(r) == 9 for r in grid) and grid[0][0] == ""
+    assert grid_to_puzzle(grid) == EASY
+    grid[0][0] = 8.0  # numbers, NaN, None, '.' are accepted cell forms
+    grid[0][3] = float("nan")
+    grid[0][4] = None
+    grid[0][5] = "."
+    assert grid_to_puzzle({"headers": list("123456789"), "data": grid})[:6] == "863000"
+
+
+@pytest.mark.parametrize("grid, words", [
+    ([["1"] * 9] * 8, "9 rows of 9 cells"),
+    ([[""] * 9 for _ in range(9)], "empty"),
+    ([["12"] + [""] * 8] + [[""] * 9 for _ in range(8)], "r1c1 holds '12'"),
+    ([["5", "5"] + [""] * 7] + [[""] * 9 for _ in range(8)], "digit 5 appears twice in row 1"),
+    (None, "enter a puzzle"),
+])
+def test_bad_grids_give_readable_messages(grid, words):
+    with pytest.raises(InputError, match=words):
+        grid_to_puzzle(grid)
+
+
+def test_board_html_marks_givens_confidence_and_conflicts():
+    board = "1" + EASY[1:]
+    html = render_board(board.replace("0", "2"), EASY, [0.5] * 81, conflicting=[0, 1])
+    assert html.count("<td") == 81 and "font-weight:800" in html
+    assert "#b91c1c" in html and "confidence 0.50" in html and "r1c1" in html
+
+
+# ---- Sudoku handlers --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("iters", [1, TRAINED, 2 * TRAINED + 1])
+def test_solve_streams_one_update_per_iteration(app: HyperSETApp, iters: int):
+    updates = list(app.solve(puzzle_to_grid(EASY), iters, "single"))
+    assert len(updates) == iters
+    board, plot, verdict, details = updates[-1]
+    assert "Verdict:" in verdict and f"{iters} iteration" in verdict
+    assert board.count("<td") == 81 and plot is not None
+    assert details["iterations"] == iters and len(details["prediction"]) == 81
+    assert [len(details["energy"][k]) for k in ("attn", "ff")] == [iters, iters]
+    assert all(np.isfinite(details["energy"]["attn"]))
+    for u in updates[:-1]:
+        assert "Solving" in u[2] and "<td" in u[0]
+    # the streamed answer is the solver's answer
+    ref = app.solver.solve([EASY], iters=iters)[0]
+    assert ref.prediction == details["prediction"] and ref.valid == details["valid"]
+    np.testing.assert_allclose(ref.energy["attn"], details["energy"]["attn"], rtol=1e-5)
+
+
+def test_solve_commit_and_auto(app: HyperSETApp):
+    commit = list(app.solve(puzzle_to_grid(EASY), 2, "commit"))
+    d = commit[-1][3]
+    assert len(commit) == d["iterations"] == 2 * d["passes"] and len(d["energy_per_pass"]) == d["passes"]
+    assert d["prediction"] == app.solver.solve([EASY], iters=2, strategy="commit")[0].prediction
+    cap = MAX_ITER_FACTOR * TRAINED
+    auto = list(app.solve(puzzle_to_grid(EASY), cap, "auto"))
+    assert 1 <= len(auto) <= cap and auto[-1][3]["iterations"] == len(auto)
+
+
+@pytest.mark.parametrize("grid, iters, strategy, words", [
+    ([["5", "5"] + [""] * 7] + [[""] * 9 for _ in range(8)], 3, "single", "appears twice"),
+    ([["x"] * 9 for _ in range(9)], 3, "single", "enter one digit"),
+    (puzzle_to_grid(EASY), 10_000, "single", "iterations must be from 1"),
+    (puzzle_to_grid(EASY), "many", "single", "whole number"),
+    (puzzle_to_grid(EASY), 2, "magic", "strategy must be"),
+])
+def test_solve_bad_input_is_a_message(app: HyperSETApp, grid, iters, strategy, words):
+    updates = list(app.solve(grid, iters, strategy))
+    assert len(updates) == 1
+    assert "Input problem" in updates[0][2] and words in updates[0][2] and "error" in updates[0][3]
+
+
+@pytest.mark.parametrize("text, words", [
+    ("123", "expected 9 cells"),
+    ("1" * 81, "appears twice"),
+    ("0" * 80 + "x", "unexpected character"),
+    ("0" * (MAX_TEXT_CHARS + 1), "too long"),
+    ("   ", "paste a puzzle"),
+])
+def test_load_text_bad_input_is_a_message(app: HyperSETApp, text, words):
+    grid, board, message = app.load_text(text)
+    assert "Input problem" in message and words in message
+
+
+def test_load_text_examples(app: HyperSETApp):
+    for name, text in EXAMPLES:
+        grid, board, message = app.load_text(text)
+        assert len(grid) == 9 and "givens" in message, name
+        assert grid_to_puzzle(grid) != "0" * 81
+
+
+# ---- reconstruction handlers ----------------------------------------------------------------------------------
+
+
+def test_reconstruct_random_mask(app: HyperSETApp):
+    editor = app.sample_editor(next(iter(app.samples)))
+    original, masked, recon, metrics, plot, details = app.reconstruct(editor, "random", 0.5, 3, 5, 6, 1.0)
+    for img in (original, masked, recon):
+        assert img.shape == (256, 256, 3) and img.dtype == np.uint8
+    assert np.isfinite(details["psnr"]) and np.isfinite(details["ssim"]) and "PSNR" in metrics
+    assert details["masked_tokens"] == 32 and len(details["energy"]["attn"]) == 5
+    again = app.reconstruct(editor, "random", 0.5, 3, 5, 6, 1.0)  # seeded: the same result
+    assert np.array_equal(again[2], recon)
+
+
+def test_reconstruct_drawn_mask_and_upload(app: HyperSETApp, tmp_path: Path):
+    path = tmp_path / "photo.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (60, 90, 3), dtype=np.uint8)).save(path)
+    editor, message = app.upload_image(str(path))
+    assert editor["background"].shape == (256, 256, 3) and "32x32" in message
+    layer = np.zeros((256, 256, 4), np.uint8)
+    layer[:64, :96, 3] = 255  # two token rows x three token columns
+    out = app.reconstruct(dict(editor, layers=[layer]), "drawn", 0.5, 0, 2, 4, 0.0)
+    assert out[2].shape == (256, 256, 3) and out[5]["masked_tokens"] == 6
+    assert "paint over" in app.reconstruct(editor, "drawn")[3]  # nothing painted
+
+
+def test_reconstruct_bad_input_is_a_message(app: HyperSETApp, tmp_path: Path):
+    assert "choose a sample" in app.reconstruct(None, "random")[3]
+    editor = app.sample_editor(next(iter(app.samples)))
+    assert "iterations must be from" in app.reconstruct(editor, "random", 0.5, 0, 999)[3]
+    bad = tmp_path / "not-an-image.png"
+    bad.write_bytes(b"hello")
+    assert "could not read" in app.upload_image(str(bad))[1]
+
+
+# ---- the launched app -----------------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def served(app: HyperSETApp):
+    gradio_client = pytest.importorskip("gradio_client")
+    demo = app.build()
+    demo.launch(server_name="127.0.0.1", server_port=_free_port(), prevent_thread_lock=True, quiet=True,
+                ssr_mode=False)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            client = gradio_client.Client(demo.local_url, verbose=False, analytics_enabled=False)
+        yield demo, client
+    finally:
+        demo.close()
+
+
+def test_client_solve_above_trained_depth(served):
+    demo, client = served
+    grid, board, message = client.predict(EASY, api_name="/load_puzzle")
+    assert "givens" in message
+    iters = 2 * TRAINED + 1
+    job = client.submit(grid, iters, "single", api_name="/solve")
+    updates = list(job)
+    board, plot, verdict, details = job.result()
+    assert len(updates) >= 2  # streamed, not only the final state
+    assert "Verdict:" in verdict and len(details["prediction"]) == 81 and "0" not in details["prediction"]
+    assert len(details["energy"]["attn"]) == iters and len(details["energy"]["ff"]) == iters
+
+
+def test_client_bad_input_and_reconstruction(served):
+    demo, client = served
+    bad = {"headers": [str(i) for i in range(9)], "data": [["7", "7"] + [""] * 7] + [[""] * 9] * 8}
+    board, plot, verdict, details = client.predict(bad, 3, "single", api_name="/solve")
+    assert "appears twice" in verdict and "error" in details
+    # the reconstruction endpoint takes the editor value: background + layers + composite files
+    from gradio_client import handle_file
+
+    editor = client.predict("coffee", api_name="/sample")
+    value = {"background": handle_file(editor["background"]), "layers": [],
+             "composite": handle_file(editor["composite"])}
+    original, masked, recon, metrics, plot, details = client.predict(value, "random", 0.5, 1, 4, 8, 1.0,
+                                                                     api_name="/reconstruct")
+    with Image.open(recon) as im:
+        assert im.size == (256, 256)
+    assert np.isfinite(details["psnr"]) and "PSNR" in metrics
+
+
+def test_build_demo_without_models():
+    demo = build_demo(None, None, "no sudoku here", "no mim here")
+    assert demo is not None
