@@ -9,7 +9,6 @@ header in the RRN release (a header line is accepted). They may be plain, gzippe
 from __future__ import annotations
 
 import gzip
-import hashlib
 import http.client
 import io
 import os
@@ -22,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..download import DownloadError, fetch, file_digest
 from .board import UNITS, PuzzleError, _check_solution
 
 __all__ = [
@@ -44,10 +44,6 @@ _DIR_NAME = "sudoku-hard"
 _LINE_LEN = 163  # 81 + ',' + 81
 _UNITS = np.array(UNITS, dtype=np.intp)  # (27, 9)
 _FULL_UNIT = 0b1111111110  # bits 1..9
-
-
-class DownloadError(RuntimeError):
-    """The RRN data could not be downloaded or the download was not the expected archive."""
 
 
 class DataNotFoundError(FileNotFoundError):
@@ -300,35 +296,6 @@ def _zip_problem(path: Path) -> str | None:
     return None
 
 
-def _sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _fetch(url: str, dest: Path, sha256: str | None, timeout: float) -> None:
-    """Download ``url`` to a temporary file next to ``dest``, verify it, then atomically rename it."""
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".part", dir=dest.parent)
-    tmp = Path(tmp_name)
-    try:
-        h = hashlib.sha256()
-        request = urllib.request.Request(url, headers={"User-Agent": "hyperset-sudoku/0.1"})
-        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(request, timeout=timeout) as response:
-            for block in iter(lambda: response.read(1 << 20), b""):
-                h.update(block)
-                out.write(block)
-        if sha256 is not None and h.hexdigest().lower() != sha256.lower():
-            raise DownloadError(f"checksum mismatch: expected sha256 {sha256.lower()}, got {h.hexdigest()}")
-        problem = _zip_problem(tmp)
-        if problem is not None:
-            raise DownloadError(f"the downloaded file is not the expected archive: {problem}")
-        os.replace(tmp, dest)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 def _extract(zpath: Path, target: Path) -> None:
     """Extract the three CSVs of ``zpath`` into ``target`` via a temporary directory renamed into place."""
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
@@ -382,10 +349,10 @@ def download_rrn(
     try:
         root.mkdir(parents=True, exist_ok=True)
         have_zip = zpath.is_file() and _zip_problem(zpath) is None
-        if have_zip and sha256 is not None and _sha256_of(zpath) != sha256.lower():
+        if have_zip and sha256 is not None and file_digest(zpath) != sha256.lower():
             have_zip = False
         if not have_zip:
-            _fetch(url, zpath, sha256, timeout)
+            fetch(url, zpath, expected=sha256, timeout=timeout, validate=_zip_problem)
         _extract(zpath, target)
     except DownloadError as err:
         _remove_empty(created)

@@ -14,7 +14,6 @@ part of the training set (``train_val_split``): model selection never looks at t
 from __future__ import annotations
 
 import copy
-import hashlib
 import math
 import os
 import pickle
@@ -33,6 +32,8 @@ import numpy as np
 import torch
 from PIL import Image
 from torch.utils.data import Dataset
+
+from ..download import DownloadError, fetch, file_digest
 
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
@@ -65,10 +66,6 @@ IMAGENET100_WNIDS: tuple[str, ...] = tuple(
     n04229816 n02100583 n03642806 n04336792 n03259280 n02116738 n02108089 n03424325 n01855672 n02090622
     """.split()
 )
-
-
-class DownloadError(RuntimeError):
-    """A dataset archive could not be fetched, verified or unpacked."""
 
 
 class ImageArrays(NamedTuple):
@@ -269,14 +266,6 @@ def read_cifar(name: str, root: str | os.PathLike, split: str, label_mode: str =
 # CIFAR download
 
 
-def _md5(path: Path) -> str:
-    digest = hashlib.md5()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _check_tar_member(member: tarfile.TarInfo) -> None:
     name = member.name
     parts = PurePosixPath(name.replace("\\", "/")).parts
@@ -324,24 +313,13 @@ def download_cifar(
         f"To install it by hand, fetch {layout.url} elsewhere and put it at {archive} (md5 {layout.md5}), "
         f"or unpack it so that {folder}/ holds {', '.join(layout.files())}."
     )
-    if not (archive.is_file() and _md5(archive) == md5):
-        fd, tmp_name = tempfile.mkstemp(dir=root, prefix=f".{layout.archive}.", suffix=".part")
-        tmp = Path(tmp_name)
+    if not (archive.is_file() and file_digest(archive, "md5") == md5):
         try:
-            digest = hashlib.md5()
-            with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=timeout) as response:
-                for chunk in iter(lambda: response.read(1 << 20), b""):
-                    digest.update(chunk)
-                    out.write(chunk)
-            if digest.hexdigest() != md5:
-                raise DownloadError(
-                    f"checksum mismatch for {url}: md5 {digest.hexdigest()}, expected {md5}. {manual}"
-                )
-            os.replace(tmp, archive)
+            fetch(url, archive, algorithm="md5", expected=md5, timeout=timeout)
+        except DownloadError as e:
+            raise DownloadError(f"could not download {name} from {url} ({e}). {manual}") from None
         except (urllib.error.URLError, OSError, ValueError) as e:
             raise DownloadError(f"could not download {name} from {url} ({e}). {manual}") from e
-        finally:
-            tmp.unlink(missing_ok=True)
     staging = Path(tempfile.mkdtemp(dir=root, prefix=".extract-"))
     try:
         try:
