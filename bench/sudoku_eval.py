@@ -151,6 +151,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--name", default="sudoku", help="prefix of the output files")
     ap.add_argument("--no-strategies", action="store_true")
+    ap.add_argument("--strategies-n", type=int, default=None, help="puzzles for the strategy table (default: --n)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -172,7 +173,9 @@ def main() -> None:
                        for k in (T, 2 * T)},
     }
     if not args.no_strategies:
-        out["strategies"] = strategies(solver, to_strings(p), to_strings(s), T)
+        k = args.strategies_n or args.n
+        out["strategies_puzzles"] = k
+        out["strategies"] = strategies(solver, to_strings(p[:k]), to_strings(s[:k]), T)
     e = curve["energy"]
     total = [a + f for a, f in zip(e["attn"]["mean"], e["ff"]["mean"])]
     out["checks"] = {
