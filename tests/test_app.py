@@ -247,3 +247,40 @@ def test_client_bad_input_and_reconstruction(served):
 def test_build_demo_without_models():
     demo = build_demo(None, None, "no sudoku here", "no mim here")
     assert demo is not None
+
+
+# ---- command line and the ONNX backend ------------------------------------------------------------------------
+
+
+def test_cli_defaults_and_argument_errors(capsys, tmp_path: Path):
+    from apps.cli import main, parser
+
+    args = parser().parse_args([])
+    assert args.host == "127.0.0.1" and not args.share and args.backend == "torch" and args.port is None
+    assert main(["--port", "70000"]) == 2
+    assert main(["--checkpoint", str(tmp_path / "missing")]) == 2
+    assert main(["--checkpoint", str(tmp_path)]) == 2  # a folder without a checkpoint
+    err = capsys.readouterr().err
+    assert "--port must be" in err and "no such file or folder" in err and "cannot load the Sudoku checkpoint" in err
+
+
+def test_onnx_backend_gives_the_final_answer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    pytest.importorskip("onnxruntime")
+    from apps.cli import load_models, parser
+
+    monkeypatch.setenv("HYPERSET_CACHE_DIR", str(tmp_path / "cache"))
+    tiny_solver(tmp_path / "sudoku")
+    args = parser().parse_args(["--checkpoint", str(tmp_path / "sudoku"), "--backend", "onnx", "--device", "cpu",
+                                "--mim-checkpoint", str(tmp_path / "sudoku")])  # not a token model: must fail
+    with pytest.raises(SystemExit):
+        load_models(args)
+    args.mim_checkpoint = None
+    solver, _, _, _ = load_models(args)
+    assert solver.backend is not None and "onnxruntime" in solver.backend_name
+    onnx_app = HyperSETApp(solver, None)
+    iters = 2 * TRAINED
+    updates = list(onnx_app.solve(puzzle_to_grid(EASY), iters, "single"))
+    details = updates[-1][3]
+    assert len(updates) == iters and details["backend"]["final"].startswith("onnxruntime")
+    assert details["backend"]["frames"] == "torch" and details["backend"]["agrees_with_torch_frames"]
+    assert len(details["energy"]["attn"]) == iters and "ONNX Runtime gave the final answer" in updates[-1][2]

@@ -9,11 +9,15 @@ HYPERSET_APP_MIM_CHECKPOINT), else tiny untrained ones.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
+import time
 from pathlib import Path
 
 import pytest
+
+from apps.app import MAX_ITER_FACTOR
 
 CHROMIUM = Path("/usr/bin/chromium")
 ROOT = Path(__file__).resolve().parent.parent
@@ -27,6 +31,23 @@ pytestmark = [
     pytest.mark.skipif(not CHROMIUM.exists(), reason="headless Chromium not installed at /usr/bin/chromium "
                                                      "(apt-get install -y chromium)"),
 ]
+
+
+class _CountingSolver:
+    """The solver, counting iterations (and pausing in each when asked) so that the Stop button can be checked."""
+
+    def __init__(self, solver):
+        self._solver, self.pause, self.iterations = solver, 0.0, 0
+
+    def __getattr__(self, name):
+        return getattr(self._solver, name)
+
+    def iterate(self, boards, iters):
+        for out in self._solver.iterate(boards, iters):
+            self.iterations += 1
+            if self.pause:
+                time.sleep(self.pause)
+            yield out
 
 
 def _models(tmp: Path):
@@ -51,14 +72,15 @@ def url(tmp_path_factory: pytest.TempPathFactory):
     from apps.app import build_demo, launch_kwargs
 
     solver, mim = _models(tmp_path_factory.mktemp("models"))
-    demo = build_demo(solver, mim)
+    counting = _CountingSolver(solver)
+    demo = build_demo(counting, mim)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     kw = {**launch_kwargs(), "ssr_mode": False}
     demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, **kw)
     try:
-        yield demo.local_url
+        yield demo.local_url, counting
     finally:
         demo.close()
 
@@ -75,7 +97,8 @@ def _save(page, name: str) -> Path:
     return path
 
 
-def test_solve_and_reconstruct_in_chromium(url: str):
+def test_solve_stop_and_reconstruct_in_chromium(url):
+    url, counting = url
     sync_api = pytest.importorskip("playwright.sync_api")
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS, headless=True)
@@ -85,6 +108,15 @@ def test_solve_and_reconstruct_in_chromium(url: str):
             page.set_default_timeout(TIMEOUT_MS)
             page.goto(url)
             page.locator("#solve-btn").wait_for()
+            # edit a cell of the grid (the easy example is preloaded; r1c3 is blank): the board follows
+            page.locator("#sudoku-grid [data-testid=cell-0-2]").dblclick()
+            page.keyboard.type("1")
+            page.keyboard.press("Enter")
+            page.locator("#verdict").get_by_text("38 givens").wait_for()
+            # bad text gives a message, not a stack trace
+            page.locator("#sudoku-text textarea").fill("12345")
+            page.get_by_role("button", name="Put text in the grid").click()
+            page.locator("#verdict").get_by_text("expected 9 cells in a grid row").wait_for()
             # load an example through its button, then solve it
             page.get_by_text("Warm-up: 16 blanks", exact=True).first.click()
             page.locator("#verdict").get_by_text("Loaded a puzzle with 65 givens").wait_for()
@@ -96,9 +128,37 @@ def test_solve_and_reconstruct_in_chromium(url: str):
             page.locator("#sudoku-energy img").first.wait_for()
             assert _save(page, "sudoku.png").stat().st_size > 10_000
 
+            # Stop cancels a long solve: commit at the maximum depth runs up to 8 x 4T iterations
+            counting.pause = 0.05  # 8 x 4T iterations now take far longer than the check below
+            page.get_by_label("commit").check()
+            number = page.locator("#sudoku-iters input[type=number]")
+            number.fill(str(MAX_ITER_FACTOR * counting.trained_iters))
+            number.press("Enter")
+            page.locator("#solve-btn").click()
+            page.locator("#verdict").get_by_text("pass 1").wait_for()
+            page.locator("#stop-btn").click()
+            time.sleep(1.0)
+            stopped_at = counting.iterations
+            time.sleep(1.5)
+            assert counting.iterations == stopped_at  # the server-side generator is no longer running
+            assert "Verdict:" not in page.locator("#verdict").inner_text()
+
+            # reconstruction with a painted mask: one stroke across the upper left of the image
             page.get_by_role("tab", name="Reconstruction").click()
+            canvas = page.locator("#mim-editor canvas").first
+            canvas.wait_for()
+            box = canvas.bounding_box()
+            x, y = box["x"] + 0.3 * box["width"], box["y"] + 0.3 * box["height"]
+            page.mouse.move(x, y)
+            page.mouse.down()
+            for k in range(1, 21):
+                page.mouse.move(x + 6 * k, y + 3 * k)
+            page.mouse.up()
+            page.get_by_label("drawn").check()
             page.locator("#reconstruct-btn").click()
             page.locator("#mim-metrics").get_by_text("PSNR").wait_for()
+            masked = int(re.search(r"(\d+)/(\d+) tokens masked", page.locator("#mim-metrics").inner_text()).group(1))
+            assert 0 < masked < 32  # the stroke, not the whole image
             page.locator("#mim-recon img").first.wait_for()
             page.locator("#mim-energy img").first.wait_for()
             assert "SSIM" in page.locator("#mim-metrics").inner_text()

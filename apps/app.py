@@ -1,0 +1,851 @@
+"""The Hyper-SET web app: a Sudoku solver that streams every iteration, and masked image reconstruction.
+
+Build it with :func:`build_demo` (one model instance shared by every visitor, requests queued one at a time)
+and launch it with ``demo.launch(...)`` or the ``hyperset-app`` command (``apps.cli``). The handlers are the
+methods of :class:`HyperSETApp`; they are plain Python (a generator for the Sudoku solve) and can be called
+without a server, which is how the tests exercise them.
+
+Sudoku tab
+    Enter digits in the 9x9 grid or paste text (an 81-character line, a 9-line grid or ``puzzle,solution``
+    CSV) and press "Put text in the grid". The iteration slider goes from 1 to 4x the trained depth; the
+    strategy is ``single`` (one pass of N iterations), ``commit`` (MaskGIT-style: N iterations, commit the most
+    confident clash-free digits as new givens, again, up to 8 passes) or ``auto`` (stop when the board is valid
+    or has not changed for 4 iterations; the slider is the maximum). Solve streams the board after every
+    iteration: givens bold, predicted digits shaded by the model's confidence, conflicting cells red, and the
+    energies E_ATTN and E_FF per iteration with a dashed line at the trained depth.
+
+    ONNX backend (``hyperset-app --backend onnx``): the exported Loop graph returns only the final logits (and
+    the energy trace), not the board after each iteration. The frames shown while solving therefore come from
+    the torch model; for ``single`` and ``commit`` the final board, the verdict and the energy plot come from
+    ONNX Runtime, and the details say whether both agree. ``auto`` decides when to stop from the per-iteration
+    boards, so it runs on torch only.
+
+Reconstruction tab
+    A sample image (or an upload, resized to the tokenizer's input size) is tokenized; a share of the tokens
+    is masked at random (seeded) or where the user paints; the token model fills them in with MaskGIT decoding
+    and the tokenizer decodes the result. Original, masked input and reconstruction are shown side by side
+    (upscaled with nearest-neighbour) with PSNR and SSIM, plus the energies of the token model's last forward
+    pass per iteration.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import gradio as gr
+import numpy as np
+import torch
+import torch.nn.functional as F
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+from PIL import Image
+
+from hyperset.sudoku.board import UNITS, PuzzleError, cell_name, conflicts, parse_puzzles, validate
+
+__all__ = [
+    "EXAMPLES",
+    "HyperSETApp",
+    "InputError",
+    "build_demo",
+    "energy_figure",
+    "grid_to_puzzle",
+    "puzzle_to_grid",
+    "render_board",
+]
+
+# ----------------------------------------------------------------------------------------------------------
+# limits
+
+MAX_TEXT_CHARS = 20_000  # pasted puzzle text
+MAX_UPLOAD_BYTES = 8 * 1024 * 1024  # uploaded image file (also passed to launch() as max_file_size)
+MAX_IMAGE_PIXELS = 4096 * 4096  # uploaded image size, checked before decoding the pixels
+MAX_ITER_FACTOR = 4  # iteration sliders go up to 4x the trained depth
+MAX_DECODE_STEPS = 64
+QUEUE_SIZE = 16  # requests waiting in the queue beyond the one running
+MODEL_QUEUE = "models"  # solve and reconstruct share one slot: one model computation at a time
+SOLVE_TIME_LIMIT = 300  # seconds, per request (a slow shared CPU can need minutes for 8 x 4T iterations)
+COMMIT_ROUNDS = 8  # as hyperset.solve.Solver._commit
+AUTO_PATIENCE = 4  # as Solver.solve(iters="auto")
+PLOT_FRAMES = 8  # while streaming, redraw the energy plot about this many times per pass (and at the end)
+DISPLAY_SIDE = 256  # images are shown upscaled to about this many pixels
+DRAW_THRESHOLD = 0.25  # a token is masked when this share of its pixels is painted
+STRATEGIES = ("single", "commit", "auto")
+ENERGY_LABELS = {"attn": "E_ATTN", "ff": "E_FF"}
+
+# ----------------------------------------------------------------------------------------------------------
+# example puzzles (kept here so the app works from an installed package)
+
+EXAMPLES: list[tuple[str, str]] = [
+    ("Warm-up: 16 blanks",
+     "063092051749160820510738694106309207384276019097051346430510962975624108601983475"),
+    ("Easy: 37 givens (grid)",
+     "3 7 . | . . . | 4 8 .\n"
+     ". . 6 | 4 9 7 | 2 3 1\n"
+     ". 9 . | . 1 . | 7 6 5\n"
+     "------+-------+------\n"
+     ". . . | . 4 . | . . .\n"
+     "1 4 8 | 9 . 3 | . . .\n"
+     ". . . | . 5 . | 3 . 4\n"
+     "------+-------+------\n"
+     ". 2 . | 5 . 4 | 1 . 8\n"
+     ". . 4 | . . . | . 5 3\n"
+     ". 3 . | . 8 1 | . 4 ."),
+    ("Medium: 29 givens",
+     "000014200500070300000590004058400001000000006003080090870060000420805017009047000"),
+    ("Hard: 23 givens",
+     "000004000008760100050030090804100007027900000000600830000300050000050008900000000"),
+    ("Hard: 22 givens (CSV with solution)",
+     "puzzle,solution\n"
+     "018000000000000200050003010607902000004000000290700400000000900000305000400071080,"
+     "718259364346187295952463817637942158184536729295718436563824971871395642429671583"),
+]
+
+_BLANK_CELLS = {"", "0", ".", "_", "*", "-"}
+
+
+class InputError(ValueError):
+    """A problem with the user's input, worded for the page (never a stack trace)."""
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Sudoku: grid <-> puzzle string, board rendering
+
+
+def empty_grid() -> list[list[str]]:
+    return [[""] * 9 for _ in range(9)]
+
+
+def puzzle_to_grid(puzzle: str) -> list[list[str]]:
+    """81-character puzzle (0 = blank) -> 9 rows of 9 strings ("" = blank) for the editable grid."""
+    return [["" if ch == "0" else ch for ch in puzzle[r * 9:(r + 1) * 9]] for r in range(9)]
+
+
+def _cell_text(value: Any, index: int) -> str:
+    if value is None:
+        return "0"
+    if isinstance(value, bool):
+        raise InputError(f"cell {cell_name(index)} holds {value!r}: enter one digit 1-9, or leave it empty")
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "0"
+        if value.is_integer():
+            value = int(value)
+    text = str(value).strip()
+    if text in _BLANK_CELLS:
+        return "0"
+    if len(text) == 1 and text in "123456789":
+        return text
+    shown = text if len(text) <= 12 else text[:12] + "..."
+    raise InputError(f"cell {cell_name(index)} holds {shown!r}: enter one digit 1-9, or leave it empty")
+
+
+def grid_to_puzzle(grid: Any) -> str:
+    """The editable grid's value (rows of strings/numbers, a DataFrame, or the API's {"data": ...}) -> an
+    81-character puzzle. Raises :class:`InputError` for a wrong shape, a bad cell or contradictory givens."""
+    if grid is None:
+        raise InputError("enter a puzzle in the grid (or paste one and press 'Put text in the grid')")
+    if isinstance(grid, dict):
+        grid = grid.get("data")
+    if hasattr(grid, "values") and hasattr(grid, "columns"):  # pandas DataFrame
+        grid = grid.values.tolist()
+    if isinstance(grid, np.ndarray):
+        grid = grid.tolist()
+    if not isinstance(grid, (list, tuple)) or not all(isinstance(row, (list, tuple)) for row in grid):
+        raise InputError("the grid must be 9 rows of 9 cells")
+    if len(grid) != 9 or any(len(row) != 9 for row in grid):
+        widths = sorted({len(row) for row in grid})
+        raise InputError(f"the grid must be 9 rows of 9 cells; found {len(grid)} rows of "
+                         f"{'/'.join(map(str, widths)) or 0} cells")
+    puzzle = "".join(_cell_text(v, r * 9 + c) for r, row in enumerate(grid) for c, v in enumerate(row))
+    if puzzle == "0" * 81:
+        raise InputError("the grid is empty: enter some givens or load an example")
+    try:
+        parse_puzzles(puzzle, "grid")
+    except PuzzleError as err:  # contradictory givens, with the unit and the cells
+        raise InputError(f"the givens contradict each other: {err.reason}") from None
+    return puzzle
+
+
+def render_board(board: str, givens: str, confidence: Sequence[float] | None = None,
+                 conflicting: Iterable[int] = (), caption: str = "") -> str:
+    """A 9x9 board as HTML with inline styles: givens bold on grey, predicted digits on blue whose strength is
+    the model's confidence, conflicting cells red. ``board`` and ``givens`` are 81 characters, 0 = blank."""
+    bad = set(conflicting)
+    rows = []
+    for r in range(9):
+        cells = []
+        for c in range(9):
+            i = r * 9 + c
+            d, given = board[i], givens[i] != "0"
+            border = ("border-top:{};border-left:{};border-right:{};border-bottom:{};".format(
+                "3px solid #111827" if r % 3 == 0 else "1px solid #9ca3af",
+                "3px solid #111827" if c % 3 == 0 else "1px solid #9ca3af",
+                "3px solid #111827" if c == 8 else "1px solid #9ca3af",
+                "3px solid #111827" if r == 8 else "1px solid #9ca3af"))
+            if d == "0":
+                text, bg, fg, weight, title = "", "#ffffff", "#111827", 400, f"{cell_name(i)}: blank"
+            elif given:
+                text, bg, fg, weight, title = d, "#e5e7eb", "#111827", 800, f"{cell_name(i)}: given {d}"
+            else:
+                p = float(confidence[i]) if confidence is not None else 1.0
+                bg = f"rgba(37,99,235,{0.06 + 0.5 * max(0.0, min(1.0, p)):.3f})"
+                text, fg, weight = d, "#1e3a8a", 500
+                title = f"{cell_name(i)}: {d} (confidence {p:.2f})"
+            if i in bad:
+                bg, fg = ("#fca5a5" if given else "#fee2e2"), "#b91c1c"
+                title += " - conflict"
+            cells.append(f'<td title="{title}" style="{border}width:2.1em;height:2.1em;padding:0;margin:0;'
+                         f'text-align:center;vertical-align:middle;background:{bg};color:{fg};'
+                         f'font-weight:{weight};">{text}</td>')
+        rows.append("<tr>" + "".join(cells) + "</tr>")
+    legend = ('<span style="font-weight:800">bold</span> = given &nbsp;·&nbsp; '
+              '<span style="background:rgba(37,99,235,0.5);padding:0 4px">blue</span> = predicted, darker = more '
+              'confident &nbsp;·&nbsp; <span style="color:#b91c1c;background:#fee2e2;padding:0 4px">red</span> = '
+              'conflict')
+    note = f'<div style="margin-top:4px;font-weight:600">{caption}</div>' if caption else ""
+    return ('<div class="hyperset-board" style="display:flex;flex-direction:column;align-items:center;'
+            'background:#ffffff;color:#111827;color-scheme:light;padding:10px;border-radius:8px;">'
+            '<table style="border-collapse:collapse;font-family:ui-monospace,Menlo,Consolas,monospace;'
+            'font-size:22px;line-height:1;margin:0;">' + "".join(rows) + "</table>" + note +
+            f'<div style="margin-top:6px;font-size:12px;color:#4b5563">{legend}</div></div>')
+
+
+def _clashes(board: torch.Tensor, digits: torch.Tensor) -> torch.Tensor:
+    """(B, 81) bool: the proposed digit already stands in a row/column/box peer of the current board."""
+    peers = torch.zeros(81, 81, dtype=torch.bool)
+    for unit in UNITS:
+        idx = torch.tensor(unit)
+        peers[idx[:, None], idx[None, :]] = True
+    peers.fill_diagonal_(False)
+    peers = peers.to(board.device)
+    return ((board[:, None, :] == digits[:, :, None]) & peers[None]).any(-1)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# energy plot
+
+
+def energy_figure(passes: Sequence[dict[str, Sequence[float]]], trained: int, x_max: int | None = None,
+                  title: str = "") -> Figure:
+    """E_ATTN and E_FF against the iteration (one panel each), a dashed line at the trained depth. Each entry
+    of ``passes`` is one forward pass ({"attn": [...], "ff": [...]}); several passes are drawn as several lines."""
+    names = [k for k in ENERGY_LABELS if any(p.get(k) for p in passes)]
+    names += sorted({k for p in passes for k, v in p.items() if v and k not in names})
+    fig = Figure(figsize=(7.6, 2.9), dpi=100, layout="constrained")
+    if not names:
+        ax = fig.add_subplot(1, 1, 1)
+        ax.axis("off")
+        ax.text(0.5, 0.5, "no energy trace (this model defines no energy)", ha="center", va="center")
+        return fig
+    longest = max((len(v) for p in passes for v in p.values()), default=1)
+    x_hi = max(x_max or longest, trained, 2)
+    for j, name in enumerate(names):
+        ax = fig.add_subplot(1, len(names), j + 1)
+        for k, p in enumerate(passes):
+            values = list(p.get(name) or [])
+            if not values:
+                continue
+            xs = np.arange(1, len(values) + 1)
+            if len(passes) > 1:
+                shade = 0.25 + 0.75 * (k + 1) / len(passes)
+                color = (0.15, 0.35 * shade, 0.9 * shade) if name == "attn" else (0.9 * shade, 0.45 * shade, 0.1)
+                ax.plot(xs, values, color=color, lw=1.4, label=f"pass {k + 1}" if k in (0, len(passes) - 1) else None)
+            else:
+                ax.plot(xs, values, color="#2563eb" if name == "attn" else "#ea580c", lw=1.8, marker="o",
+                        markersize=2.5 if len(values) < 80 else 0)
+        ax.axvline(trained, color="#dc2626", ls="--", lw=1.2, label=f"trained depth {trained}")
+        ax.set_xlim(0.5, x_hi + 0.5)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("iteration")
+        ax.set_title(ENERGY_LABELS.get(name, name), fontsize=11)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="best")
+    fig.suptitle(title or "Energy per iteration (dashed: the depth the model was trained with)", fontsize=10)
+    return fig
+
+
+# ----------------------------------------------------------------------------------------------------------
+# messages
+
+
+def _toast(message: str) -> None:
+    """gr.Warning inside a request (a pop-up in the page); nothing when a handler is called directly."""
+    from gradio.context import LocalContext
+
+    if LocalContext.blocks.get(None) is not None and LocalContext.event_id.get(None) is not None:
+        gr.Warning(message)
+
+
+def _error_md(message: str) -> str:
+    return f"**Input problem:** {message}"
+
+
+def _int_in(value: Any, low: int, high: int, name: str) -> int:
+    try:
+        v = int(round(float(value)))
+    except (TypeError, ValueError):
+        raise InputError(f"{name} must be a whole number from {low} to {high}") from None
+    if not low <= v <= high:
+        raise InputError(f"{name} must be from {low} to {high} (got {v})")
+    return v
+
+
+def _float_in(value: Any, low: float, high: float, name: str) -> float:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise InputError(f"{name} must be a number from {low} to {high}") from None
+    if not (low <= v <= high):  # also rejects NaN
+        raise InputError(f"{name} must be from {low} to {high} (got {v})")
+    return v
+
+
+def _cells_list(cells: Iterable[int], limit: int = 24) -> str:
+    names = [cell_name(i) for i in cells]
+    more = f" and {len(names) - limit} more" if len(names) > limit else ""
+    return ", ".join(names[:limit]) + more
+
+
+# ----------------------------------------------------------------------------------------------------------
+# images
+
+
+def _to_display(images: torch.Tensor) -> np.ndarray:
+    """(1, 3, s, s) in [0, 1] -> (S, S, 3) uint8, upscaled by an integer factor with nearest-neighbour."""
+    img = images[0].clamp(0, 1)
+    scale = max(1, DISPLAY_SIDE // img.shape[-1])
+    if scale > 1:
+        img = img.repeat_interleave(scale, 1).repeat_interleave(scale, 2)
+    return (img.permute(1, 2, 0).numpy() * 255 + 0.5).astype(np.uint8)
+
+
+def _rgb(array: np.ndarray) -> np.ndarray:
+    """Any image array (H, W), (H, W, 3) or (H, W, 4) -> (H, W, 3) float in [0, 255]; transparency on white."""
+    a = np.asarray(array)
+    if a.ndim == 2:
+        a = np.repeat(a[..., None], 3, axis=2)
+    if a.ndim != 3 or a.shape[2] not in (3, 4):
+        raise InputError(f"unexpected image shape {tuple(a.shape)}")
+    a = a.astype(np.float32)
+    if a.shape[2] == 4:
+        alpha = a[..., 3:] / 255.0
+        a = a[..., :3] * alpha + 255.0 * (1 - alpha)
+    return a
+
+
+@dataclass
+class _Frame:
+    """One iteration of a streamed solve."""
+
+    step: int  # iterations run so far, over all passes
+    pass_index: int  # 0-based
+    t: int  # iteration within the pass
+    digits: str  # 81 characters
+    confidence: list[float]
+    passes: list[dict[str, list[float]]] = field(default_factory=list)
+
+
+class HyperSETApp:
+    """The handlers of the app around one shared Sudoku solver and one shared MIM pipeline (either may be None:
+    its tab then explains what is missing)."""
+
+    def __init__(self, solver: Any = None, mim: Any = None, sudoku_note: str = "", mim_note: str = "") -> None:
+        self.solver = solver
+        self.mim = mim
+        self.sudoku_note = sudoku_note
+        self.mim_note = mim_note
+        self.samples: dict[str, torch.Tensor] = {}
+        if mim is not None:
+            from hyperset.vision.reconstruct import sample_images
+
+            try:
+                self.samples = sample_images(mim.image_size)
+            except FileNotFoundError:
+                self.samples = {}
+
+    # ---- Sudoku -------------------------------------------------------------------------------------------
+
+    @property
+    def trained_iters(self) -> int:
+        return int(self.solver.trained_iters) if self.solver is not None else 16
+
+    @property
+    def max_iters(self) -> int:
+        return MAX_ITER_FACTOR * self.trained_iters
+
+    def load_text(self, text: str | None) -> tuple[Any, Any, str]:
+        """Pasted text -> (grid value, board preview, message). Errors leave the grid alone."""
+        text = text or ""
+        try:
+            if len(text) > MAX_TEXT_CHARS:
+                raise InputError(f"the text is too long ({len(text):,} characters; at most {MAX_TEXT_CHARS:,})")
+            if not text.strip():
+                raise InputError("paste a puzzle first: 81 characters (0 or . for blanks), a 9-line grid, "
+                                 "or puzzle,solution CSV")
+            try:
+                puzzles = parse_puzzles(text, "pasted text")
+            except PuzzleError as err:
+                where = f"line {err.line}: " if err.line is not None else ""
+                raise InputError(f"could not read the puzzle ({where}{err.reason})") from None
+        except InputError as err:
+            _toast(str(err))
+            return gr.skip(), gr.skip(), _error_md(str(err))
+        p = puzzles[0]
+        notes = [f"Loaded a puzzle with {p.n_givens} givens. Press **Solve**."]
+        if len(puzzles) > 1:
+            notes.append(f"The text holds {len(puzzles)} puzzles; the first one is in the grid.")
+        notes += [f"Note: {w}." for w in p.warnings]
+        return puzzle_to_grid(p.givens), render_board(p.givens, p.givens), " ".join(notes)
+
+    def preview(self, grid: Any) -> tuple[Any, str]:
+        """The grid was edited: show its givens on the board (or what is wrong with it)."""
+        try:
+            puzzle = grid_to_puzzle(grid)
+        except InputError as err:
+            return gr.skip(), _error_md(str(err))
+        return render_board(puzzle, puzzle), f"{81 - puzzle.count('0')} givens. Press **Solve**."
+
+    def clear(self) -> tuple[list[list[str]], str, str, str, None, None]:
+        blank = "0" * 81
+        return empty_grid(), render_board(blank, blank), "", "", None, None
+
+    def _frames(self, puzzle: str, iters: int, strategy: str) -> Iterator[_Frame]:
+        """Run the solver on one puzzle, one frame per iteration (see the module docstring for the strategies)."""
+        solver = self.solver
+        boards = torch.tensor([[int(ch) for ch in puzzle]], dtype=torch.long, device=solver.device)
+        passes: list[dict[str, list[float]]] = []
+        step = 0
+
+        def run_pass(current: torch.Tensor, n: int, index: int) -> Iterator[tuple[_Frame, torch.Tensor, torch.Tensor]]:
+            nonlocal step
+            trace: dict[str, list[float]] = {}
+            passes.append(trace)
+            for t, digits, conf, energy in solver.iterate(current, n):
+                for k, v in energy.items():
+                    trace.setdefault(k, []).append(float(v.reshape(-1)[0]))
+                step += 1
+                d, c = digits[0].cpu(), conf[0].cpu()
+                frame = _Frame(step, index, t, "".join(str(int(x)) for x in d.tolist()), c.tolist(), passes)
+                yield frame, digits, conf
+
+        if strategy == "single":
+            for frame, _, _ in run_pass(boards, iters, 0):
+                yield frame
+        elif strategy == "auto":
+            prev, stable = None, 0
+            for frame, _, _ in run_pass(boards, iters, 0):
+                stable = stable + 1 if prev is None or frame.digits == prev else 0
+                prev = frame.digits
+                yield frame
+                if validate(frame.digits, puzzle).valid or stable >= AUTO_PATIENCE:
+                    break
+        else:  # commit
+            current = boards.clone()
+            for r in range(COMMIT_ROUNDS):
+                blanks = current == 0
+                if not blanks.any():
+                    break
+                last = None
+                for frame, digits, conf in run_pass(current, iters, r):
+                    last = (digits, conf)
+                    yield frame
+                digits, conf = last
+                if r == COMMIT_ROUNDS - 1:
+                    break
+                clash = _clashes(current, digits)
+                score = torch.where(blanks & ~clash, conf, torch.full_like(conf, -1.0))
+                share = 1.0 - math.cos(math.pi / 2 * (r + 1) / COMMIT_ROUNDS)
+                k = max(1, int(math.ceil(share * int(blanks[0].sum()))))
+                top = score[0].topk(k)
+                chosen = top.indices[top.values > 0]
+                current[0, chosen] = digits[0, chosen]
+
+    def solve(self, grid: Any, iterations: Any = None, strategy: Any = "single") -> Iterator[tuple[Any, ...]]:
+        """Generator: one (board HTML, energy plot, verdict, details) per iteration; the last one has the verdict.
+
+        Bad input yields a single update with the message (and no exception)."""
+        t0 = time.perf_counter()
+        try:
+            if self.solver is None:
+                raise InputError(f"no Sudoku model is loaded. {self.sudoku_note}".strip())
+            puzzle = grid_to_puzzle(grid)
+            iters = _int_in(self.trained_iters if iterations is None else iterations, 1, self.max_iters,
+                            "iterations")
+            strategy = str(strategy or "single").lower()
+            if strategy not in STRATEGIES:
+                raise InputError(f"strategy must be one of {', '.join(STRATEGIES)} (got {strategy!r})")
+        except InputError as err:
+            _toast(str(err))
+            yield gr.skip(), gr.skip(), _error_md(str(err)), {"error": str(err)}
+            return
+        label = {"single": f"{iters}", "auto": f"at most {iters}", "commit": f"{iters} per pass"}[strategy]
+        pending: _Frame | None = None
+        every = max(1, iters // PLOT_FRAMES)  # a plot costs far more than a board: draw it every few frames
+        for frame in self._frames(puzzle, iters, strategy):
+            if pending is not None:
+                plot: Any = gr.skip()
+                if pending.t % every == 0 or pending.t == 1:
+                    plot = self._sudoku_plot(pending.passes, iters)
+                where = f"pass {pending.pass_index + 1}, " if strategy == "commit" else ""
+                verdict = f"**Solving...** {where}iteration {pending.t} ({label}; {strategy}). Stop cancels."
+                yield self._board(pending, puzzle), plot, verdict, gr.skip()
+            pending = pending_copy(frame)
+        if pending is None:  # a full grid: nothing to iterate (only the commit strategy stops before starting)
+            pending = _Frame(0, 0, 0, puzzle, [1.0] * 81, [])
+        yield self._final(puzzle, pending, iters, strategy, t0)
+
+    def _board(self, frame: _Frame, puzzle: str, caption: str = "") -> str:
+        bad = sorted({c for pair in conflicts(frame.digits) for c in pair})
+        return render_board(frame.digits, puzzle, frame.confidence, bad, caption)
+
+    def _sudoku_plot(self, passes: list[dict[str, list[float]]], iters: int) -> Figure:
+        return energy_figure(passes, self.trained_iters, x_max=iters)
+
+    def _final(self, puzzle: str, frame: _Frame, iters: int, strategy: str, t0: float) -> tuple[Any, ...]:
+        solver = self.solver
+        prediction, confidence, passes = frame.digits, frame.confidence, frame.passes
+        backend: dict[str, Any] = {"frames": "torch", "final": "torch", "device": solver.device_name()}
+        if solver.backend is not None and strategy in ("single", "commit") and frame.step > 0:
+            result = solver.solve([puzzle], iters=iters, strategy=strategy)[0]
+            backend.update(final=solver.backend_name, agrees_with_torch_frames=result.prediction == prediction)
+            prediction = result.prediction
+            passes = passes[:-1] + [result.energy]
+        verdict = validate(prediction, puzzle)
+        blanks = [i for i, ch in enumerate(puzzle) if ch == "0"]
+        mean_conf = float(np.mean([confidence[i] for i in blanks])) if blanks else 1.0
+        seconds = time.perf_counter() - t0
+        n_passes = len(passes) if strategy == "commit" else 1
+        how = f"{frame.step} iteration{'s' if frame.step != 1 else ''}"
+        if strategy == "commit":
+            how += f" ({n_passes} pass{'es' if n_passes != 1 else ''} of {iters})"
+        elif strategy == "auto":
+            how += f" (auto, at most {iters})"
+        depth = f"trained depth {self.trained_iters}"
+        tail = (f"{how}, {depth} · {seconds:.2f} s · mean confidence on blanks {mean_conf:.2f} · "
+                f"{backend['final']} on {backend['device']}")
+        if verdict.valid:
+            text = (f"### ✓ Verdict: solved\nA valid board: every row, column and box holds 1-9 once and all "
+                    f"{81 - len(blanks)} givens are kept.\n\n{tail}")
+        else:
+            cells = (f"\n\nConflicting cells: {_cells_list(verdict.conflicting_cells)}"
+                     if verdict.conflicting_cells else "")
+            text = f"### ✗ Verdict: not solved\n{verdict.reason}.{cells}\n\n{tail}"
+        if backend["final"] != "torch":
+            agree = "the same board" if backend["agrees_with_torch_frames"] else "a different board"
+            text += (f"\n\nThe frames above came from the torch model (the ONNX graph only returns the final "
+                     f"state); ONNX Runtime gave the final answer ({agree}).")
+        final_frame = _Frame(frame.step, frame.pass_index, frame.t, prediction, confidence, passes)
+        caption = "solved" if verdict.valid else f"{len(verdict.conflicting_cells)} conflicting cells"
+        details: dict[str, Any] = {
+            "puzzle": puzzle, "prediction": prediction, "valid": verdict.valid, "reason": verdict.reason,
+            "conflicting_cells": [cell_name(i) for i in verdict.conflicting_cells], "strategy": strategy,
+            "iterations": frame.step, "iterations_per_pass": iters, "passes": n_passes,
+            "trained_depth": self.trained_iters, "confidence": round(mean_conf, 4), "seconds": round(seconds, 3),
+            "energy": passes[-1] if passes else {}, "backend": backend,
+        }
+        if strategy == "commit":
+            details["energy_per_pass"] = passes
+        return (self._board(final_frame, puzzle, caption), self._sudoku_plot(passes, iters), text, details)
+
+    # ---- reconstruction -----------------------------------------------------------------------------------
+
+    @property
+    def mim_trained_iters(self) -> int:
+        return int(self.mim.trained_iters) if self.mim is not None else 12
+
+    def editor_value(self, image: torch.Tensor) -> dict[str, Any]:
+        """(3, s, s) in [0, 1] -> an ImageEditor value with the upscaled image as background and no paint."""
+        arr = _to_display(image[None])
+        return {"background": arr, "layers": [], "composite": arr}
+
+    def sample_editor(self, name: str | None) -> Any:
+        if not name or name not in self.samples:
+            return gr.skip()
+        return self.editor_value(self.samples[name])
+
+    def upload_image(self, path: str | None) -> tuple[Any, str]:
+        """An uploaded file -> the editor (resized to the tokenizer's input size), or a message."""
+        if not path:
+            return gr.skip(), ""
+        try:
+            if self.mim is None:
+                raise InputError("no reconstruction model is loaded")
+            size = os.path.getsize(path)
+            if size > MAX_UPLOAD_BYTES:
+                raise InputError(f"the file is too large ({size / 2**20:.1f} MB; at most "
+                                 f"{MAX_UPLOAD_BYTES // 2**20} MB)")
+            try:
+                with Image.open(path) as img:
+                    w, h = img.size
+                    if w * h > MAX_IMAGE_PIXELS:
+                        raise InputError(f"the image is too large ({w}x{h} pixels; at most "
+                                         f"{MAX_IMAGE_PIXELS:,} pixels)")
+                    rgb = img.convert("RGB")
+            except InputError:
+                raise
+            except Exception:
+                raise InputError("could not read the file as an image (PNG, JPEG, WebP, ...)") from None
+        except InputError as err:
+            _toast(str(err))
+            return gr.skip(), _error_md(str(err))
+        from hyperset.vision.reconstruct import prepare_images
+
+        s = self.mim.image_size
+        image = prepare_images(rgb, s)[0]
+        return self.editor_value(image), (f"Uploaded {w}x{h} image: centre square, resized to {s}x{s} (the "
+                                          "tokenizer's input size).")
+
+    def _editor_image(self, editor: Any) -> tuple[torch.Tensor, np.ndarray]:
+        """Editor value -> (image (1, 3, s, s) in [0, 1], background as (H, W, 3) float 0-255)."""
+        from hyperset.vision.reconstruct import prepare_images
+
+        if not isinstance(editor, dict):
+            raise InputError("choose a sample image or upload one")
+        background = editor.get("background")
+        if background is None:
+            background = editor.get("composite")
+        if background is None:
+            raise InputError("choose a sample image or upload one")
+        if isinstance(background, Image.Image):
+            background = np.asarray(background)
+        background = np.asarray(background)
+        if background.ndim < 2 or background.shape[0] * background.shape[1] > MAX_IMAGE_PIXELS:
+            raise InputError("the image is too large")
+        rgb = _rgb(background)
+        s = self.mim.image_size
+        x = torch.from_numpy(rgb / 255.0).permute(2, 0, 1)[None].float()
+        h, w = rgb.shape[:2]
+        if h == w and h % s == 0:
+            x = F.avg_pool2d(x, h // s) if h != s else x  # exact for the nearest-neighbour previews shown here
+        else:
+            x = prepare_images(x, s)
+        return x.clamp(0, 1), rgb
+
+    def _drawn_mask(self, editor: dict[str, Any], background: np.ndarray) -> torch.Tensor:
+        """The painted pixels (alpha of the editor's layers, or where the composite differs from the background)
+        -> token mask (grid, grid)."""
+        from hyperset.vision.reconstruct import pixel_to_token_mask
+
+        h, w = background.shape[:2]
+        painted = np.zeros((h, w), dtype=bool)
+        for layer in editor.get("layers") or []:
+            if layer is None:
+                continue
+            a = np.asarray(layer)
+            if a.ndim != 3 or a.shape[2] != 4:
+                continue
+            alpha = a[..., 3] > 0
+            if alpha.shape != (h, w):
+                alpha = np.asarray(Image.fromarray(alpha.astype(np.uint8) * 255).resize((w, h), Image.NEAREST)) > 0
+            painted |= alpha
+        composite = editor.get("composite")
+        if not painted.any() and composite is not None:
+            comp = _rgb(np.asarray(composite))
+            if comp.shape[:2] == (h, w):
+                painted = np.abs(comp - background).max(-1) > 8
+        if not painted.any():
+            raise InputError("paint over the part of the image to hide (or choose the random mask)")
+        side = min(h, w)
+        top, left = (h - side) // 2, (w - side) // 2
+        m = torch.from_numpy(painted[top:top + side, left:left + side])
+        g, s = self.mim.grid, self.mim.image_size
+        if side % g:
+            m = F.interpolate(m[None, None].float(), size=(s, s), mode="nearest")[0, 0] > 0.5
+        return pixel_to_token_mask(m, g, threshold=DRAW_THRESHOLD)
+
+    def reconstruct(self, editor: Any, mask_mode: Any = "random", ratio: Any = 0.5, seed: Any = 0,
+                    iterations: Any = None, steps: Any = 24, temperature: Any = 1.0) -> tuple[Any, ...]:
+        """-> (original, masked, reconstruction) images, metrics text, energy plot, details."""
+        from hyperset.vision.maskgit import mask_by_ratio
+        from hyperset.vision.metrics import psnr, ssim
+
+        t0 = time.perf_counter()
+        try:
+            if self.mim is None:
+                raise InputError(f"no reconstruction model is loaded. {self.mim_note}".strip())
+            trained = self.mim_trained_iters
+            iters = _int_in(trained if iterations is None else iterations, 1, MAX_ITER_FACTOR * trained,
+                            "iterations")
+            n_steps = _int_in(steps, 1, MAX_DECODE_STEPS, "decoding steps")
+            temp = _float_in(temperature, 0.0, 5.0, "temperature")
+            seed_v = _int_in(seed if seed is not None else 0, 0, 2**31 - 1, "seed")
+            image, background = self._editor_image(editor)
+            g = self.mim.grid
+            if str(mask_mode).lower() == "drawn":
+                mask = self._drawn_mask(editor, background)
+            elif str(mask_mode).lower() == "random":
+                r = _float_in(ratio, 0.0, 1.0, "mask ratio")
+                mask = mask_by_ratio((1, g, g), r, generator=torch.Generator().manual_seed(seed_v))[0]
+            else:
+                raise InputError(f"mask must be 'random' or 'drawn' (got {mask_mode!r})")
+            if not mask.any():
+                raise InputError("the mask covers no token: raise the ratio or paint a larger area")
+        except InputError as err:
+            _toast(str(err))
+            return gr.skip(), gr.skip(), gr.skip(), _error_md(str(err)), gr.skip(), {"error": str(err)}
+        result = self.mim.reconstruct(image, mask[None], iters=iters, steps=n_steps, temperature=temp,
+                                      generator=torch.Generator().manual_seed(seed_v))
+        recon = result.images.float().clamp(0, 1)
+        p = float(psnr(recon, image, max_db=100.0)[0])
+        q = float(ssim(recon, image)[0])
+        ceiling = float(psnr(result.tokenizer_images.float().clamp(0, 1), image, max_db=100.0)[0])
+        n_masked, n_tokens = int(mask.sum()), mask.numel()
+        seconds = time.perf_counter() - t0
+        metrics = (f"**PSNR {p:.2f} dB · SSIM {q:.3f}** (reconstruction vs original, "
+                   f"{self.mim.image_size}x{self.mim.image_size} px) · {n_masked}/{n_tokens} tokens masked · "
+                   f"{iters} iterations (trained {trained}), {n_steps} decoding steps, temperature {temp:g} · "
+                   f"tokenizer alone: PSNR {ceiling:.2f} dB · {seconds:.2f} s")
+        details = {"psnr": round(p, 4), "ssim": round(q, 5), "tokenizer_psnr": round(ceiling, 4),
+                   "masked_tokens": n_masked, "tokens": n_tokens, "iterations": iters, "trained_depth": trained,
+                   "steps": n_steps, "temperature": temp, "seed": seed_v, "image_size": self.mim.image_size,
+                   "energy": result.energy, "seconds": round(seconds, 3)}
+        plot = energy_figure([result.energy], trained, x_max=iters,
+                             title="Energy per iteration of the token model at the last decoding step")
+        return (_to_display(image), _to_display(result.masked_images.float()), _to_display(recon), metrics, plot,
+                details)
+
+    # ---- layout -------------------------------------------------------------------------------------------
+
+    def header(self) -> str:
+        parts = ["# Hyper-SET\nTransformers designed as **hyperspherical energy minimization** (ICLR 2026): every "
+                 "iteration of the shared layer is a step that lowers an attention energy E_ATTN and a "
+                 "feed-forward energy E_FF. Run it for more iterations than it was trained with and watch "
+                 "the energies and the answer."]
+        if self.solver is not None:
+            n = sum(p.numel() for p in self.solver.model.parameters())
+            parts.append(f"Sudoku model: {n / 1e3:.0f}k parameters, trained depth {self.trained_iters}, "
+                         f"{self.solver.backend_name} on {self.solver.device_name()}.")
+        if self.mim is not None:
+            n = sum(p.numel() for p in self.mim.model.parameters())
+            parts.append(f"Reconstruction: {self.mim.image_size}x{self.mim.image_size} images, "
+                         f"{self.mim.grid}x{self.mim.grid} tokens, token model {n / 1e6:.2f} M parameters, "
+                         f"trained depth {self.mim_trained_iters}.")
+        return "\n\n".join(parts[:1]) + ("\n\n" + " ".join(parts[1:]) if len(parts) > 1 else "")
+
+    def build(self) -> gr.Blocks:
+        with gr.Blocks(title="Hyper-SET", fill_height=False) as demo:
+            gr.Markdown(self.header())
+            with gr.Tabs():
+                with gr.Tab("Sudoku", id="sudoku", elem_id="tab-sudoku"):
+                    self._sudoku_tab()
+                with gr.Tab("Reconstruction", id="reconstruction", elem_id="tab-reconstruction"):
+                    self._reconstruction_tab()
+        demo.queue(default_concurrency_limit=1, max_size=QUEUE_SIZE)
+        return demo
+
+    def _sudoku_tab(self) -> None:
+        if self.solver is None:
+            gr.Markdown(f"**No Sudoku model is loaded.** {self.sudoku_note}")
+            return
+        start = parse_puzzles(EXAMPLES[1][1])[0].givens
+        trained = self.trained_iters
+        with gr.Row(equal_height=False):
+            with gr.Column(scale=5):
+                grid = gr.Dataframe(value=puzzle_to_grid(start), headers=[str(i) for i in range(1, 10)],
+                                    row_count=9, column_count=9,
+                                    datatype="str", type="array", interactive=True, elem_id="sudoku-grid",
+                                    label="Puzzle: double-click a cell and type a digit 1-9; leave blanks empty",
+                                    buttons=["copy"], wrap=False)
+                text = gr.Textbox(label="...or paste a puzzle (81 characters with 0 or . for blanks, a 9-line grid, "
+                                        "or puzzle,solution CSV)", lines=3, max_lines=12, max_length=MAX_TEXT_CHARS,
+                                  placeholder="000014200500070300000590004058400001000000006003080090870060000...",
+                                  elem_id="sudoku-text")
+                with gr.Row():
+                    load_btn = gr.Button("Put text in the grid", size="sm")
+                    clear_btn = gr.Button("Clear", size="sm")
+                iters = gr.Slider(1, self.max_iters, value=trained, step=1, elem_id="sudoku-iters",
+                                  label=f"Iterations (trained depth {trained}; up to {MAX_ITER_FACTOR}x)",
+                                  info="'auto' stops earlier when the board is valid or settled")
+                strategy = gr.Radio(list(STRATEGIES), value="single", label="Strategy", elem_id="sudoku-strategy",
+                                    info="single: one pass · commit: fix the most confident digits and run again "
+                                         "(up to 8 passes) · auto: stop when solved or unchanged for 4 iterations")
+                with gr.Row():
+                    solve_btn = gr.Button("Solve", variant="primary", elem_id="solve-btn")
+                    stop_btn = gr.Button("Stop", variant="stop", elem_id="stop-btn")
+            with gr.Column(scale=6):
+                board = gr.HTML(render_board(start, start), elem_id="sudoku-board", label="Board")
+                verdict = gr.Markdown("Load an example or type a puzzle, then press **Solve**.", elem_id="verdict")
+                plot = gr.Plot(label="Energy per iteration", show_label=False, elem_id="sudoku-energy", format="png")
+                with gr.Accordion("Details (JSON)", open=False):
+                    details = gr.JSON(label="Last result")
+        gr.Examples(examples=[[t] for _, t in EXAMPLES], inputs=[text], outputs=[grid, board, verdict],
+                    fn=self.load_text, run_on_click=True, cache_examples=False,
+                    example_labels=[name for name, _ in EXAMPLES], label="Example puzzles (easy to hard)")
+        load_btn.click(self.load_text, [text], [grid, board, verdict], api_name="load_puzzle",
+                       concurrency_limit=None)
+        text.submit(self.load_text, [text], [grid, board, verdict], api_visibility="private",
+                    concurrency_limit=None)
+        grid.input(self.preview, [grid], [board, verdict], api_visibility="private", concurrency_limit=None,
+                   show_progress="hidden")
+        clear_btn.click(self.clear, None, [grid, board, verdict, text, plot, details], api_visibility="private",
+                        concurrency_limit=None)
+        solve_ev = solve_btn.click(self.solve, [grid, iters, strategy], [board, plot, verdict, details],
+                                   api_name="solve", time_limit=SOLVE_TIME_LIMIT, show_progress="minimal",
+                                   concurrency_id=MODEL_QUEUE)
+        stop_btn.click(None, None, None, cancels=[solve_ev], api_visibility="private")
+
+    def _reconstruction_tab(self) -> None:
+        if self.mim is None:
+            gr.Markdown(f"**No reconstruction model is loaded.** {self.mim_note}")
+            return
+        trained, s = self.mim_trained_iters, self.mim.image_size
+        names = list(self.samples)
+        first = self.editor_value(self.samples[names[0]]) if names else None
+        with gr.Row(equal_height=False):
+            with gr.Column(scale=4):
+                sample = gr.Dropdown(names, value=names[0] if names else None, label="Sample image",
+                                     elem_id="mim-sample")
+                upload = gr.Image(type="filepath", sources=["upload", "clipboard"], height=120,
+                                  label=f"...or upload an image (centre square resized to {s}x{s})",
+                                  elem_id="mim-upload")
+                editor = gr.ImageEditor(value=first, type="numpy", image_mode="RGBA", sources=[], layers=False,
+                                        transforms=[], canvas_size=(DISPLAY_SIDE, DISPLAY_SIDE), fixed_canvas=True,
+                                        brush=gr.Brush(colors=["#ff00ff"], default_size=24, color_mode="fixed"),
+                                        format="png", label="Image (paint here for the 'drawn' mask)",
+                                        elem_id="mim-editor")
+                mask_mode = gr.Radio(["random", "drawn"], value="random", label="Mask", elem_id="mim-mask-mode",
+                                     info="random: a share of the tokens (seeded) · drawn: the tokens you paint")
+                ratio = gr.Slider(0.05, 1.0, value=0.5, step=0.05, label="Masked share of tokens (random mask)")
+                seed = gr.Number(value=0, precision=0, minimum=0, label="Seed (mask and sampling)")
+                iters = gr.Slider(1, MAX_ITER_FACTOR * trained, value=trained, step=1,
+                                  label=f"Token-model iterations (trained depth {trained}; up to {MAX_ITER_FACTOR}x)")
+                steps = gr.Slider(1, MAX_DECODE_STEPS, value=24, step=1, label="Decoding steps (MaskGIT; paper: 24)")
+                temperature = gr.Slider(0.0, 2.0, value=1.0, step=0.1, label="Sampling temperature (0 = argmax)")
+                recon_btn = gr.Button("Reconstruct", variant="primary", elem_id="reconstruct-btn")
+            with gr.Column(scale=6):
+                with gr.Row():
+                    original = gr.Image(label="Original", format="png", interactive=False, elem_id="mim-original")
+                    masked = gr.Image(label="Masked input", format="png", interactive=False)
+                    recon = gr.Image(label="Reconstructed", format="png", interactive=False, elem_id="mim-recon")
+                metrics = gr.Markdown("Choose an image and a mask, then press **Reconstruct**.",
+                                      elem_id="mim-metrics")
+                plot = gr.Plot(label="Energy per iteration", show_label=False, elem_id="mim-energy", format="png")
+                with gr.Accordion("Details (JSON)", open=False):
+                    details = gr.JSON(label="Last result")
+        sample.change(self.sample_editor, [sample], [editor], api_name="sample", concurrency_limit=None)
+        upload.upload(self.upload_image, [upload], [editor, metrics], api_name="upload", concurrency_limit=None)
+        recon_btn.click(self.reconstruct, [editor, mask_mode, ratio, seed, iters, steps, temperature],
+                        [original, masked, recon, metrics, plot, details], api_name="reconstruct",
+                        time_limit=SOLVE_TIME_LIMIT, concurrency_id=MODEL_QUEUE)
+
+
+def pending_copy(frame: _Frame) -> _Frame:
+    """A frame whose energy lists are snapshots (the solver keeps appending to the live ones)."""
+    return _Frame(frame.step, frame.pass_index, frame.t, frame.digits, frame.confidence,
+                  [{k: list(v) for k, v in p.items()} for p in frame.passes])
+
+
+def build_demo(solver: Any = None, mim: Any = None, sudoku_note: str = "", mim_note: str = "") -> gr.Blocks:
+    """The Gradio Blocks app around a loaded ``hyperset.solve.Solver`` and ``MIMPipeline`` (either may be None).
+    Requests are queued and run one at a time; launch it with ``launch_kwargs()`` for the upload limit."""
+    return HyperSETApp(solver, mim, sudoku_note, mim_note).build()
+
+
+def launch_kwargs() -> dict[str, Any]:
+    """Options for ``demo.launch`` that belong to the app: the upload size limit and no server-side rendering."""
+    return {"max_file_size": MAX_UPLOAD_BYTES, "ssr_mode": False}

@@ -1,0 +1,144 @@
+"""``hyperset-app``: serve the Hyper-SET web app (Sudoku solver and masked image reconstruction).
+
+    hyperset-app                                # shipped models, http://127.0.0.1:7860
+    hyperset-app --port 8080 --checkpoint runs/sudoku-cpu/best --mim-checkpoint runs/mim-cpu/best
+    hyperset-app --backend onnx                 # Sudoku final answers from ONNX Runtime
+
+Listens on the loopback interface unless ``--host`` says otherwise; a public share link only with ``--share``.
+Both models are loaded once at start-up and shared by every visitor; requests are queued and run one at a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["main", "parser"]
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="hyperset-app", description="Serve the Hyper-SET web app (Gradio).")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="interface to listen on (default 127.0.0.1: this machine only; 0.0.0.0 for all)")
+    p.add_argument("--port", type=int, default=None, help="port (default: the first free one from 7860)")
+    p.add_argument("--checkpoint", metavar="DIR", default=None,
+                   help="Sudoku checkpoint folder (default: the model shipped in the package)")
+    p.add_argument("--mim-checkpoint", metavar="DIR", default=None,
+                   help="token-model checkpoint folder for reconstruction (default: the shipped one)")
+    p.add_argument("--mim-tokenizer", metavar="PATH", default=None,
+                   help="tokenizer folder or VQGAN file (default: the one named by the token model, else shipped)")
+    p.add_argument("--backend", choices=("torch", "onnx"), default="torch",
+                   help="Sudoku solver backend; onnx exports the model to a cached Loop graph and runs the final "
+                        "answer with ONNX Runtime (the per-iteration frames always come from torch)")
+    p.add_argument("--onnx-model", metavar="FILE", default=None, help="use this exported .onnx file (--backend onnx)")
+    p.add_argument("--device", default="auto", help="auto (default), cpu, cuda or mps")
+    p.add_argument("--share", action="store_true", help="also create a public gradio.live link (off by default)")
+    return p
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _fail(message: str) -> int:
+    print(f"hyperset-app: error: {message}", file=sys.stderr)
+    return 2
+
+
+def load_models(args: argparse.Namespace) -> tuple[Any, Any, str, str]:
+    """(solver or None, MIM pipeline or None, note on the Sudoku model, note on the MIM model).
+
+    A model named on the command line must load (a ``SystemExit`` message otherwise); a missing shipped model
+    only disables its tab."""
+    from hyperset.checkpoint import CheckpointError
+    from hyperset.device import pick_device
+    from hyperset.solve import Solver
+    from hyperset.vision.reconstruct import MIMWeightsMissing, load_mim
+
+    try:
+        device = pick_device(args.device)
+    except Exception as err:
+        raise SystemExit(_fail(f"--device {args.device}: {err}")) from None
+    solver, mim, sudoku_note, mim_note = None, None, "", ""
+    try:
+        solver = Solver.load(args.checkpoint, device=str(device))
+    except (CheckpointError, FileNotFoundError, OSError, ValueError) as err:
+        if args.checkpoint:
+            raise SystemExit(_fail(f"cannot load the Sudoku checkpoint {args.checkpoint}: {err}")) from None
+        sudoku_note = f"The shipped Sudoku model is not in this package ({err}); start with --checkpoint DIR."
+    if solver is not None and args.backend == "onnx":
+        try:
+            from exports.solver_backend import attach_onnx_backend
+
+            attach_onnx_backend(solver, args.onnx_model, device=args.device)
+        except Exception as err:
+            raise SystemExit(_fail(f"cannot start the ONNX backend: {type(err).__name__}: {err}")) from None
+    elif args.onnx_model and args.backend != "onnx":
+        raise SystemExit(_fail("--onnx-model needs --backend onnx"))
+    try:
+        mim = load_mim(args.mim_checkpoint, tokenizer=args.mim_tokenizer, device=device)
+    except MIMWeightsMissing as err:
+        mim_note = f"{err}. Start with --mim-checkpoint DIR."
+    except (CheckpointError, FileNotFoundError, OSError, ValueError) as err:
+        if args.mim_checkpoint or args.mim_tokenizer:
+            raise SystemExit(_fail(f"cannot load the reconstruction model: {err}")) from None
+        mim_note = f"The shipped reconstruction model could not be loaded ({err}); start with --mim-checkpoint DIR."
+    return solver, mim, sudoku_note, mim_note
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.port is not None and not 0 < args.port < 65536:
+        return _fail(f"--port must be 1-65535 (got {args.port})")
+    for name in ("checkpoint", "mim_checkpoint", "onnx_model"):
+        value = getattr(args, name)
+        if value and not Path(value).exists():
+            return _fail(f"--{name.replace('_', '-')} {value}: no such file or folder")
+    try:
+        solver, mim, sudoku_note, mim_note = load_models(args)
+    except SystemExit as stop:
+        return int(stop.code or 2)
+    if solver is None and mim is None:
+        return _fail(f"no model to serve. {sudoku_note} {mim_note}".strip())
+
+    from .app import build_demo, launch_kwargs
+
+    demo = build_demo(solver, mim, sudoku_note, mim_note)
+    if solver is not None:
+        line = f"Sudoku: {solver.backend_name} on {solver.device_name()}, trained depth {solver.trained_iters}"
+        if solver.backend is not None:
+            session = getattr(solver.backend, "session", None)
+            provider = getattr(session, "provider", None)
+            line += (f"; ONNX Runtime provider used: {provider} ({solver.backend.path}); the iteration-by-iteration "
+                     "frames come from the torch model on " + str(solver.device))
+        print(line)
+    else:
+        print(f"Sudoku tab disabled: {sudoku_note}")
+    if mim is not None:
+        print(f"Reconstruction: torch on {mim.device}, {mim.image_size}x{mim.image_size} images, "
+              f"trained depth {mim.trained_iters}")
+    else:
+        print(f"Reconstruction tab disabled: {mim_note}")
+    if not _is_loopback(args.host):
+        print(f"Note: listening on {args.host}, reachable from other machines.")
+    if args.share:
+        print("Note: --share creates a public link that anyone with the address can use.")
+    demo.launch(server_name=args.host, server_port=args.port, share=args.share, prevent_thread_lock=True,
+                quiet=True, **launch_kwargs())
+    print(f"Running on {demo.local_url}", flush=True)
+    if args.share and getattr(demo, "share_url", None):
+        print(f"Public link: {demo.share_url}", flush=True)
+    demo.block_thread()  # until Ctrl+C; closes the server
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
