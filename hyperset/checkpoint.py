@@ -23,6 +23,13 @@ class CheckpointError(RuntimeError):
     """A missing, truncated or mismatched checkpoint; the message names what was expected."""
 
 
+def _default_mode() -> int:
+    """What a plainly created file gets (0666 minus the umask); mkstemp would leave 0600."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     """Write to a temporary file in the same folder, then rename: a crash never leaves half a file."""
     path = Path(path)
@@ -33,6 +40,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, _default_mode())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -52,6 +60,7 @@ def save_tensors(path: str | os.PathLike, tensors: dict[str, torch.Tensor], meta
     os.close(fd)
     try:
         save_file({k: v.detach().contiguous().clone() for k, v in tensors.items()}, tmp, metadata=metadata)
+        os.chmod(tmp, _default_mode())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
