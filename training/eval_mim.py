@@ -116,7 +116,7 @@ def _fmt(value: float | None, digits: int = 3) -> str:
     return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
 
 
-def model_row(pipeline: MIMPipeline | None, iters: int | None, baseline: str) -> tuple[str, str]:
+def model_row(pipeline: MIMPipeline | None, iters: int | None) -> tuple[str, str]:
     """(name, "Layer / Iteration / FF Ratio M (# Params)") as in the paper's tables."""
     if pipeline is None:
         return "Most-frequent code", "-"
@@ -191,6 +191,8 @@ def mim_command(checkpoint: Path | None, data: Path, split: str, mask_ratio: flo
         if baseline == "none":
             pipeline = load_mim(checkpoint, tokenizer=tokenizer_path, device=device)
             tok = pipeline.tokenizer
+        elif checkpoint is not None and tokenizer_path is None:  # the baseline on that model's tokenizer
+            tok = load_mim(checkpoint, device=device).tokenizer
         else:
             tok = load_tokenizer(tokenizer_path, device=device, image_size=image_size)
         size = image_size or tok.image_size
@@ -209,7 +211,7 @@ def mim_command(checkpoint: Path | None, data: Path, split: str, mask_ratio: flo
     except (CheckpointError, FileNotFoundError, ValueError) as e:
         click.echo(f"hyperset-eval mim: error: {e}", err=True)
         sys.exit(2)
-    name, config = model_row(pipeline, iters, baseline)
+    name, config = model_row(pipeline, iters)
     result.update({
         "model": name, "model_config": config, "baseline": baseline, "most_frequent_code": fill,
         "iters": (iters or pipeline.model.cfg.iters) if pipeline is not None else 0,

@@ -146,6 +146,7 @@ class ReconstructionResult:
     input_codes: the tokenizer's codes of the input images (B, h, w).
     mask: the token mask used (B, h, w), True = masked.
     tokenizer_images: decode(input_codes): the best any token model can do (the tokenizer's ceiling).
+    masked_images: the inputs with every masked token's pixel block painted mid-gray (for display).
     energy: {"attn": [T], "ff": [T]} E_ATTN and E_FF after each iteration t = 1..T of the token model's
         forward pass at the final decoding step (its input: the codes with the last still-masked tokens),
         averaged over the batch; empty for baselines without an energy (Transformer).
@@ -158,6 +159,7 @@ class ReconstructionResult:
     input_codes: Tensor
     mask: Tensor
     tokenizer_images: Tensor
+    masked_images: Tensor
     energy: dict[str, list[float]] = field(default_factory=dict)
     energy_per_image: dict[str, Tensor] = field(default_factory=dict)
     iters: int = 0
@@ -183,6 +185,13 @@ def pixel_to_token_mask(pixel_mask: Tensor | np.ndarray, grid: int, threshold: f
         raise ValueError(f"a {h}x{w} pixel mask does not split into a {grid}x{grid} token grid")
     frac = F.avg_pool2d(m.reshape(-1, 1, h, w).float(), (h // grid, w // grid))
     return (frac >= threshold - 1e-9).reshape(*m.shape[:-2], grid, grid)
+
+
+def paint_mask(images: Tensor, mask: Tensor, value: float = 0.5) -> Tensor:
+    """images (B, 3, H, W) with the pixels of masked tokens (mask (B, h, w)) set to ``value``."""
+    h, w = images.shape[-2:]
+    pixels = F.interpolate(mask[:, None].float(), size=(h, w), mode="nearest").bool()
+    return images.masked_fill(pixels, value)
 
 
 def prepare_images(images: Tensor | Image.Image | list[Image.Image], size: int) -> Tensor:
@@ -304,7 +313,7 @@ class MIMPipeline:
         per_image = {k: torch.stack(v, dim=1).cpu() for k, v in (trace.energy if trace else {}).items()}
         return ReconstructionResult(
             images=self.decode(filled), codes=filled, input_codes=codes, mask=mask,
-            tokenizer_images=self.decode(codes),
+            tokenizer_images=self.decode(codes), masked_images=paint_mask(images.cpu().float(), mask),
             energy={k: v.mean(0).tolist() for k, v in per_image.items()}, energy_per_image=per_image,
             iters=iters, steps=steps, temperature=temperature)
 
