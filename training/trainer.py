@@ -233,8 +233,9 @@ class Trainer:
         micro = dist_env.world * cfg.accum_steps
         if cfg.batch_size % micro:
             raise ValueError(f"global batch {cfg.batch_size} is not divisible by processes x accum-steps = {micro}")
+        n_params = sum(p.numel() for p in model.parameters())
         self._say(f"training {self.task.name} on {describe(device)} x {dist_env.world} process(es): "
-                  f"{model.num_parameters():,} parameters, {cfg.steps} steps, global batch {cfg.batch_size} "
+                  f"{n_params:,} parameters, {cfg.steps} steps, global batch {cfg.batch_size} "
                   f"({cfg.batch_size // micro} per process and micro-step, {cfg.accum_steps} accumulation steps), "
                   f"lr {cfg.lr:g}, amp={cfg.amp}")
         old_handlers = {s: signal.signal(s, self._handle_signal) for s in (signal.SIGTERM, signal.SIGINT)}
