@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gzip
 import json
 import subprocess
 import sys
@@ -11,11 +10,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import write_sudoku_csvs
 from safetensors.torch import load_file
 
 from hyperset.checkpoint import load_checkpoint
 from hyperset.config import preset_config
-from hyperset.sudoku.exact import generate
 from training.sudoku_task import SudokuData, SudokuTask
 from training.trainer import TrainConfig, Trainer
 
@@ -43,12 +42,7 @@ WORKER = textwrap.dedent('''
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("sudoku-ddp")
-    rows = generate(40, 30, 36, seed=3)
-    with gzip.open(root / "train.csv.gz", "wt") as f:
-        f.writelines(f"{p},{s}\n" for p, s in rows[:24])
-    (root / "valid.csv").write_text("".join(f"{p},{s}\n" for p, s in rows[24:]))
-    return root
+    return write_sudoku_csvs(tmp_path_factory.mktemp("sudoku-ddp"), 24, 16, seed=3)
 
 
 def task(data_dir: Path) -> SudokuTask:

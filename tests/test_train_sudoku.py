@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import gzip
 import json
 from pathlib import Path
 
 import pytest
 import torch
 from click.testing import CliRunner
+from conftest import write_sudoku_csvs
 
 from hyperset.checkpoint import load_checkpoint
 from hyperset.config import preset_config
-from hyperset.sudoku.exact import generate
 from training.cli import main as train_main
 from training.sudoku_task import SudokuData, SudokuTask
 from training.trainer import TrainConfig, Trainer, lr_at
@@ -20,12 +19,7 @@ from training.trainer import TrainConfig, Trainer, lr_at
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("sudoku-data")
-    rows = generate(120, 30, 36, seed=1)
-    with gzip.open(root / "train.csv.gz", "wt") as f:
-        f.writelines(f"{p},{s}\n" for p, s in rows[:90])
-    (root / "valid.csv").write_text("".join(f"{p},{s}\n" for p, s in rows[90:]))
-    return root
+    return write_sudoku_csvs(tmp_path_factory.mktemp("sudoku-data"), 90, 30, seed=1)
 
 
 def tiny_task(data_dir: Path, **data_kw) -> SudokuTask:

@@ -177,13 +177,6 @@ def _split(data: MIMData) -> tuple[ImageSet, ImageSet]:
 # Stage 1: the VQ tokenizer
 
 
-class TrainableTokenizer(VQTokenizer):
-    """VQTokenizer plus what the trainer asks of a model (``num_parameters``); same weights and keys."""
-
-    def num_parameters(self) -> int:
-        return sum(p.numel() for p in self.parameters())
-
-
 @dataclass
 class TokenizerTask:
     """Train the VQ tokenizer: reconstruction MSE + commitment, EMA codebook (hyperset.vision.vq)."""
@@ -200,8 +193,8 @@ class TokenizerTask:
     def model_config(self) -> VQConfig:  # type: ignore[override]
         return self.vq
 
-    def build_model(self) -> TrainableTokenizer:
-        return TrainableTokenizer(self.vq)
+    def build_model(self) -> VQTokenizer:
+        return VQTokenizer(self.vq)
 
     def save(self, directory: Path, model: torch.nn.Module, info: dict[str, Any]) -> None:
         info = {**info, "data": {**info.get("data", {}), "image_size": self.data.image_size}}
