@@ -8,11 +8,12 @@ without a server, which is how the tests exercise them.
 Sudoku tab
     Enter digits in the 9x9 grid or paste text (an 81-character line, a 9-line grid or ``puzzle,solution``
     CSV) and press "Put text in the grid". The iteration slider goes from 1 to 4x the trained depth; the
-    strategy is ``single`` (one pass of N iterations), ``commit`` (MaskGIT-style: N iterations, commit the most
-    confident clash-free digits as new givens, again, up to 8 passes) or ``auto`` (stop when the board is valid
-    or has not changed for 4 iterations; the slider is the maximum). Solve streams the board after every
-    iteration: givens bold, predicted digits shaded by the model's confidence, conflicting cells red, and the
-    energies E_ATTN and E_FF per iteration with a dashed line at the trained depth.
+    strategy is ``commit`` (the default, MaskGIT-style: N iterations, commit the most confident clash-free
+    digits as new givens and run again until the board is valid, up to 16 passes), ``single`` (one pass of N
+    iterations) or ``auto`` (stop when the board is valid or has not changed for 4 iterations; the slider is
+    the maximum). Solve streams the board after every iteration: givens bold, predicted digits shaded by the
+    model's confidence, conflicting cells red, and the energies E_ATTN and E_FF per iteration with a dashed
+    line at the trained depth.
 
     ONNX backend (``hyperset-app --backend onnx``): the exported Loop graph returns only the final logits (and
     the energy trace), not the board after each iteration. The frames shown while solving therefore come from
@@ -45,7 +46,8 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 from PIL import Image
 
-from hyperset.sudoku.board import UNITS, PuzzleError, cell_name, conflicts, parse_puzzles, validate
+from hyperset.solve import DEFAULT_PASSES, DEFAULT_STRATEGY, commit_cells
+from hyperset.sudoku.board import PuzzleError, cell_name, conflicts, parse_puzzles, validate
 
 __all__ = [
     "EXAMPLES",
@@ -68,8 +70,7 @@ MAX_ITER_FACTOR = 4  # iteration sliders go up to 4x the trained depth
 MAX_DECODE_STEPS = 64
 QUEUE_SIZE = 16  # requests waiting in the queue beyond the one running
 MODEL_QUEUE = "models"  # solve and reconstruct share one slot: one model computation at a time
-SOLVE_TIME_LIMIT = 300  # seconds, per request (a slow shared CPU can need minutes for 8 x 4T iterations)
-COMMIT_ROUNDS = 8  # as hyperset.solve.Solver._commit
+SOLVE_TIME_LIMIT = 300  # seconds, per request (a slow shared CPU can need minutes for 16 passes of 4T iterations)
 AUTO_PATIENCE = 4  # as Solver.solve(iters="auto")
 PLOT_FRAMES = 8  # while streaming, redraw the energy plot about this many times per pass (and at the end)
 DISPLAY_SIDE = 256  # images are shown upscaled to about this many pixels
@@ -213,17 +214,6 @@ def render_board(board: str, givens: str, confidence: Sequence[float] | None = N
             '<table style="border-collapse:collapse;font-family:ui-monospace,Menlo,Consolas,monospace;'
             'font-size:22px;line-height:1;margin:0;">' + "".join(rows) + "</table>" + note +
             f'<div style="margin-top:6px;font-size:12px;color:#4b5563">{legend}</div></div>')
-
-
-def _clashes(board: torch.Tensor, digits: torch.Tensor) -> torch.Tensor:
-    """(B, 81) bool: the proposed digit already stands in a row/column/box peer of the current board."""
-    peers = torch.zeros(81, 81, dtype=torch.bool)
-    for unit in UNITS:
-        idx = torch.tensor(unit)
-        peers[idx[:, None], idx[None, :]] = True
-    peers.fill_diagonal_(False)
-    peers = peers.to(board.device)
-    return ((board[:, None, :] == digits[:, :, None]) & peers[None]).any(-1)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -446,26 +436,21 @@ class HyperSETApp:
                     break
         else:  # commit
             current = boards.clone()
-            for r in range(COMMIT_ROUNDS):
+            for r in range(DEFAULT_PASSES):  # as Solver.solve(strategy="commit"), one board
                 blanks = current == 0
                 if not blanks.any():
                     break
                 last = None
                 for frame, digits, conf in run_pass(current, iters, r):
-                    last = (digits, conf)
+                    last = (frame, digits, conf)
                     yield frame
-                digits, conf = last
-                if r == COMMIT_ROUNDS - 1:
+                frame, digits, conf = last
+                if r == DEFAULT_PASSES - 1 or validate(frame.digits, puzzle).valid:
                     break
-                clash = _clashes(current, digits)
-                score = torch.where(blanks & ~clash, conf, torch.full_like(conf, -1.0))
-                share = 1.0 - math.cos(math.pi / 2 * (r + 1) / COMMIT_ROUNDS)
-                k = max(1, int(math.ceil(share * int(blanks[0].sum()))))
-                top = score[0].topk(k)
-                chosen = top.indices[top.values > 0]
+                (chosen,) = commit_cells(current, digits, conf, r, DEFAULT_PASSES)
                 current[0, chosen] = digits[0, chosen]
 
-    def solve(self, grid: Any, iterations: Any = None, strategy: Any = "single") -> Iterator[tuple[Any, ...]]:
+    def solve(self, grid: Any, iterations: Any = None, strategy: Any = DEFAULT_STRATEGY) -> Iterator[tuple[Any, ...]]:
         """Generator: one (board HTML, energy plot, verdict, details) per iteration; the last one has the verdict.
 
         Bad input yields a single update with the message (and no exception)."""
@@ -476,7 +461,7 @@ class HyperSETApp:
             puzzle = grid_to_puzzle(grid)
             iters = _int_in(self.trained_iters if iterations is None else iterations, 1, self.max_iters,
                             "iterations")
-            strategy = str(strategy or "single").lower()
+            strategy = str(strategy or DEFAULT_STRATEGY).lower()
             if strategy not in STRATEGIES:
                 raise InputError(f"strategy must be one of {', '.join(STRATEGIES)} (got {strategy!r})")
         except InputError as err:
@@ -761,9 +746,11 @@ class HyperSETApp:
                 iters = gr.Slider(1, self.max_iters, value=trained, step=1, elem_id="sudoku-iters",
                                   label=f"Iterations (trained depth {trained}; up to {MAX_ITER_FACTOR}x)",
                                   info="'auto' stops earlier when the board is valid or settled")
-                strategy = gr.Radio(list(STRATEGIES), value="single", label="Strategy", elem_id="sudoku-strategy",
+                strategy = gr.Radio(list(STRATEGIES), value=DEFAULT_STRATEGY, label="Strategy",
+                                    elem_id="sudoku-strategy",
                                     info="single: one pass · commit: fix the most confident digits and run again "
-                                         "(up to 8 passes) · auto: stop when solved or unchanged for 4 iterations")
+                                         f"(up to {DEFAULT_PASSES} passes) · auto: stop when solved or unchanged "
+                                         "for 4 iterations")
                 with gr.Row():
                     solve_btn = gr.Button("Solve", variant="primary", elem_id="solve-btn")
                     stop_btn = gr.Button("Stop", variant="stop", elem_id="stop-btn")

@@ -7,6 +7,7 @@ Rows:
               iteration, fp32) — the number the issue quotes for their code (~29 boards/s training here)
   paper-d768  the paper's model (d=768, 12 heads, 24 iterations, batch 16, fp32)
   ours        the shipped recipe (d=128, 16 iterations, batch 32, loss on every iteration) in fp32 and bf16
+  *-compile   the same under torch.compile (warm-up time, which includes compilation, is recorded)
 Each row is timed after warm-up steps; the machine's load at the time is recorded (a shared 2-core VM).
 """
 
@@ -34,6 +35,8 @@ ROWS = {
     "paper-d768-fp32": dict(preset="sudoku", overrides={}, batch=16, supervise="last", amp=False),
     "ours-fp32": dict(preset="sudoku-cpu", overrides={}, batch=32, supervise="all", amp=False),
     "ours-bf16": dict(preset="sudoku-cpu", overrides={}, batch=32, supervise="all", amp=True),
+    "ours-fp32-compile": dict(preset="sudoku-cpu", overrides={}, batch=32, supervise="all", amp=False, compile=True),
+    "ours-bf16-compile": dict(preset="sudoku-cpu", overrides={}, batch=32, supervise="all", amp=True, compile=True),
 }
 
 
@@ -41,6 +44,7 @@ def measure(row: dict, steps: int, warmup: int) -> dict:
     torch.manual_seed(0)
     model = HyperSETModel(preset_config(row["preset"], **row["overrides"]))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    net = torch.compile(model) if row.get("compile") else model
     b = row["batch"]
     puzzles = torch.randint(0, 10, (b, 81))
     target = torch.where(puzzles == 0, torch.randint(0, 9, (b, 81)), -100)
@@ -51,31 +55,33 @@ def measure(row: dict, steps: int, warmup: int) -> dict:
     def train_step() -> None:
         with ctx():
             if row["supervise"] == "all":
-                logits = model(puzzles, all_logits=True)
+                logits = net(puzzles, all_logits=True)
                 loss = F.cross_entropy(logits.float().flatten(0, 2), target.repeat(len(logits), 1).flatten(),
                                        ignore_index=-100)
             else:
-                loss = F.cross_entropy(model(puzzles).float().flatten(0, 1), target.flatten(), ignore_index=-100)
+                loss = F.cross_entropy(net(puzzles).float().flatten(0, 1), target.flatten(), ignore_index=-100)
         opt.zero_grad()
         loss.backward()
         opt.step()
 
-    for _ in range(warmup):
+    t0 = time.perf_counter()
+    for _ in range(warmup):  # includes compilation for the compiled rows
         train_step()
+    warmup_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     for _ in range(steps):
         train_step()
     train_rate = steps * b / (time.perf_counter() - t0)
     model.eval()
     with torch.no_grad(), ctx():
-        model(puzzles)
+        net(puzzles)
         t0 = time.perf_counter()
         for _ in range(steps):
-            model(puzzles)
+            net(puzzles)
         infer_rate = steps * b / (time.perf_counter() - t0)
     return {**{k: v for k, v in row.items()}, "iters": model.cfg.iters, "dim": model.cfg.dim,
             "parameters": model.num_parameters(), "train_boards_per_s": train_rate,
-            "inference_boards_per_s": infer_rate}
+            "inference_boards_per_s": infer_rate, "warmup_seconds": warmup_s}
 
 
 def main() -> None:

@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from .checkpoint import CheckpointError
+from .solve import DEFAULT_PASSES, DEFAULT_STRATEGY
 from .sudoku.board import Puzzle, PuzzleError, cell_name, format_grid, parse_file
 
 EXIT_SOLVED, EXIT_UNSOLVED, EXIT_BAD_INPUT = 0, 1, 2
@@ -102,8 +103,11 @@ def _load_puzzles(files: tuple[str, ...]) -> list[Puzzle]:
 @click.argument("files", nargs=-1, required=True, type=str)
 @click.option("--iters", default=None,
               help="iterations (may exceed the trained depth) or 'auto' [default: trained depth]")
-@click.option("--strategy", type=click.Choice(["single", "commit"]), default="single", show_default=True,
-              help="single: one pass; commit: fix the most confident cells and run again until full")
+@click.option("--strategy", type=click.Choice(["commit", "single"]), default=DEFAULT_STRATEGY, show_default=True,
+              help="commit: run, fix the most confident clash-free cells as givens, run again until the board is "
+                   "valid or full; single: one pass")
+@click.option("--passes", type=click.IntRange(1, 81), default=DEFAULT_PASSES, show_default=True,
+              help="most passes of the commit strategy")
 @click.option("--checkpoint", type=click.Path(), default=None, help="checkpoint folder [default: the shipped model]")
 @click.option("--device", default="auto", show_default=True, help="auto | cpu | cuda")
 @click.option("--backend", type=click.Choice(["torch", "onnx"]), default="torch", show_default=True)
@@ -113,8 +117,8 @@ def _load_puzzles(files: tuple[str, ...]) -> list[Puzzle]:
 @click.option("--trace", is_flag=True, help="print E_ATTN and E_FF at every iteration")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None, help="write the energy curve (PNG)")
 @click.option("--color/--no-color", default=None, help="colour givens and filled cells [default: on a terminal]")
-def solve_main(files: tuple[str, ...], iters: str | None, strategy: str, checkpoint: str | None, device: str,
-               backend: str, onnx_model: str | None, batch_size: int, as_json: bool, trace: bool,
+def solve_main(files: tuple[str, ...], iters: str | None, strategy: str, passes: int, checkpoint: str | None,
+               device: str, backend: str, onnx_model: str | None, batch_size: int, as_json: bool, trace: bool,
                plot: str | None, color: bool | None) -> None:
     """Solve the Sudoku puzzles in FILES ('-' reads standard input).
 
@@ -143,7 +147,7 @@ def solve_main(files: tuple[str, ...], iters: str | None, strategy: str, checkpo
             for w in p.warnings:
                 click.echo(f"warning: {p.source}, line {p.line}: {w}", err=True)
     results, seconds = timed_solve(solver, [p.givens for p in puzzles], iters=n_iters, strategy=strategy,
-                                   batch_size=batch_size, solutions=[p.solution for p in puzzles])
+                                   passes=passes, batch_size=batch_size, solutions=[p.solution for p in puzzles])
     summary = summarize(results, seconds, solver)
     if plot:
         plot_energy(plot, results, solver.trained_iters)

@@ -26,6 +26,8 @@ from .models import HyperSETModel
 from .sudoku.board import UNITS, validate
 
 STRATEGIES = ("single", "auto", "commit")
+DEFAULT_STRATEGY = "commit"  # measured in bench/sudoku_eval.py (README, "Sudoku results")
+DEFAULT_PASSES = 16  # most passes of the commit strategy
 
 
 def bundled_checkpoint() -> Path:
@@ -121,18 +123,21 @@ class Solver:
             conf = torch.where(boards > 0, torch.ones_like(conf), conf)
             yield t, digits, conf, {k: v.float() for k, v in layer.energy(x, t).items()}
 
-    def solve(self, puzzles: Sequence[str], iters: int | str | None = None, strategy: str = "single",
+    def solve(self, puzzles: Sequence[str], iters: int | str | None = None, strategy: str = DEFAULT_STRATEGY,
               batch_size: int = 256, solutions: Sequence[str | None] | None = None,
-              max_iters: int | None = None, patience: int = 4) -> list[SolveResult]:
-        """Solve 81-character puzzles. `iters` defaults to the trained depth; "auto" settles per board."""
+              max_iters: int | None = None, patience: int = 4, passes: int = DEFAULT_PASSES) -> list[SolveResult]:
+        """Solve 81-character puzzles. `iters` defaults to the trained depth; "auto" settles per board;
+        `passes` is the most passes of the commit strategy."""
         if strategy not in STRATEGIES:
             raise ValueError(f"unknown strategy {strategy!r}; choose from {', '.join(STRATEGIES)}")
         if iters == "auto":
-            strategy = "auto" if strategy == "single" else strategy
+            strategy = "auto"
             iters = None
         n_iters = int(iters) if iters is not None else self.trained_iters
         if n_iters < 1:
             raise ValueError(f"iterations must be >= 1, got {n_iters}")
+        if passes < 1:
+            raise ValueError(f"passes must be >= 1, got {passes}")
         results: list[SolveResult] = []
         for i in range(0, len(puzzles), batch_size):
             chunk = list(puzzles[i: i + batch_size])
@@ -142,7 +147,7 @@ class Solver:
             elif strategy == "auto":
                 results += self._auto(chunk, boards, max_iters or 4 * self.trained_iters, patience)
             else:
-                results += self._commit(chunk, boards, n_iters)
+                results += self._commit(chunk, boards, n_iters, passes)
         for k, r in enumerate(results):
             sol = solutions[k] if solutions is not None else None
             if sol:
@@ -188,34 +193,63 @@ class Solver:
                              {k: [float(e[b]) for e in v[: done_at[b]]] for k, v in energies.items()})
                 for b, p in enumerate(chunk)]
 
-    def _commit(self, chunk: list[str], boards: torch.Tensor, iters: int, rounds: int = 8) -> list[SolveResult]:
-        """Each pass commits a growing share of the remaining blanks (most confident, clash-free) as givens."""
+    def _commit(self, chunk: list[str], boards: torch.Tensor, iters: int, rounds: int) -> list[SolveResult]:
+        """Each pass commits a growing share of the remaining blanks (most confident, clash-free) as givens.
+
+        A board leaves the loop as soon as its prediction (givens + argmax) is a valid full board: that board is
+        the solution of a well-posed puzzle, so further passes could not change it. Only unfinished boards are
+        run again, so easy boards cost one pass."""
+        n = len(chunk)
         current = boards.clone()
-        energy: dict[str, torch.Tensor] = {}
-        passes = 0
+        cell_conf = torch.where(boards > 0, 1.0, 0.0).float()  # confidence with which each cell was filled
+        final: list[tuple[torch.Tensor, torch.Tensor, dict[str, list[float]], int] | None] = [None] * n
+        active = list(range(n))
         for r in range(rounds):
-            blanks = (current == 0)
-            if not blanks.any():
-                break
-            logits, energy = self._logits(current, iters)
-            passes += 1
+            idx = torch.tensor(active, device=current.device)
+            cur = current[idx]
+            blanks = cur == 0
+            logits, energy = self._logits(cur, iters)
             conf, digit = torch.softmax(logits, -1).max(-1)
             digit = digit + 1
-            if r == rounds - 1:
-                current = torch.where(blanks, digit, current)
+            proposal = torch.where(blanks, digit, cur)
+            filled_conf = torch.where(blanks, conf, cell_conf[idx])
+            solved = _valid_full(proposal.cpu())
+            still = []
+            for j, b in enumerate(active):
+                if solved[j] or r == rounds - 1 or not bool(blanks[j].any()):
+                    final[b] = (proposal[j], filled_conf[j], {k: v[:, j].tolist() for k, v in energy.items()}, r + 1)
+                else:
+                    still.append(j)
+            if not still:
                 break
-            clash = _clashes(current, digit)
-            score = torch.where(blanks & ~clash, conf, torch.full_like(conf, -1.0))
-            share = 1.0 - math.cos(math.pi / 2 * (r + 1) / rounds)  # commit more as passes go on
-            for b in range(len(chunk)):
-                k = max(1, int(math.ceil(share * int(blanks[b].sum()))))
-                top = score[b].topk(k)
-                chosen = top.indices[top.values > 0]
-                current[b, chosen] = digit[b, chosen]
-        conf = torch.where(boards > 0, 1.0, torch.softmax(self._logits(current, iters)[0], -1).max(-1).values)
-        return [self._finish(p, current[b], conf[b], iters * passes,
-                             {k: v[:, b].tolist() for k, v in energy.items()}, passes)
-                for b, p in enumerate(chunk)]
+            keep = torch.tensor(still, device=cur.device)
+            chosen = commit_cells(cur[keep], digit[keep], conf[keep], r, rounds)
+            for j, pick in zip(still, chosen):
+                b = active[j]
+                current[b, pick] = digit[j, pick]
+                cell_conf[b, pick] = conf[j, pick]
+            active = [active[j] for j in still]
+        out = []
+        for b, p in enumerate(chunk):
+            digits, conf_b, energy_b, passes = final[b]  # type: ignore[misc]
+            out.append(self._finish(p, digits, conf_b, iters * passes, energy_b, passes))
+        return out
+
+
+def commit_cells(board: torch.Tensor, digit: torch.Tensor, conf: torch.Tensor, pass_index: int,
+                 passes: int) -> list[torch.Tensor]:
+    """The cells the commit strategy fixes after pass `pass_index` (0-based) of at most `passes`: per board, the
+    most confident predictions for blank cells whose digit does not already stand in a peer cell, a share of the
+    remaining blanks that grows as 1 - cos(pi/2 * (pass + 1) / passes). Returns one index tensor per board."""
+    blanks = board == 0
+    score = torch.where(blanks & ~_clashes(board, digit), conf, torch.full_like(conf, -1.0))
+    share = 1.0 - math.cos(math.pi / 2 * (pass_index + 1) / passes)
+    out = []
+    for b in range(len(board)):
+        k = max(1, int(math.ceil(share * int(blanks[b].sum()))))
+        top = score[b].topk(k)
+        out.append(top.indices[top.values > 0])
+    return out
 
 
 def _clashes(board: torch.Tensor, digit: torch.Tensor) -> torch.Tensor:

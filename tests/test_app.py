@@ -107,7 +107,7 @@ def test_solve_streams_one_update_per_iteration(app: HyperSETApp, iters: int):
     for u in updates[:-1]:
         assert "Solving" in u[2] and "<td" in u[0]
     # the streamed answer is the solver's answer
-    ref = app.solver.solve([EASY], iters=iters)[0]
+    ref = app.solver.solve([EASY], iters=iters, strategy="single")[0]
     assert ref.prediction == details["prediction"] and ref.valid == details["valid"]
     np.testing.assert_allclose(ref.energy["attn"], details["energy"]["attn"], rtol=1e-5)
 
@@ -116,7 +116,8 @@ def test_solve_commit_and_auto(app: HyperSETApp):
     commit = list(app.solve(puzzle_to_grid(EASY), 2, "commit"))
     d = commit[-1][3]
     assert len(commit) == d["iterations"] == 2 * d["passes"] and len(d["energy_per_pass"]) == d["passes"]
-    assert d["prediction"] == app.solver.solve([EASY], iters=2, strategy="commit")[0].prediction
+    ref = app.solver.solve([EASY], iters=2, strategy="commit")[0]
+    assert d["prediction"] == ref.prediction and d["passes"] == ref.passes  # the same decoding as the CLI
     cap = MAX_ITER_FACTOR * TRAINED
     auto = list(app.solve(puzzle_to_grid(EASY), cap, "auto"))
     assert 1 <= len(auto) <= cap and auto[-1][3]["iterations"] == len(auto)

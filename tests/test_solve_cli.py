@@ -40,7 +40,7 @@ def run(args: list[str], stdin: str | None = None) -> tuple[int, str, str]:
 
 
 def test_single_pass_returns_full_boards_that_keep_the_givens(solver: Solver) -> None:
-    (r,) = solver.solve([EASY], iters=5)
+    (r,) = solver.solve([EASY], iters=5, strategy="single")
     assert len(r.prediction) == 81 and "0" not in r.prediction
     assert all(p == q for p, q in zip(EASY, r.prediction) if p != "0")
     assert r.iterations == 5
@@ -48,14 +48,14 @@ def test_single_pass_returns_full_boards_that_keep_the_givens(solver: Solver) ->
 
 
 def test_untrained_model_output_is_reported_invalid_not_solved(solver: Solver) -> None:
-    (r,) = solver.solve([EASY], iters=3)
+    (r,) = solver.solve([EASY], iters=3, strategy="single")
     assert not r.valid  # a random model does not solve Sudoku; the exact checker must say so
     assert r.conflicting_cells and r.reason != "valid solution"
 
 
 def test_iterations_past_the_trained_depth_work_and_are_deterministic(solver: Solver) -> None:
-    a = solver.solve([EASY], iters=12)[0]
-    b = solver.solve([EASY], iters=12)[0]
+    a = solver.solve([EASY], iters=12, strategy="single")[0]
+    b = solver.solve([EASY], iters=12, strategy="single")[0]
     assert a.prediction == b.prediction and a.energy == b.energy
     assert len(a.energy["attn"]) == 12
 
@@ -67,9 +67,58 @@ def test_auto_strategy_stops_within_its_bound(solver: Solver) -> None:
 
 
 def test_commit_strategy_fills_the_board_in_several_passes(solver: Solver) -> None:
-    (r,) = solver.solve([EASY], iters=3, strategy="commit")
-    assert "0" not in r.prediction and r.passes >= 2
+    (r,) = solver.solve([EASY], iters=3, strategy="commit", passes=5)
+    assert "0" not in r.prediction and 2 <= r.passes <= 5
     assert all(p == q for p, q in zip(EASY, r.prediction) if p != "0")
+    assert r.iterations == 3 * r.passes and len(r.energy["attn"]) == 3  # the energy of the last pass
+
+
+class OracleBackend:
+    """Logits that put all mass on the known solution for the boards it knows, uniform noise otherwise;
+    records the batch sizes it was called with."""
+
+    name = "oracle"
+
+    def __init__(self, known: dict[str, str]):
+        self.known, self.calls = known, []
+
+    def __call__(self, boards: torch.Tensor, iters: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        self.calls.append(len(boards))
+        logits = torch.randn(len(boards), 81, 9, generator=torch.Generator().manual_seed(len(self.calls)))
+        for b, row in enumerate(boards.tolist()):
+            for start, solution in self.known.items():
+                if all(c == 0 or c == int(start[i]) for i, c in enumerate(row)):
+                    logits[b] = -10.0
+                    logits[b, torch.arange(81), torch.tensor([int(c) - 1 for c in solution])] = 10.0
+        return logits, {"attn": torch.zeros(iters, len(boards)), "ff": torch.zeros(iters, len(boards))}
+
+
+def test_commit_strategy_stops_each_board_when_it_is_valid(solver: Solver) -> None:
+    hard = generate(1, seed=3)[0][0]
+    oracle = OracleBackend({EASY: EASY_SOLUTION})
+    solver.backend = oracle
+    try:
+        easy, other = solver.solve([EASY, hard], iters=2, strategy="commit", passes=4)
+    finally:
+        solver.backend = None
+    assert easy.valid and easy.correct is None and easy.prediction == EASY_SOLUTION and easy.passes == 1
+    assert other.passes == 4 and other.iterations == 8
+    assert oracle.calls == [2, 1, 1, 1]  # only the unfinished board runs again
+
+
+def test_commit_cells_picks_confident_clash_free_blanks_only() -> None:
+    from hyperset.solve import commit_cells
+
+    board = torch.tensor([[int(c) for c in EASY]])
+    digit = torch.tensor([[int(c) for c in EASY_SOLUTION]])
+    digit[0, 2] = 5  # r1c3 = 5 clashes with the given 5 at r1c1
+    conf = torch.linspace(0.1, 0.9, 81)[None]
+    blanks = int((board == 0).sum())
+    first = commit_cells(board, digit, conf, 0, 4)[0]
+    last = commit_cells(board, digit, conf, 3, 4)[0]
+    assert 0 < len(first) < len(last) == blanks - 1  # the share grows; the clash is never chosen
+    assert 2 not in last.tolist() and all(EASY[i] == "0" for i in last.tolist())
+    assert conf[0, first].min() >= conf[0, [i for i in last.tolist() if i not in first.tolist()]].max()
 
 
 def test_known_solution_is_compared(solver: Solver) -> None:
@@ -97,7 +146,7 @@ def test_cli_json_has_the_documented_shape(tiny_checkpoint: Path, tmp_path: Path
     data = json.loads(out)
     (r,) = data["results"]
     assert set(r) >= {"puzzle", "prediction", "valid", "iterations", "energy"}
-    assert len(r["prediction"]) == 81 and r["iterations"] == 6
+    assert len(r["prediction"]) == 81 and r["iterations"] == 6 * r["passes"]  # the default strategy is commit
     assert len(r["energy"]["attn"]) == 6 and len(r["energy"]["ff"]) == 6
     assert set(data["summary"]) >= {"puzzles", "valid", "device", "backend", "seconds"}
     assert code == (0 if r["valid"] else 1)
