@@ -113,13 +113,9 @@ def test_solve_stop_and_reconstruct_in_chromium(url):
             page.keyboard.type("1")
             page.keyboard.press("Enter")
             page.locator("#verdict").get_by_text("38 givens").wait_for()
-            # bad text gives a message, not a stack trace
-            page.locator("#sudoku-text textarea").fill("12345")
-            page.get_by_role("button", name="Put text in the grid").click()
-            page.locator("#verdict").get_by_text("expected 9 cells in a grid row").wait_for()
-            # load an example through its button, then solve it
-            page.get_by_text("Warm-up: 16 blanks", exact=True).first.click()
-            page.locator("#verdict").get_by_text("Loaded a puzzle with 65 givens").wait_for()
+            # load an example through its button, then solve it (the default commit strategy: several passes)
+            page.get_by_text("Hard: 23 givens", exact=True).first.click()
+            page.locator("#verdict").get_by_text("Loaded a puzzle with 23 givens").wait_for()
             page.locator("#solve-btn").click()
             page.locator("#verdict").get_by_text("Verdict:").wait_for()
             verdict = page.locator("#verdict").inner_text()
@@ -127,9 +123,13 @@ def test_solve_stop_and_reconstruct_in_chromium(url):
             assert page.locator("#sudoku-board td").count() == 81
             page.locator("#sudoku-energy img").first.wait_for()
             assert _save(page, "sudoku.png").stat().st_size > 10_000
+            # bad text gives a message, not a stack trace
+            page.locator("#sudoku-text textarea").fill("12345")
+            page.get_by_role("button", name="Put text in the grid").click()
+            page.locator("#verdict").get_by_text("expected 9 cells in a grid row").wait_for()
 
-            # Stop cancels a long solve: commit at the maximum depth runs up to 8 x 4T iterations
-            counting.pause = 0.05  # 8 x 4T iterations now take far longer than the check below
+            # Stop cancels a long solve: commit at the maximum depth runs up to 16 passes of 4T iterations
+            counting.pause = 0.05  # 16 x 4T iterations now take far longer than the check below
             page.get_by_label("commit").check()
             number = page.locator("#sudoku-iters input[type=number]")
             number.fill(str(MAX_ITER_FACTOR * counting.trained_iters))
