@@ -1,0 +1,93 @@
+"""Hyper-SET vs the Transformer baseline on Sudoku at equal training budgets, from the two runs' own logs.
+
+    python bench/sudoku_baseline.py                 # runs/sudoku-cpu vs runs/sudoku-cpu-transformer
+
+Both runs use the same recipe family (data, augmentation, batch, optimizer, schedule, loss on every iteration;
+`training/recipes/sudoku-cpu*.toml`) and the same seed, so at a given step they have seen the same batches.
+The trainer evaluates both every 1,000 steps on the same 1,000 validation puzzles (paper protocol); this script
+pairs those evaluations at the steps both runs have reached and writes bench/results/sudoku_baseline.json + .png.
+A run's learning-rate schedule is part of its budget: steps after a run's schedule was changed at resume are
+marked (see `lr_schedule_history` in the shipped model's config.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from hyperset.checkpoint import atomic_write_json
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+KEYS = ("val/board_acc@16", "val/cell_acc@16", "val/board_acc@32", "val/cell_acc@32")
+
+
+def evaluations(run: Path) -> dict[int, dict[str, float]]:
+    """{step: eval metrics} from a run's metrics.jsonl (the last evaluation wins if a step was re-run)."""
+    out: dict[int, dict[str, float]] = {}
+    with open(run / "metrics.jsonl") as f:
+        for line in f:
+            row = json.loads(line)
+            if "eval" in row:
+                out[int(row["step"])] = {k: row["eval"][k] for k in KEYS if k in row["eval"]}
+    return out
+
+
+def parameters(run: Path) -> int | None:
+    for sub in ("last", "best"):
+        cfg = run / sub / "config.json"
+        if cfg.is_file():
+            return json.loads(cfg.read_text()).get("parameters")
+    return None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ours", type=Path, default=ROOT / "runs" / "sudoku-cpu")
+    ap.add_argument("--baseline", type=Path, default=ROOT / "runs" / "sudoku-cpu-transformer")
+    ap.add_argument("--same-schedule-until", type=int, default=13166,
+                    help="last step at which both runs followed the same learning-rate schedule")
+    ap.add_argument("--out", type=Path, default=RESULTS / "sudoku_baseline.json")
+    args = ap.parse_args()
+    ours, base = evaluations(args.ours), evaluations(args.baseline)
+    steps = sorted(set(ours) & set(base))
+    rows = [{"step": s, "same_schedule": s <= args.same_schedule_until,
+             "hyperset": ours[s], "transformer": base[s]} for s in steps]
+    out = {"ours": str(args.ours), "baseline": str(args.baseline), "parameters": {
+        "hyperset": parameters(args.ours), "transformer": parameters(args.baseline)},
+        "ours_last_step": max(ours, default=0), "baseline_last_step": max(base, default=0), "rows": rows}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(args.out, out)
+    print("| step | Hyper-SET board / cell @16 | Transformer board / cell @16 |")
+    print("|---|---|---|")
+    for r in rows:
+        h, t = r["hyperset"], r["transformer"]
+        print(f"| {r['step']:,} | {100 * h['val/board_acc@16']:.1f}% / {100 * h['val/cell_acc@16']:.1f}% | "
+              f"{100 * t['val/board_acc@16']:.1f}% / {100 * t['val/cell_acc@16']:.1f}% |")
+    plot(ours, base, args.out.with_suffix(".png"), out["parameters"])
+
+
+def plot(ours: dict, base: dict, path: Path, params: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(1, 2, figsize=(11, 3.8))
+    for runs, label in ((ours, f"Hyper-SET ({params['hyperset'] or '?':,} params)"),
+                        (base, f"Transformer ({params['transformer'] or '?':,} params)")):
+        s = sorted(runs)
+        ax[0].plot(s, [100 * runs[k]["val/board_acc@16"] for k in s], marker="o", ms=3, label=label)
+        ax[1].plot(s, [100 * runs[k]["val/cell_acc@16"] for k in s], marker="o", ms=3, label=label)
+    for a, title in zip(ax, ("board accuracy @16, %", "cell accuracy @16, %")):
+        a.set_xlabel("training step (batch 32)")
+        a.set_title(f"Validation {title}")
+        a.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()
