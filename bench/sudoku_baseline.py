@@ -59,12 +59,13 @@ def main() -> None:
         "ours_last_step": max(ours, default=0), "baseline_last_step": max(base, default=0), "rows": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(args.out, out)
-    print("| step | Hyper-SET board / cell @16 | Transformer board / cell @16 |")
-    print("|---|---|---|")
+    print("| step | Hyper-SET board / cell @16 | Transformer board / cell @16 | board @32: Hyper-SET / Transformer |")
+    print("|---|---|---|---|")
     for r in rows:
         h, t = r["hyperset"], r["transformer"]
         print(f"| {r['step']:,} | {100 * h['val/board_acc@16']:.1f}% / {100 * h['val/cell_acc@16']:.1f}% | "
-              f"{100 * t['val/board_acc@16']:.1f}% / {100 * t['val/cell_acc@16']:.1f}% |")
+              f"{100 * t['val/board_acc@16']:.1f}% / {100 * t['val/cell_acc@16']:.1f}% | "
+              f"{100 * h['val/board_acc@32']:.1f}% / {100 * t['val/board_acc@32']:.1f}% |")
     plot(ours, base, args.out.with_suffix(".png"), out["parameters"])
 
 
