@@ -56,6 +56,27 @@ def test_killed_run_resumes_to_the_same_weights(data_dir: Path, tmp_path: Path) 
     assert progress["step"] == 6
 
 
+def test_resuming_with_another_step_budget_records_the_schedule(data_dir: Path, tmp_path: Path) -> None:
+    Trainer(tiny_task(data_dir), train_cfg(4), tmp_path / "run", quiet=True).fit()
+    progress = json.loads((tmp_path / "run" / "last" / "trainer.json").read_text())
+    assert progress["schedule"] == [{"from_step": 0, "steps": 4}]
+    trainer = Trainer(tiny_task(data_dir), train_cfg(7), tmp_path / "run", resume=True, quiet=True)
+    said: list[str] = []
+    trainer._say = said.append  # type: ignore[method-assign]
+    trainer.fit()
+    expected = [{"from_step": 0, "steps": 4}, {"from_step": 4, "steps": 7}]
+    assert json.loads((tmp_path / "run" / "last" / "trainer.json").read_text())["schedule"] == expected
+    assert json.loads((tmp_path / "run" / "last" / "config.json").read_text())["schedule"] == expected
+    assert any("schedule changed at step 4: 4 -> 7 steps" in line for line in said)
+    # a state written before schedules were recorded: the budget comes from its config.json
+    state = json.loads((tmp_path / "run" / "last" / "trainer.json").read_text())
+    del state["schedule"]
+    (tmp_path / "run" / "last" / "trainer.json").write_text(json.dumps(state))
+    Trainer(tiny_task(data_dir), train_cfg(9), tmp_path / "run", resume=True, quiet=True).fit()
+    assert json.loads((tmp_path / "run" / "last" / "trainer.json").read_text())["schedule"] == [
+        {"from_step": 0, "steps": 7}, {"from_step": 7, "steps": 9}]
+
+
 def test_a_second_run_into_the_same_folder_needs_resume(data_dir: Path, tmp_path: Path) -> None:
     Trainer(tiny_task(data_dir), train_cfg(2), tmp_path / "run", quiet=True).fit()
     with pytest.raises(SystemExit, match="--resume"):

@@ -63,6 +63,8 @@ def load_training_state(directory: Path, model: torch.nn.Module, opt: torch.opti
         raise CheckpointError(f"{directory}: no trainer.json (expected a training state written by hyperset-train)")
     progress = json.loads(path.read_text())
     meta = read_config(directory)
+    # the step budget the state was trained towards (its lr schedule), for runs resumed with another --steps
+    progress.setdefault("saved_steps", (meta.get("train") or {}).get("steps"))
     current = model.cfg.to_dict() if hasattr(model.cfg, "to_dict") else dataclasses.asdict(model.cfg)
     if meta["model"] != current:
         diff = sorted(k for k in meta["model"] if meta["model"].get(k) != current.get(k))

@@ -14,7 +14,7 @@ import os
 import signal
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -176,6 +176,9 @@ class Trainer:
     recipe_name: str = ""
     quiet: bool = False
     _stop: bool = field(default=False, init=False)
+    # the lr schedules this run has followed: [{"from_step": s, "steps": n}, ...]; a resume with another --steps
+    # adds an entry (the cosine is then recomputed over the new budget from that step on)
+    _schedule: list[dict[str, int]] = field(default_factory=list, init=False)
 
     def _amp_dtype(self, device: torch.device) -> torch.dtype | None:
         if self.cfg.amp == "off":
@@ -195,7 +198,7 @@ class Trainer:
     def _info(self, device: torch.device, step: int, metrics: dict[str, float] | None) -> dict[str, Any]:
         return {"task": self.task.name, "recipe": self.recipe_name, "train": asdict(self.cfg),
                 "data": self.task.describe(), "trained_iterations": getattr(self.task.model_config(), "iters", None),
-                "steps": step, "device": describe(device), "metrics": metrics or {}}
+                "steps": step, "schedule": self._schedule, "device": describe(device), "metrics": metrics or {}}
 
     def _handle_signal(self, signum: int, frame: Any) -> None:
         self._stop = True
@@ -215,6 +218,7 @@ class Trainer:
         self.model = model  # the trained module (this process's replica), for callers that inspect it
         opt = make_optimizer(model, cfg)
         start, best, best_metrics, elapsed = 0, -math.inf, {}, 0.0
+        self._schedule = [{"from_step": 0, "steps": cfg.steps}]
         last_dir = self.out / "last"
         if self.resume and (last_dir / "trainer.json").is_file():
             # the state is global (replicas are identical), so any number of processes can resume it
@@ -222,6 +226,13 @@ class Trainer:
             start, best = progress["step"], progress.get("best", -math.inf)
             best_metrics, elapsed = progress.get("best_metrics", {}), progress.get("elapsed", 0.0)
             self._say(f"resumed from {last_dir} at step {start} (best {self.task.select_metric} = {best})")
+            self._schedule = progress.get("schedule") or [
+                {"from_step": 0, "steps": progress.get("saved_steps") or cfg.steps}]
+            before = self._schedule[-1]["steps"]
+            if before != cfg.steps:
+                self._schedule.append({"from_step": start, "steps": cfg.steps})
+                self._say(f"schedule changed at step {start}: {before} -> {cfg.steps} steps "
+                          f"(lr {lr_at(start, replace(cfg, steps=before)):.3g} -> {lr_at(start, cfg):.3g})")
         elif not self.resume and (last_dir / "trainer.json").is_file():
             raise SystemExit(f"{self.out} already holds a training run; pass --resume to continue it "
                              "or choose another --out")
@@ -244,7 +255,7 @@ class Trainer:
         def save_state(step: int) -> None:
             if dist_env.is_main:
                 progress = {"step": step, "best": best, "best_metrics": best_metrics, "elapsed": time.time() - t0,
-                            "world_size": dist_env.world}
+                            "world_size": dist_env.world, "schedule": self._schedule}
                 save_training_state(last_dir, model, opt, progress, self._info(device, step, best_metrics),
                                     self._save)
 
