@@ -316,10 +316,10 @@ def _device_of(provider: str) -> str:
 
 
 def default_threads() -> int:
-    """Number of CPU cores this process may use."""
-    if hasattr(os, "sched_getaffinity"):
-        return max(1, len(os.sched_getaffinity(0)))
-    return max(1, os.cpu_count() or 1)
+    """CPU threads for a session: the usable cores other work leaves idle (hyperset.device.cpu_threads)."""
+    from hyperset.device import cpu_threads
+
+    return cpu_threads()
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -113,29 +113,36 @@ def _load_puzzles(files: tuple[str, ...]) -> list[Puzzle]:
 @click.option("--backend", type=click.Choice(["torch", "onnx"]), default="torch", show_default=True)
 @click.option("--onnx-model", type=click.Path(), default=None, help="ONNX Loop graph for --backend onnx")
 @click.option("--batch-size", type=click.IntRange(1, 65536), default=256, show_default=True)
+@click.option("--threads", type=click.IntRange(1, 1024), default=None,
+              help="CPU threads [default: the cores that other work leaves idle]")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
 @click.option("--trace", is_flag=True, help="print E_ATTN and E_FF at every iteration")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None, help="write the energy curve (PNG)")
 @click.option("--color/--no-color", default=None, help="colour givens and filled cells [default: on a terminal]")
 def solve_main(files: tuple[str, ...], iters: str | None, strategy: str, passes: int, checkpoint: str | None,
-               device: str, backend: str, onnx_model: str | None, batch_size: int, as_json: bool, trace: bool,
-               plot: str | None, color: bool | None) -> None:
+               device: str, backend: str, onnx_model: str | None, batch_size: int, threads: int | None,
+               as_json: bool, trace: bool, plot: str | None, color: bool | None) -> None:
     """Solve the Sudoku puzzles in FILES ('-' reads standard input).
 
     Formats: 81-character lines ('0' or '.' for blanks), 9x9 grids (separators allowed), many puzzles per file,
     and the RRN CSV 'puzzle,solution'. Exit code 0 when every board is solved validly, 1 when some are not,
     2 on bad input.
     """
+    import torch
+
+    from .device import cpu_threads
     from .solve import Solver, summarize, timed_solve
 
     try:
         n_iters = _iters_option(iters) if iters is not None else None
         puzzles = _load_puzzles(files)
+        n_threads = cpu_threads(threads)
+        torch.set_num_threads(n_threads)
         solver = Solver.load(checkpoint, device)
         if backend == "onnx":
             from exports.solver_backend import attach_onnx_backend
 
-            attach_onnx_backend(solver, onnx_model, device)
+            attach_onnx_backend(solver, onnx_model, device, threads=n_threads)
     except click.BadParameter as e:
         click.echo(f"hyperset-solve: error: --iters: {e.message}", err=True)
         sys.exit(EXIT_BAD_INPUT)

@@ -152,6 +152,33 @@ def test_cli_json_has_the_documented_shape(tiny_checkpoint: Path, tmp_path: Path
     assert code == (0 if r["valid"] else 1)
 
 
+def test_cli_threads_option_sets_and_reports_the_cpu_threads(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    (tmp_path / "p.txt").write_text(EASY + "\n")
+    before = torch.get_num_threads()
+    try:
+        code, out, _ = run([str(tmp_path / "p.txt"), "--checkpoint", str(tiny_checkpoint), "--json", "--iters", "2",
+                            "--device", "cpu", "--threads", "1"])
+        assert json.loads(out)["summary"]["device"] == "cpu (1 threads)" and code in (0, 1)
+    finally:
+        torch.set_num_threads(before)
+    code, _, err = run([str(tmp_path / "p.txt"), "--checkpoint", str(tiny_checkpoint), "--threads", "0"])
+    assert code == 2 and "--threads" in err
+
+
+def test_cpu_threads_leave_busy_cores_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    from hyperset.device import cpu_threads
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
+    for load, expected in ((0.1, 4), (1.6, 2), (3.6, 1), (12.0, 1)):
+        monkeypatch.setattr(os, "getloadavg", lambda load=load: (load, load, load))
+        assert cpu_threads() == expected, load
+    assert cpu_threads(3) == 3
+    with pytest.raises(ValueError, match="at least 1"):
+        cpu_threads(0)
+
+
 def test_cli_exit_code_2_names_the_line_of_a_malformed_puzzle(tiny_checkpoint: Path, tmp_path: Path) -> None:
     (tmp_path / "bad.txt").write_text(EASY + "\n" + EASY[:80] + "\n")
     code, _, err = run([str(tmp_path / "bad.txt"), "--checkpoint", str(tiny_checkpoint)])
