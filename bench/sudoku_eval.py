@@ -7,7 +7,8 @@ Measures, on the paper protocol's seeded draw of the validation file:
   * accuracy per givens count at the trained depth and at 2x;
   * E_ATTN and E_FF per iteration (mean and std over boards) past the trained depth;
   * effective rank and average angle per head vs iteration (the paper's figures 4-5);
-  * the inference strategies (single pass at T and 2T, --iters auto, commit) with boards/s.
+  * the inference strategies (single pass at T and 2T, --iters auto, commit) with boards/s;
+  * boards/s of a single pass and of the default strategy at several batch sizes (the solver's CPU default).
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ def strategies(solver: Solver, puzzles: list[str], solutions: list[str], T: int)
     default = f"{DEFAULT_STRATEGY}@{T}" + (f"x{DEFAULT_PASSES}" if DEFAULT_STRATEGY == "commit" else "")
     for name, kw in strategy_settings(T):
         t0 = time.perf_counter()
-        res = solver.solve(puzzles, solutions=solutions, batch_size=250, **kw)
+        res = solver.solve(puzzles, solutions=solutions, **kw)
         dt = time.perf_counter() - t0
         s = summarize(res, dt, solver)
         rows.append({"strategy": name, "settings": kw, "default": name == default, "board_acc": s.board_accuracy,
@@ -100,6 +101,21 @@ def strategies(solver: Solver, puzzles: list[str], solutions: list[str], T: int)
     for r in rows:  # Pareto frontier of accuracy against solve time: nothing else is both faster and better
         r["frontier"] = not any(o["seconds_per_board"] < r["seconds_per_board"] and o["board_acc"] >= r["board_acc"]
                                 for o in rows if o is not r)
+    return rows
+
+
+def batch_sweep(solver: Solver, puzzles: list[str], T: int, sizes: list[int]) -> list[dict]:
+    """Boards/s of a single pass at T and of the default strategy for several batch sizes (the evidence for the
+    solver's CPU_BATCH_SIZE); the predictions do not depend on the batch size."""
+    rows = []
+    for kw in ({"strategy": "single", "iters": T}, {}):
+        for bs in sizes:
+            t0 = time.perf_counter()
+            solver.solve(puzzles, batch_size=bs, **kw)
+            dt = time.perf_counter() - t0
+            name = kw.get("strategy", DEFAULT_STRATEGY) + ("" if kw else " (default)")
+            rows.append({"strategy": name, "batch_size": bs, "boards_per_s": len(puzzles) / dt})
+            print(f"  batch {bs:4d} {name:16s} {len(puzzles) / dt:7.1f} boards/s", file=sys.stderr)
     return rows
 
 
@@ -167,7 +183,7 @@ def plots(out: dict, prefix: str) -> None:
         ax.plot([1000 * r["seconds_per_board"] for r in front], [100 * r["board_acc"] for r in front], ls=":",
                 color="gray", label="frontier (nothing faster is as accurate)")
         ax.set_xscale("log")
-        ax.set_xlabel(f"solve time per board, ms (batches of 250, {out['device']})")
+        ax.set_xlabel(f"solve time per board, ms (batches of {out['strategies_batch_size']}, {out['device']})")
         ax.set_ylabel("board accuracy, %")
         ax.set_title(f"Inference strategies on {out['strategies_puzzles']} puzzles (red star: the default)")
         ax.legend(fontsize=7, loc="lower center")
@@ -189,6 +205,7 @@ def main() -> None:
     ap.add_argument("--name", default="sudoku", help="prefix of the output files")
     ap.add_argument("--no-strategies", action="store_true")
     ap.add_argument("--strategies-n", type=int, default=None, help="puzzles for the strategy table (default: --n)")
+    ap.add_argument("--batch-sizes", default="1,4,16,64,256", help="batch sizes timed on 256 puzzles ('' to skip)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -212,6 +229,7 @@ def main() -> None:
     if not args.no_strategies:
         k = args.strategies_n or args.n
         out["strategies_puzzles"] = k
+        out["strategies_batch_size"] = solver.default_batch_size
         out["strategies"] = strategies(solver, to_strings(p[:k]), to_strings(s[:k]), T)
     if not args.no_strategies:
         by_name = {r["strategy"]: r for r in out["strategies"]}
@@ -221,6 +239,9 @@ def main() -> None:
             out["default_checks"] = {"strategy": f"{DEFAULT_STRATEGY}{tag}", "board_acc@T": at_t["board_acc"],
                                      "board_acc@2T": at_2t["board_acc"],
                                      "accuracy_2T_ge_T": at_2t["board_acc"] >= at_t["board_acc"]}
+    if args.batch_sizes:
+        sizes = [int(b) for b in args.batch_sizes.split(",")]
+        out["batch_sweep"] = batch_sweep(solver, to_strings(p[:256]), T, sizes)
     e = curve["energy"]
     total = [a + f for a, f in zip(e["attn"]["mean"], e["ff"]["mean"])]
     out["checks"] = {

@@ -83,8 +83,8 @@ class OnnxSolverBackend:
 
     Energies are ``{"attn": (T, B), "ff": (T, B)}`` float tensors, or ``{}`` for layers without an energy
     (Transformer, CRATE), like the torch path. Attributes: ``name`` (e.g. ``"onnxruntime (CPUExecutionProvider)"``),
-    ``device_name``, ``path``, ``session`` (:class:`OrtSession`), ``graph`` (``"loop"`` or ``"unrolled"``),
-    ``metadata``.
+    ``device`` (``"cpu"`` or ``"cuda"``), ``device_name``, ``path``, ``session`` (:class:`OrtSession`), ``graph``
+    (``"loop"`` or ``"unrolled"``), ``metadata``.
     """
 
     def __init__(self, session: OrtSession):
@@ -108,6 +108,7 @@ class OnnxSolverBackend:
         import onnxruntime
 
         self.name = f"onnxruntime ({session.provider})"
+        self.device = session.device  # "cpu" or "cuda": the solver sizes its batches by it
         threads = session.session.get_session_options().intra_op_num_threads
         where = f"{threads} threads" if session.device == "cpu" else session.provider
         self.device_name = f"{session.device} (ONNX Runtime {onnxruntime.__version__}, {where})"

@@ -112,7 +112,8 @@ def _load_puzzles(files: tuple[str, ...]) -> list[Puzzle]:
 @click.option("--device", default="auto", show_default=True, help="auto | cpu | cuda")
 @click.option("--backend", type=click.Choice(["torch", "onnx"]), default="torch", show_default=True)
 @click.option("--onnx-model", type=click.Path(), default=None, help="ONNX Loop graph for --backend onnx")
-@click.option("--batch-size", type=click.IntRange(1, 65536), default=256, show_default=True)
+@click.option("--batch-size", type=click.IntRange(1, 65536), default=None,
+              help="boards per forward pass [default: 16 on a CPU, 256 on a GPU]")
 @click.option("--threads", type=click.IntRange(1, 1024), default=None,
               help="CPU threads [default: the cores that other work leaves idle]")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
@@ -120,7 +121,7 @@ def _load_puzzles(files: tuple[str, ...]) -> list[Puzzle]:
 @click.option("--plot", type=click.Path(dir_okay=False), default=None, help="write the energy curve (PNG)")
 @click.option("--color/--no-color", default=None, help="colour givens and filled cells [default: on a terminal]")
 def solve_main(files: tuple[str, ...], iters: str | None, strategy: str, passes: int, checkpoint: str | None,
-               device: str, backend: str, onnx_model: str | None, batch_size: int, threads: int | None,
+               device: str, backend: str, onnx_model: str | None, batch_size: int | None, threads: int | None,
                as_json: bool, trace: bool, plot: str | None, color: bool | None) -> None:
     """Solve the Sudoku puzzles in FILES ('-' reads standard input).
 

@@ -47,6 +47,18 @@ def test_single_pass_returns_full_boards_that_keep_the_givens(solver: Solver) ->
     assert len(r.energy["attn"]) == 5 and len(r.energy["ff"]) == 5
 
 
+def test_batch_size_changes_speed_not_answers(solver: Solver) -> None:
+    from hyperset.solve import CPU_BATCH_SIZE
+
+    puzzles = [p for p, _ in generate(7, seed=3)]
+    assert solver.default_batch_size == CPU_BATCH_SIZE  # the fixture runs on the CPU
+    reference = [(r.prediction, r.passes) for r in solver.solve(puzzles, iters=3)]
+    for bs in (1, 3, 64):
+        assert [(r.prediction, r.passes) for r in solver.solve(puzzles, iters=3, batch_size=bs)] == reference
+    with pytest.raises(ValueError, match="batch size"):
+        solver.solve(puzzles, batch_size=-1)
+
+
 def test_untrained_model_output_is_reported_invalid_not_solved(solver: Solver) -> None:
     (r,) = solver.solve([EASY], iters=3, strategy="single")
     assert not r.valid  # a random model does not solve Sudoku; the exact checker must say so
