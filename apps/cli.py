@@ -35,6 +35,8 @@ def parser() -> argparse.ArgumentParser:
                         "answer with ONNX Runtime (the per-iteration frames always come from torch)")
     p.add_argument("--onnx-model", metavar="FILE", default=None, help="use this exported .onnx file (--backend onnx)")
     p.add_argument("--device", default="auto", help="auto (default), cpu, cuda or mps")
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads (default: the cores that other work leaves idle at start)")
     p.add_argument("--share", action="store_true", help="also create a public gradio.live link (off by default)")
     return p
 
@@ -58,8 +60,10 @@ def load_models(args: argparse.Namespace) -> tuple[Any, Any, str, str]:
 
     A model named on the command line must load (a ``SystemExit`` message otherwise); a missing shipped model
     only disables its tab."""
+    import torch
+
     from hyperset.checkpoint import CheckpointError
-    from hyperset.device import pick_device
+    from hyperset.device import cpu_threads, pick_device
     from hyperset.solve import Solver
     from hyperset.vision.reconstruct import MIMWeightsMissing, load_mim
 
@@ -67,6 +71,11 @@ def load_models(args: argparse.Namespace) -> tuple[Any, Any, str, str]:
         device = pick_device(args.device)
     except Exception as err:
         raise SystemExit(_fail(f"--device {args.device}: {err}")) from None
+    try:
+        threads = cpu_threads(getattr(args, "threads", None))
+    except ValueError as err:
+        raise SystemExit(_fail(f"--threads: {err}")) from None
+    torch.set_num_threads(threads)
     solver, mim, sudoku_note, mim_note = None, None, "", ""
     try:
         solver = Solver.load(args.checkpoint, device=str(device))
@@ -78,7 +87,7 @@ def load_models(args: argparse.Namespace) -> tuple[Any, Any, str, str]:
         try:
             from exports.solver_backend import attach_onnx_backend
 
-            attach_onnx_backend(solver, args.onnx_model, device=args.device)
+            attach_onnx_backend(solver, args.onnx_model, device=args.device, threads=threads)
         except Exception as err:
             raise SystemExit(_fail(f"cannot start the ONNX backend: {type(err).__name__}: {err}")) from None
     elif args.onnx_model and args.backend != "onnx":

@@ -261,7 +261,9 @@ def test_cli_defaults_and_argument_errors(capsys, tmp_path: Path):
     assert main(["--port", "70000"]) == 2
     assert main(["--checkpoint", str(tmp_path / "missing")]) == 2
     assert main(["--checkpoint", str(tmp_path)]) == 2  # a folder without a checkpoint
+    assert main(["--threads", "0"]) == 2
     err = capsys.readouterr().err
+    assert "--threads: threads must be at least 1" in err
     assert "--port must be" in err and "no such file or folder" in err and "cannot load the Sudoku checkpoint" in err
 
 
