@@ -1,0 +1,43 @@
+"""The models shipped in the package load offline, are what their config.json says, and carry their provenance
+(recipe, steps, measured validation metrics), so a clean clone can run every default command."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from hyperset.checkpoint import load_checkpoint, read_config
+from hyperset.solve import Solver, bundled_checkpoint
+from hyperset.vision.reconstruct import load_mim
+from training.eval_classify import resolve_checkpoint
+
+
+def test_shipped_sudoku_model_solves_an_easy_puzzle_and_records_its_training() -> None:
+    meta = read_config(bundled_checkpoint())
+    assert meta["model"]["task"] == "sudoku" and meta["recipe"] == "sudoku-cpu" and meta["steps"] > 0
+    assert meta["metrics"]["val/board_acc@16"] > 0.6  # the number the README reports: 61.7% single pass
+    solver = Solver.load(None, "cpu")
+    easy = "530070000600195000098000060800060003400803001700020006060000280000419005000080079"
+    (result,) = solver.solve([easy])
+    assert result.valid and result.prediction.startswith("534678912")
+
+
+def test_shipped_classifier_loads_and_says_how_far_it_was_trained() -> None:
+    folder = resolve_checkpoint(None)
+    model, meta = load_checkpoint(folder, task="classify")
+    assert meta["recipe"] == "cifar10-cpu" and meta["steps"] > 0 and meta["schedule"]
+    assert 0.0 < meta["metrics"]["val/top1@12"] <= 1.0
+    test = meta["test"]  # measured with hyperset-eval classify on the CIFAR-10 test set, copied into the file
+    assert test["images"] == 10000 and 0.0 < test["top1"] <= 1.0 and test["iters"] == 12
+    with torch.no_grad():
+        logits = model(torch.zeros(2, 3, 32, 32))
+    assert logits.shape == (2, 10)
+    assert (folder / "model.safetensors").stat().st_size < 2_000_000  # small enough to ship
+
+
+def test_shipped_mim_models_load_with_their_tokenizer() -> None:
+    pipeline = load_mim(None, device=torch.device("cpu"))
+    assert pipeline is not None
+    meta = json.loads((bundled_checkpoint().parent / "mim" / "model" / "config.json").read_text())
+    assert meta["model"]["task"] == "mim" and meta["recipe"] == "mim-cpu"
