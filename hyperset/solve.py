@@ -29,8 +29,9 @@ STRATEGIES = ("single", "auto", "commit")
 DEFAULT_STRATEGY = "commit"  # measured in bench/sudoku_eval.py (README, "Sudoku results")
 DEFAULT_PASSES = 16  # most passes of the commit strategy
 # Boards per forward pass. On a CPU small batches are faster per board: at 256 the activations and attention maps
-# (256 x 4 x 81 x 81 floats) leave the cache; on this 2-core AMD EPYC (1 thread, 16 iterations, 256 puzzles) one
-# pass ran 24 boards/s at batch 256, 35-45 at 32-64 and 45-60 at 8-16 (commit: 7.6 vs 11-12.6). GPUs want big ones.
+# (256 x 4 x 81 x 81 floats) leave the cache. bench/sudoku_eval.py (`batch_sweep`, 2-core AMD EPYC, 1 thread, 256
+# puzzles): one pass at 16 iterations 31.5 / 45.9 / 47.7 / 41.5 / 22.1 boards/s at batch 1 / 4 / 16 / 64 / 256,
+# the default commit strategy 7.3 / 8.3 / 10.1 / 10.8 / 8.3. GPUs want big batches.
 CPU_BATCH_SIZE = 16
 GPU_BATCH_SIZE = 256
 
@@ -152,7 +153,7 @@ class Solver:
             raise ValueError(f"iterations must be >= 1, got {n_iters}")
         if passes < 1:
             raise ValueError(f"passes must be >= 1, got {passes}")
-        batch_size = batch_size or self.default_batch_size
+        batch_size = self.default_batch_size if batch_size is None else batch_size
         if batch_size < 1:
             raise ValueError(f"batch size must be >= 1, got {batch_size}")
         results: list[SolveResult] = []

@@ -56,7 +56,7 @@ def test_batch_size_changes_speed_not_answers(solver: Solver) -> None:
     for bs in (1, 3, 64):
         assert [(r.prediction, r.passes) for r in solver.solve(puzzles, iters=3, batch_size=bs)] == reference
     with pytest.raises(ValueError, match="batch size"):
-        solver.solve(puzzles, batch_size=-1)
+        solver.solve(puzzles, batch_size=0)
 
 
 def test_untrained_model_output_is_reported_invalid_not_solved(solver: Solver) -> None:
