@@ -186,7 +186,7 @@ def plots(out: dict, prefix: str) -> None:
         ax.set_xlabel(f"solve time per board, ms (batches of {out['strategies_batch_size']}, {out['device']})")
         ax.set_ylabel("board accuracy, %")
         ax.set_title(f"Inference strategies on {out['strategies_puzzles']} puzzles (red star: the default)")
-        ax.legend(fontsize=7, loc="lower center")
+        ax.legend(fontsize=7, loc="center right")
         fig.tight_layout()
         fig.savefig(RESULTS / f"{prefix}_strategies.png", dpi=120)
         plt.close(fig)
