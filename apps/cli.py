@@ -60,10 +60,8 @@ def load_models(args: argparse.Namespace) -> tuple[Any, Any, str, str]:
 
     A model named on the command line must load (a ``SystemExit`` message otherwise); a missing shipped model
     only disables its tab."""
-    import torch
-
     from hyperset.checkpoint import CheckpointError
-    from hyperset.device import cpu_threads, pick_device
+    from hyperset.device import pick_device, set_cpu_threads
     from hyperset.solve import Solver
     from hyperset.vision.reconstruct import MIMWeightsMissing, load_mim
 
@@ -72,10 +70,9 @@ def load_models(args: argparse.Namespace) -> tuple[Any, Any, str, str]:
     except Exception as err:
         raise SystemExit(_fail(f"--device {args.device}: {err}")) from None
     try:
-        threads = cpu_threads(getattr(args, "threads", None))
+        threads = set_cpu_threads(getattr(args, "threads", None))
     except ValueError as err:
         raise SystemExit(_fail(f"--threads: {err}")) from None
-    torch.set_num_threads(threads)
     solver, mim, sudoku_note, mim_note = None, None, "", ""
     try:
         solver = Solver.load(args.checkpoint, device=str(device))

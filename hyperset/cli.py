@@ -129,16 +129,13 @@ def solve_main(files: tuple[str, ...], iters: str | None, strategy: str, passes:
     and the RRN CSV 'puzzle,solution'. Exit code 0 when every board is solved validly, 1 when some are not,
     2 on bad input.
     """
-    import torch
-
-    from .device import cpu_threads
+    from .device import set_cpu_threads
     from .solve import Solver, summarize, timed_solve
 
     try:
         n_iters = _iters_option(iters) if iters is not None else None
         puzzles = _load_puzzles(files)
-        n_threads = cpu_threads(threads)
-        torch.set_num_threads(n_threads)
+        n_threads = set_cpu_threads(threads)
         solver = Solver.load(checkpoint, device)
         if backend == "onnx":
             from exports.solver_backend import attach_onnx_backend

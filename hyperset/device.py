@@ -69,3 +69,10 @@ def cpu_threads(requested: int | None = None) -> int:
     except (AttributeError, OSError):  # not on every platform
         return cores
     return max(1, min(cores, cores - round(busy)))
+
+
+def set_cpu_threads(requested: int | None = None) -> int:
+    """Give PyTorch `cpu_threads(requested)` threads and return that number (for ONNX Runtime sessions too)."""
+    threads = cpu_threads(requested)
+    torch.set_num_threads(threads)
+    return threads
