@@ -14,7 +14,7 @@ from hyperset.checkpoint import load_checkpoint
 from hyperset.config import preset_config
 from training.cli import main as train_main
 from training.sudoku_task import SudokuData, SudokuTask
-from training.trainer import TrainConfig, Trainer, lr_at
+from training.trainer import TrainConfig, Trainer, lr_at, parse_schedule
 
 
 @pytest.fixture(scope="module")
@@ -75,6 +75,54 @@ def test_resuming_with_another_step_budget_records_the_schedule(data_dir: Path, 
     Trainer(tiny_task(data_dir), train_cfg(9), tmp_path / "run", resume=True, quiet=True).fit()
     assert json.loads((tmp_path / "run" / "last" / "trainer.json").read_text())["schedule"] == [
         {"from_step": 0, "steps": 7}, {"from_step": 7, "steps": 9}]
+
+
+def test_a_planned_schedule_replays_another_runs_budget(data_dir: Path, tmp_path: Path) -> None:
+    # run A: a 4-step cosine, then resumed with a 7-step budget
+    Trainer(tiny_task(data_dir), train_cfg(4), tmp_path / "a", quiet=True).fit()
+    Trainer(tiny_task(data_dir), train_cfg(7), tmp_path / "a", resume=True, quiet=True).fit()
+    # run B replays A's recorded schedule in one go (and in two pieces, stopped at step 3): the same weights
+    plan = parse_schedule(str(tmp_path / "a"))
+    assert plan == [{"from_step": 0, "steps": 4}, {"from_step": 4, "steps": 7}]
+    Trainer(tiny_task(data_dir), train_cfg(99), tmp_path / "b", quiet=True, plan=plan).fit()
+    task = tiny_task(data_dir)
+    first = Trainer(task, train_cfg(3), tmp_path / "c", quiet=True, plan=plan)
+    batch = task.batch
+
+    def stop_after_step_2(step: int, *args):  # as a SIGTERM during step 2 would
+        first._stop = first._stop or step == 2
+        return batch(step, *args)
+
+    task.batch = stop_after_step_2  # type: ignore[method-assign]
+    assert first.fit()["step"] == 3
+    Trainer(tiny_task(data_dir), train_cfg(3), tmp_path / "c", resume=True, quiet=True, plan=plan).fit()
+    a, _ = load_checkpoint(tmp_path / "a" / "last")
+    for run in ("b", "c"):
+        other, _ = load_checkpoint(tmp_path / run / "last")
+        for (name, x), (_, y) in zip(a.state_dict().items(), other.state_dict().items()):
+            assert torch.equal(x, y), (run, name)
+        assert json.loads((tmp_path / run / "last" / "trainer.json").read_text())["schedule"] == plan
+    # a run that followed another budget before its resume step cannot claim the plan
+    with pytest.raises(ValueError, match="followed a cosine over 4 steps at step 0"):
+        Trainer(tiny_task(data_dir), train_cfg(4), tmp_path / "a", resume=True, quiet=True,
+                plan=parse_schedule("0:5,6:8")).fit()
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("0:10,x", "expected FROM:STEPS"), ("5:10", "must start at step 0"), ("0:10,4:12,3:20", "must increase"),
+    ("0:10,12:11", "cannot end at step 11")])
+def test_bad_schedules_are_named(spec: str, message: str, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_schedule(spec)
+    (tmp_path / "config.json").write_text(json.dumps({"steps": 3}))
+    with pytest.raises(ValueError, match="no recorded 'schedule'"):
+        parse_schedule(str(tmp_path))
+
+
+def test_cli_schedule_and_steps_must_agree(data_dir: Path, tmp_path: Path) -> None:
+    result = CliRunner().invoke(train_main, ["sudoku", "--recipe", "sudoku-cpu", "--data", str(data_dir),
+                                             "--out", str(tmp_path / "run"), "--schedule", "0:4,2:6", "--steps", "5"])
+    assert result.exit_code == 2 and "contradicts --schedule" in result.output
 
 
 def test_a_second_run_into_the_same_folder_needs_resume(data_dir: Path, tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from hyperset.checkpoint import CheckpointError
 from hyperset.config import preset_config
 
 from .recipes import apply_overrides, load_recipe, recipe_names
-from .trainer import TrainConfig, Trainer
+from .trainer import TrainConfig, Trainer, parse_schedule
 
 
 def build_task(task: str, recipe: dict[str, Any], data_dir: str) -> Any:
@@ -36,7 +36,7 @@ def build_task(task: str, recipe: dict[str, Any], data_dir: str) -> Any:
 
 def _run(task: str, recipe_name: str, data: str, out: str, resume: bool, device: str, overrides: tuple[str, ...],
          steps: int | None, as_json: bool, quiet: bool, preset: str | None = None, dataset: str | None = None,
-         accum_steps: int | None = None) -> None:
+         accum_steps: int | None = None, schedule: str | None = None) -> None:
     try:
         name, recipe = load_recipe(recipe_name)
         recipe = apply_overrides(recipe, list(overrides))
@@ -52,8 +52,11 @@ def _run(task: str, recipe_name: str, data: str, out: str, resume: bool, device:
             train.steps = steps
         if accum_steps is not None:
             train.accum_steps = accum_steps
+        plan = parse_schedule(schedule) if schedule else None
+        if plan and steps is not None and steps != plan[-1]["steps"]:
+            raise ValueError(f"--steps {steps} contradicts --schedule, which ends at step {plan[-1]['steps']}")
         trainer = Trainer(built, train, Path(out), device=device, resume=resume, recipe_name=name,
-                          quiet=quiet or as_json)
+                          quiet=quiet or as_json, plan=plan)
         result = trainer.fit()
     except (ValueError, CheckpointError, FileNotFoundError) as e:
         click.echo(f"hyperset-train: error: {e}", err=True)
@@ -77,6 +80,10 @@ def _options(f: Any) -> Any:
         click.option("--steps", type=int, default=None, help="override the number of optimizer steps"),
         click.option("--accum-steps", type=int, default=None,
                      help="gradient accumulation: split the global batch into this many micro-steps"),
+        click.option("--schedule", default=None, metavar="FROM:STEPS,...|RUN",
+                     help="planned lr schedule: from step FROM a cosine over STEPS steps (e.g. "
+                          "0:30000,13166:22000,14000:15500), or a run folder / JSON file whose recorded schedule "
+                          "to replay (the same budget as another run); ends at the last STEPS"),
         click.option("--preset", default=None, help="override the recipe's model preset (see hyperset.list_presets())"),
         click.option("--json", "as_json", is_flag=True, help="print the result as JSON"),
         click.option("--quiet", is_flag=True, help="no progress bar"),

@@ -157,6 +157,53 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * progress))
 
 
+def parse_schedule(spec: str) -> list[dict[str, int]]:
+    """A piecewise lr plan: "FROM:STEPS,..." (from step FROM on, a cosine over STEPS steps), or a JSON file or run
+    folder whose `schedule` list was recorded by another run (config.json / trainer.json), to replay its budget."""
+    path = Path(spec)
+    if path.exists():
+        files = [path] if path.is_file() else [path / "trainer.json", path / "config.json", path / "last/trainer.json"]
+        for f in files:
+            if f.is_file():
+                try:
+                    plan = json.loads(f.read_text()).get("schedule")
+                except (json.JSONDecodeError, AttributeError) as e:
+                    raise ValueError(f"{f}: not a JSON object with a 'schedule' list ({e})") from None
+                if plan:
+                    return check_schedule(plan, str(f))
+        raise ValueError(f"{spec}: no recorded 'schedule' list found in {', '.join(str(f) for f in files)}")
+    plan = []
+    for part in spec.split(","):
+        try:
+            start, steps = part.split(":")
+            plan.append({"from_step": int(start), "steps": int(steps)})
+        except ValueError:
+            raise ValueError(f"--schedule {spec!r}: expected FROM:STEPS[,FROM:STEPS...] "
+                             f"(e.g. 0:30000,13166:22000), got {part!r}") from None
+    return check_schedule(plan, "--schedule")
+
+
+def check_schedule(plan: list[dict[str, int]], where: str) -> list[dict[str, int]]:
+    try:
+        plan = [{"from_step": int(p["from_step"]), "steps": int(p["steps"])} for p in plan]
+    except (KeyError, TypeError, ValueError):
+        raise ValueError(f"{where}: each schedule entry needs integer from_step and steps") from None
+    if plan[0]["from_step"] != 0:
+        raise ValueError(f"{where}: the schedule must start at step 0, not {plan[0]['from_step']}")
+    for a, b in zip(plan, plan[1:]):
+        if b["from_step"] <= a["from_step"]:
+            raise ValueError(f"{where}: schedule steps must increase ({a['from_step']} then {b['from_step']})")
+    for p in plan:
+        if p["steps"] <= p["from_step"]:
+            raise ValueError(f"{where}: a segment from step {p['from_step']} cannot end at step {p['steps']}")
+    return plan
+
+
+def segment_budget(plan: list[dict[str, int]], step: int) -> int:
+    """The step budget whose cosine applies at `step` under a piecewise plan."""
+    return next(p["steps"] for p in reversed(plan) if step >= p["from_step"])
+
+
 def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
     params = [p for p in model.parameters() if p.requires_grad]
     if cfg.optimizer == "adamw":
@@ -175,6 +222,8 @@ class Trainer:
     resume: bool = False
     recipe_name: str = ""
     quiet: bool = False
+    # a planned piecewise schedule (parse_schedule); it sets the total steps and replaces --steps
+    plan: list[dict[str, int]] | None = None
     _stop: bool = field(default=False, init=False)
     # the lr schedules this run has followed: [{"from_step": s, "steps": n}, ...]; a resume with another --steps
     # adds an entry (the cosine is then recomputed over the new budget from that step on)
@@ -204,6 +253,8 @@ class Trainer:
         self._stop = True
 
     def fit(self) -> dict[str, Any]:
+        if self.plan:
+            self.cfg = replace(self.cfg, steps=self.plan[-1]["steps"])
         cfg = self.cfg
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
@@ -218,7 +269,7 @@ class Trainer:
         self.model = model  # the trained module (this process's replica), for callers that inspect it
         opt = make_optimizer(model, cfg)
         start, best, best_metrics, elapsed = 0, -math.inf, {}, 0.0
-        self._schedule = [{"from_step": 0, "steps": cfg.steps}]
+        self._schedule = [{"from_step": 0, "steps": segment_budget(self.plan, 0) if self.plan else cfg.steps}]
         last_dir = self.out / "last"
         if self.resume and (last_dir / "trainer.json").is_file():
             # the state is global (replicas are identical), so any number of processes can resume it
@@ -229,7 +280,13 @@ class Trainer:
             self._schedule = progress.get("schedule") or [
                 {"from_step": 0, "steps": progress.get("saved_steps") or cfg.steps}]
             before = self._schedule[-1]["steps"]
-            if before != cfg.steps:
+            if self.plan:
+                for boundary in sorted({p["from_step"] for p in self._schedule + self.plan if p["from_step"] < start}):
+                    had, planned = segment_budget(self._schedule, boundary), segment_budget(self.plan, boundary)
+                    if had != planned:
+                        raise ValueError(f"the run in {self.out} followed a cosine over {had} steps at step "
+                                         f"{boundary}, the planned schedule says {planned}; it cannot be replayed")
+            elif before != cfg.steps:
                 self._schedule.append({"from_step": start, "steps": cfg.steps})
                 self._say(f"schedule changed at step {start}: {before} -> {cfg.steps} steps "
                           f"(lr {lr_at(start, replace(cfg, steps=before)):.3g} -> {lr_at(start, cfg):.3g})")
@@ -266,7 +323,16 @@ class Trainer:
         step = start
         try:
             while step < cfg.steps and not dist_env.any(self._stop):
-                lr = lr_at(step, cfg)
+                if self.plan:
+                    budget = segment_budget(self.plan, step)
+                    if budget != self._schedule[-1]["steps"]:
+                        self._schedule.append({"from_step": step, "steps": budget})
+                        self._say(f"planned schedule: from step {step} a cosine over {budget} steps "
+                                  f"(lr {lr_at(step, replace(cfg, steps=self._schedule[-2]['steps'])):.3g} -> "
+                                  f"{lr_at(step, replace(cfg, steps=budget)):.3g})")
+                    lr = lr_at(step, replace(cfg, steps=budget))
+                else:
+                    lr = lr_at(step, cfg)
                 for group in opt.param_groups:
                     group["lr"] = lr
                 model.train()
