@@ -6,8 +6,10 @@ Both runs use the same recipe family (data, augmentation, batch, optimizer, sche
 `training/recipes/sudoku-cpu*.toml`) and the same seed, so at a given step they have seen the same batches.
 The trainer evaluates both every 1,000 steps on the same 1,000 validation puzzles (paper protocol); this script
 pairs those evaluations at the steps both runs have reached and writes bench/results/sudoku_baseline.json + .png.
-A run's learning-rate schedule is part of its budget: steps after a run's schedule was changed at resume are
-marked (see `lr_schedule_history` in the shipped model's config.json).
+A run's learning-rate schedule is part of its budget. Each run's recorded `schedule` (the piecewise cosine it
+followed; the trainer writes it into last/trainer.json, the shipped model's config.json holds Hyper-SET's) is
+compared step by step: rows where the two runs had followed different schedules are marked. The baseline replays
+Hyper-SET's schedule with `hyperset-train sudoku --recipe sudoku-cpu-transformer --schedule hyperset/weights/sudoku`.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import json
 from pathlib import Path
 
 from hyperset.checkpoint import atomic_write_json
+from training.trainer import parse_schedule, segment_budget
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -34,6 +37,21 @@ def evaluations(run: Path) -> dict[int, dict[str, float]]:
     return out
 
 
+def schedule_of(source: Path) -> list[dict[str, int]] | None:
+    try:
+        return parse_schedule(str(source))
+    except ValueError:
+        return None  # a run from before schedules were recorded
+
+
+def same_schedule(a: list[dict[str, int]] | None, b: list[dict[str, int]] | None, step: int) -> bool | None:
+    """Whether both plans gave every step before `step` the same cosine (None if a plan is unknown)."""
+    if a is None or b is None:
+        return None
+    bounds = {p["from_step"] for p in a + b if p["from_step"] < step}
+    return all(segment_budget(a, s) == segment_budget(b, s) for s in bounds)
+
+
 def parameters(run: Path) -> int | None:
     for sub in ("last", "best"):
         cfg = run / sub / "config.json"
@@ -46,17 +64,20 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ours", type=Path, default=ROOT / "runs" / "sudoku-cpu")
     ap.add_argument("--baseline", type=Path, default=ROOT / "runs" / "sudoku-cpu-transformer")
-    ap.add_argument("--same-schedule-until", type=int, default=13166,
-                    help="last step at which both runs followed the same learning-rate schedule")
+    ap.add_argument("--ours-schedule", type=Path, default=ROOT / "hyperset" / "weights" / "sudoku",
+                    help="where Hyper-SET's recorded schedule is (its run predates the trainer recording it)")
     ap.add_argument("--out", type=Path, default=RESULTS / "sudoku_baseline.json")
     args = ap.parse_args()
     ours, base = evaluations(args.ours), evaluations(args.baseline)
     steps = sorted(set(ours) & set(base))
-    rows = [{"step": s, "same_schedule": s <= args.same_schedule_until,
+    plans = {"hyperset": schedule_of(args.ours) or schedule_of(args.ours_schedule),
+             "transformer": schedule_of(args.baseline)}
+    rows = [{"step": s, "same_schedule": same_schedule(plans["hyperset"], plans["transformer"], s),
              "hyperset": ours[s], "transformer": base[s]} for s in steps]
     out = {"ours": str(args.ours), "baseline": str(args.baseline), "parameters": {
         "hyperset": parameters(args.ours), "transformer": parameters(args.baseline)},
-        "ours_last_step": max(ours, default=0), "baseline_last_step": max(base, default=0), "rows": rows}
+        "schedules": plans, "ours_last_step": max(ours, default=0), "baseline_last_step": max(base, default=0),
+        "rows": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(args.out, out)
     print("| step | Hyper-SET board / cell @16 | Transformer board / cell @16 | board @32: Hyper-SET / Transformer |")

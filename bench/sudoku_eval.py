@@ -42,7 +42,7 @@ def per_iteration(solver: Solver, puzzles: np.ndarray, solutions: np.ndarray, ma
     board_right = np.zeros((T, len(puzzles)), dtype=bool)
     cell_right = np.zeros(T)
     blanks = int((puzzles == 0).sum())
-    energy = {"attn": np.zeros((T, len(puzzles))), "ff": np.zeros((T, len(puzzles)))}
+    energy: dict[str, np.ndarray] = {}  # E_ATTN / E_FF where the layer defines them (baselines do not)
     rank, angle = [], []
     model = solver.model
     for i in range(0, len(puzzles), batch):
@@ -55,7 +55,7 @@ def per_iteration(solver: Solver, puzzles: np.ndarray, solutions: np.ndarray, ma
             board_right[t - 1, i: i + len(p)] = ok.all(-1).numpy()
             cell_right[t - 1] += (ok & (p == 0)).sum().item()
             for k, v in layer.energy(x, t).items():
-                energy[k][t - 1, i: i + len(p)] = v.float().numpy()
+                energy.setdefault(k, np.zeros((T, len(puzzles))))[t - 1, i: i + len(p)] = v.float().numpy()
             if i == 0:
                 Z = layer.projections(x[:geometry_boards], t)
                 rank.append(effective_rank(Z).mean(0).tolist())
@@ -146,7 +146,7 @@ def plots(out: dict, prefix: str) -> None:
     plt.close(fig)
 
     fig, ax = plt.subplots(1, 2, figsize=(11, 3.6))
-    for a, (k, label) in zip(ax, (("attn", "E_ATTN"), ("ff", "E_FF"))):
+    for a, (k, label) in zip(ax, (("attn", "E_ATTN"), ("ff", "E_FF")) if curve["energy"] else ()):
         m, s = np.array(curve["energy"][k]["mean"]), np.array(curve["energy"][k]["std"])
         a.plot(t, m)
         a.fill_between(t, m - s, m + s, alpha=0.2)
@@ -154,7 +154,8 @@ def plots(out: dict, prefix: str) -> None:
         a.set_title(f"{label} per iteration (mean ± std)")
         a.set_xlabel("iteration t")
     fig.tight_layout()
-    fig.savefig(RESULTS / f"{prefix}_energy.png", dpi=120)
+    if curve["energy"]:
+        fig.savefig(RESULTS / f"{prefix}_energy.png", dpi=120)
     plt.close(fig)
 
     rank, angle = np.array(curve["effective_rank"]), np.array(curve["average_angle"])
@@ -243,13 +244,15 @@ def main() -> None:
         sizes = [int(b) for b in args.batch_sizes.split(",")]
         out["batch_sweep"] = batch_sweep(solver, to_strings(p[:256]), T, sizes)
     e = curve["energy"]
-    total = [a + f for a, f in zip(e["attn"]["mean"], e["ff"]["mean"])]
+    total = [a + f for a, f in zip(e["attn"]["mean"], e["ff"]["mean"])] if e else None
     out["checks"] = {
         "board_acc@T": curve["board_acc"][T - 1], "board_acc@2T": curve["board_acc"][2 * T - 1],
-        "energy@T": total[T - 1], "energy@last": total[-1],
+        "energy@T": total[T - 1] if total else None, "energy@last": total[-1] if total else None,
         "accuracy_2T_ge_T": curve["board_acc"][2 * T - 1] >= curve["board_acc"][T - 1],
-        "energy_last_lt_T": total[-1] < total[T - 1],
+        "energy_last_lt_T": total[-1] < total[T - 1] if total else None,
     }
+    if not e:
+        out["checks"]["energy_note"] = "this model's layers define no E_ATTN / E_FF (a baseline), so none is reported"
     RESULTS.mkdir(parents=True, exist_ok=True)
     atomic_write_json(RESULTS / f"{args.name}_eval.json", out)
     plots(out, args.name)
