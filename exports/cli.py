@@ -35,6 +35,18 @@ def _fmt_parity(p: dict[str, Any]) -> str:
             f"-> {'OK' if p['ok'] else 'MISMATCH'}")
 
 
+def _export(model: Any, info: dict[str, Any], out: str, n: int, loop: bool, opset: int, check: bool) -> Any:
+    """Write the graph; a failed write names OUT, not the temporary file next to it."""
+    from . import export as E
+
+    try:
+        if loop:
+            return E.export_loop(model, out, default_iters=n, opset=opset, info=info, check=check, write_steps=True)
+        return E.export_unrolled(model, n, out, opset=opset, info=info, check=check)
+    except OSError as e:
+        raise OSError(f"cannot write {out}: {e.strerror or e}") from None
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("checkpoint", type=str)
 @click.option("--iters", type=click.IntRange(min=1), default=None,
@@ -68,11 +80,7 @@ def main(checkpoint: str, iters: int | None, out: str, loop: bool, opset: int, c
         model, info = load_checkpoint(resolve_checkpoint(checkpoint), map_location="cpu")
         trained = E.trained_iterations(model, info)
         n = iters or trained
-        if loop:
-            result = E.export_loop(model, out, default_iters=n, opset=opset, info=info, check=check,
-                                   write_steps=True)
-        else:
-            result = E.export_unrolled(model, n, out, opset=opset, info=info, check=check)
+        result = _export(model, info, out, n, loop, opset, check)
         reports = []
         if parity:
             from .runtime import OrtSession

@@ -114,13 +114,26 @@ def save_checkpoint(directory: str | os.PathLike, model: HyperSETModel, info: di
     return save_module(directory, model, "hyperset", model.cfg.to_dict(), info)
 
 
+def checkpoint_dir(path: str | os.PathLike) -> Path:
+    """The checkpoint folder of `path`: the folder itself or the folder of its config.json / model.safetensors."""
+    path = Path(path)
+    if not path.is_file():
+        return path
+    if path.name not in ("config.json", "model.safetensors"):
+        raise CheckpointError(f"{path} is a file, not a checkpoint: expected a folder with model.safetensors + "
+                              "config.json (or one of those two files)")
+    return path.parent
+
+
 def read_config(directory: str | os.PathLike, kind: str | None = None) -> dict[str, Any]:
     directory = Path(directory)
     path = directory / "config.json"
     if not directory.exists():
         raise CheckpointError(f"{directory}: no such checkpoint folder (expected model.safetensors + config.json)")
     if not path.is_file():
-        raise CheckpointError(f"{directory}: config.json is missing (expected model.safetensors + config.json)")
+        run = [str(directory / d) for d in ("best", "last") if (directory / d / "config.json").is_file()]
+        hint = f"; a training run folder: pass {' or '.join(run)}" if run else ""
+        raise CheckpointError(f"{directory}: config.json is missing (expected model.safetensors + config.json){hint}")
     try:
         meta = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -136,9 +149,7 @@ def read_config(directory: str | os.PathLike, kind: str | None = None) -> dict[s
 def load_checkpoint(directory: str | os.PathLike, task: str | None = None,
                     map_location: str | torch.device = "cpu") -> tuple[HyperSETModel, dict[str, Any]]:
     """Load a checkpoint folder (or its config.json / model.safetensors path). Returns (model in eval mode, info)."""
-    directory = Path(directory)
-    if directory.is_file():
-        directory = directory.parent
+    directory = checkpoint_dir(directory)
     meta = read_config(directory, kind="hyperset")
     try:
         cfg = ModelConfig.from_dict(meta["model"])
@@ -150,6 +161,13 @@ def load_checkpoint(directory: str | os.PathLike, task: str | None = None,
         model = HyperSETModel(cfg)
     except (TypeError, ValueError) as e:
         raise CheckpointError(f"{directory / 'config.json'}: invalid model config ({e})") from None
-    load_weights_into(model, directory, f"weights of a {cfg.layer} {cfg.task} model")
+    try:
+        load_weights_into(model, directory, f"weights of a {cfg.layer} {cfg.task} model")
+    except CheckpointError as e:
+        absent = sorted(set(cfg.to_dict()) - set(meta["model"]))
+        if not absent:
+            raise
+        raise CheckpointError(f"{e}; config.json lacks the model keys {', '.join(absent)} (defaults were "
+                              "assumed)") from None
     model.to(map_location).eval()
     return model, meta

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import math
+import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
@@ -15,6 +17,7 @@ from .sudoku.board import Puzzle, PuzzleError, cell_name, format_grid, parse_fil
 
 EXIT_SOLVED, EXIT_UNSOLVED, EXIT_BAD_INPUT = 0, 1, 2
 MAX_PUZZLES = 1_000_000
+MAX_ITERS = 10_000  # per pass; far past any useful depth, and a typo'd 10**12 fails at once instead of running for days
 
 
 def _iters_option(value: str) -> int | str:
@@ -23,10 +26,22 @@ def _iters_option(value: str) -> int | str:
     try:
         n = int(value)
     except ValueError:
-        raise click.BadParameter(f"expected a positive integer or 'auto', got {value!r}") from None
-    if n < 1:
-        raise click.BadParameter(f"iterations must be >= 1, got {n}")
+        raise click.BadParameter(f"--iters: expected a positive integer or 'auto', got {value!r}") from None
+    if not 1 <= n <= MAX_ITERS:
+        raise click.BadParameter(f"--iters: iterations must be between 1 and {MAX_ITERS:,}, got {n}")
     return n
+
+
+def _check_options(backend: str, onnx_model: str | None, plot: str | None) -> None:
+    """Usage errors found before any work is done."""
+    if onnx_model is not None and backend != "onnx":
+        raise click.UsageError("--onnx-model needs --backend onnx")
+    if plot is not None:
+        folder = Path(plot).parent
+        if not folder.is_dir():
+            raise click.UsageError(f"--plot: cannot write {plot}: folder {folder} does not exist")
+        if not os.access(folder, os.W_OK):
+            raise click.UsageError(f"--plot: cannot write {plot}: folder {folder} is not writable")
 
 
 def side_by_side(puzzle: str, prediction: str, color: bool) -> str:
@@ -42,9 +57,13 @@ def _sparkline(values: list[float]) -> str:
     if not values:
         return ""
     ticks = "▁▂▃▄▅▆▇█"
-    lo, hi = min(values), max(values)
+    finite = [v for v in values if math.isfinite(v)]
+    if not finite:
+        return "?" * len(values)
+    lo, hi = min(finite), max(finite)
     span = (hi - lo) or 1.0
-    return "".join(ticks[min(int((v - lo) / span * (len(ticks) - 1) + 0.5), len(ticks) - 1)] for v in values)
+    return "".join(ticks[min(int((v - lo) / span * (len(ticks) - 1) + 0.5), len(ticks) - 1)]
+                   if math.isfinite(v) else "?" for v in values)
 
 
 def _energy_summary(energy: dict[str, list[float]], trained: int) -> str:
@@ -85,9 +104,12 @@ def plot_energy(path: str, results: list[Any], trained: int) -> None:
         ax.legend(fontsize=8)
     fig.tight_layout()
     tmp = Path(path).with_name(f".{Path(path).name}.tmp.png")
-    fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    tmp.replace(path)
+    try:
+        fig.savefig(tmp, dpi=120)
+        tmp.replace(path)
+    finally:
+        plt.close(fig)
+        tmp.unlink(missing_ok=True)
 
 
 def _load_puzzles(files: tuple[str, ...]) -> list[Puzzle]:
@@ -134,6 +156,7 @@ def solve_main(files: tuple[str, ...], iters: str | None, strategy: str, passes:
 
     try:
         n_iters = _iters_option(iters) if iters is not None else None
+        _check_options(backend, onnx_model, plot)
         puzzles = _load_puzzles(files)
         n_threads = set_cpu_threads(threads)
         solver = Solver.load(checkpoint, device)
@@ -141,12 +164,11 @@ def solve_main(files: tuple[str, ...], iters: str | None, strategy: str, passes:
             from exports.solver_backend import attach_onnx_backend
 
             attach_onnx_backend(solver, onnx_model, device, threads=n_threads)
-    except click.BadParameter as e:
-        click.echo(f"hyperset-solve: error: --iters: {e.message}", err=True)
-        sys.exit(EXIT_BAD_INPUT)
+        solver.check_iters(n_iters)
+    except click.UsageError as e:
+        _fail(e.message)
     except (PuzzleError, CheckpointError, RuntimeError, ValueError) as e:
-        click.echo(f"hyperset-solve: error: {e}", err=True)
-        sys.exit(EXIT_BAD_INPUT)
+        _fail(str(e))
     if not as_json:
         for p in puzzles:
             for w in p.warnings:
@@ -154,16 +176,32 @@ def solve_main(files: tuple[str, ...], iters: str | None, strategy: str, passes:
     results, seconds = timed_solve(solver, [p.givens for p in puzzles], iters=n_iters, strategy=strategy,
                                    passes=passes, batch_size=batch_size, solutions=[p.solution for p in puzzles])
     summary = summarize(results, seconds, solver)
-    if plot:
-        plot_energy(plot, results, solver.trained_iters)
     if as_json:
-        click.echo(json.dumps({"results": [r.to_json() for r in results], "summary": summary.to_json()}))
+        click.echo(json.dumps({"results": [_result_json(p, r) for p, r in zip(puzzles, results)],
+                               "summary": summary.to_json()}, allow_nan=False))
     else:
         use_color = sys.stdout.isatty() if color is None else color
         for p, r in zip(puzzles, results):
             _print_result(p, r, solver.trained_iters, use_color, trace)
-        _print_summary(summary, solver, strategy, plot)
+        _print_summary(summary, strategy)
+    if plot:
+        try:
+            plot_energy(plot, results, solver.trained_iters)
+        except OSError as e:
+            _fail(f"--plot: cannot write {plot}: {e.strerror or e}")
+        if not as_json:
+            click.echo(f"energy plot written to {plot}")
     sys.exit(EXIT_SOLVED if summary.valid == summary.puzzles else EXIT_UNSOLVED)
+
+
+def _fail(message: str) -> NoReturn:
+    click.echo(f"hyperset-solve: error: {message}", err=True)
+    sys.exit(EXIT_BAD_INPUT)
+
+
+def _result_json(p: Puzzle, r: Any) -> dict[str, Any]:
+    """A result with where its puzzle came from and the parser's warnings (JSON mode prints no other text)."""
+    return {**r.to_json(), "source": p.source, "line": p.line, "warnings": list(p.warnings)}
 
 
 def _print_result(p: Puzzle, r: Any, trained: int, color: bool, trace: bool) -> None:
@@ -188,13 +226,11 @@ def _print_result(p: Puzzle, r: Any, trained: int, color: bool, trace: bool) -> 
     click.echo("")
 
 
-def _print_summary(summary: Any, solver: Any, strategy: str, plot: str | None) -> None:
+def _print_summary(summary: Any, strategy: str) -> None:
     line = f"{summary.valid}/{summary.puzzles} boards valid"
     if summary.board_accuracy is not None:
         line += f"; board accuracy {summary.board_accuracy:.1%}, cell accuracy {summary.cell_accuracy:.1%}"
     click.echo(f"{line} — strategy {strategy}, {summary.seconds:.2f} s on {summary.device} ({summary.backend})")
-    if plot:
-        click.echo(f"energy plot written to {plot}")
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from .checkpoint import load_checkpoint
+from .checkpoint import CheckpointError, load_checkpoint
 from .device import describe, pick_device
 from .models import HyperSETModel
 from .sudoku.board import UNITS, validate
@@ -58,10 +58,16 @@ class SolveResult:
     def to_json(self) -> dict[str, Any]:
         out = {"puzzle": self.puzzle, "prediction": self.prediction, "valid": self.valid, "reason": self.reason,
                "conflicting_cells": self.conflicting_cells, "iterations": self.iterations, "passes": self.passes,
-               "confidence": round(self.confidence, 6), "energy": self.energy}
+               "confidence": _finite(round(self.confidence, 6)),
+               "energy": {k: [_finite(e) for e in v] for k, v in self.energy.items()}}
         if self.solution is not None:
             out["solution"], out["correct"] = self.solution, self.correct
         return out
+
+
+def _finite(x: float) -> float | None:
+    """JSON has no NaN or infinity: a diverged value becomes null."""
+    return x if math.isfinite(x) else None
 
 
 def _board_tensor(puzzles: Sequence[str], device: torch.device) -> torch.Tensor:
@@ -94,7 +100,12 @@ class Solver:
     @classmethod
     def load(cls, checkpoint: str | Path | None = None, device: str = "auto") -> Solver:
         dev = pick_device(device)
-        model, info = load_checkpoint(checkpoint or bundled_checkpoint(), task="sudoku", map_location=dev)
+        path = checkpoint or bundled_checkpoint()
+        model, info = load_checkpoint(path, task="sudoku", map_location=dev)
+        bad = [k for k, v in model.state_dict().items() if v.is_floating_point() and not bool(v.isfinite().all())]
+        if bad:
+            raise CheckpointError(f"{path}: weights hold NaN or infinite values ({', '.join(bad[:3])}); "
+                                  "expected the finite weights of a trained sudoku model")
         return cls(model, dev, info)
 
     @property
@@ -138,6 +149,19 @@ class Solver:
             conf = torch.where(boards > 0, torch.ones_like(conf), conf)
             yield t, digits, conf, {k: v.float() for k, v in layer.energy(x, t).items()}
 
+    def check_iters(self, iters: int | str | None) -> None:
+        """Raise ValueError if the backend cannot run `iters` (as passed to `solve`), before any work is done."""
+        if self.backend is None:
+            return
+        if iters == "auto":
+            raise ValueError("iterations 'auto' read the prediction after every iteration and run on the torch "
+                             "backend only; give a number of iterations for the ONNX backend")
+        fixed = getattr(self.backend, "unrolled", None)
+        n = self.trained_iters if iters is None else int(iters)
+        if fixed is not None and n != fixed:
+            raise ValueError(f"{Path(self.backend.path).name} is unrolled for {fixed} iterations and cannot run {n}; "
+                             f"use {fixed} iterations or export a Loop graph (hyperset-export --loop)")
+
     def solve(self, puzzles: Sequence[str], iters: int | str | None = None, strategy: str = DEFAULT_STRATEGY,
               batch_size: int | None = None, solutions: Sequence[str | None] | None = None,
               max_iters: int | None = None, patience: int = 4, passes: int = DEFAULT_PASSES) -> list[SolveResult]:
@@ -145,6 +169,7 @@ class Solver:
         `passes` is the most passes of the commit strategy; `batch_size` defaults to `default_batch_size`."""
         if strategy not in STRATEGIES:
             raise ValueError(f"unknown strategy {strategy!r}; choose from {', '.join(STRATEGIES)}")
+        self.check_iters("auto" if strategy == "auto" else iters)
         if iters == "auto":
             strategy = "auto"
             iters = None

@@ -138,6 +138,28 @@ def test_missing_config_json(tmp_path):
     assert str(folder) in message and "config.json" in message and "missing" in message
 
 
+def test_a_file_that_is_not_a_checkpoint_is_named_not_its_folder(tmp_path):
+    folder, _ = _saved(tmp_path)
+    other = folder / "weights.pkl"
+    other.write_bytes(pickle.dumps({"a": 1}))
+    message = _error(other)
+    assert str(other) in message and "is a file, not a checkpoint" in message
+
+
+def test_a_training_run_folder_points_to_its_checkpoints(tmp_path):
+    _saved(tmp_path, name="run/best")
+    message = _error(tmp_path / "run")
+    assert "config.json is missing" in message and str(tmp_path / "run" / "best") in message
+
+
+def test_a_config_without_a_model_key_says_which_key_is_missing(tmp_path):
+    folder, _ = _saved(tmp_path)
+    meta = json.loads((folder / "config.json").read_text())
+    del meta["model"]["dim"]
+    (folder / "config.json").write_text(json.dumps(meta))
+    assert "config.json lacks the model keys dim" in _error(folder)
+
+
 def test_invalid_json(tmp_path):
     folder, _ = _saved(tmp_path)
     (folder / "config.json").write_text('{"format": "hyperset-checkpoint", "model": {')

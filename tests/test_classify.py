@@ -270,6 +270,42 @@ def test_eval_command_errors(cifar10: Path, checkpoint: Path, tmp_path: Path, mo
     assert unshipped.exit_code == 2 and "no classifier is shipped yet" in unshipped.output
 
 
+class _CallsGetcwd:
+    def __reduce__(self):
+        return (os.getcwd, ())
+
+
+def test_cli_reports_a_refused_cifar_file_and_bad_recipe_values_in_one_line(cifar10: Path, tmp_path: Path) -> None:
+    import shutil
+
+    from training.cli import main as train_main
+
+    shutil.copytree(cifar10, tmp_path / "data")
+    _dump(tmp_path / "data" / "cifar-10-batches-py" / "data_batch_2", {b"data": _CallsGetcwd(), b"labels": [0]})
+    base = ["classify", "--recipe", "cifar10-cpu", "--out", str(tmp_path / "run"), "--steps", "1"]
+    for args, message in [(["--data", str(tmp_path / "data")], "refusing to load global posix.getcwd"),
+                          (["--data", str(cifar10), "--set", "data.val_fraction=abc"], "data.val_fraction = 'abc'"),
+                          (["--data", str(cifar10), "--set", "objective.eval_iters=[1.5]"], "objective.eval_iters"),
+                          (["--data", str(cifar10), "--set", "train.epochs=x"], "train.epochs = 'x'")]:
+        result = CliRunner().invoke(train_main, base + args)
+        assert result.exit_code == 2 and message in result.stderr, result.output
+        assert "Traceback" not in result.output and result.stderr.count("\n") == 1
+
+
+def test_eval_command_names_a_file_that_is_no_checkpoint(cifar10: Path, checkpoint: Path, tmp_path: Path) -> None:
+    (tmp_path / "model.pkl").write_bytes(pickle.dumps({"weights": [1, 2]}))
+    run = CliRunner().invoke(classify_command, [str(tmp_path / "model.pkl"), "--data", str(cifar10)])
+    assert run.exit_code == 2 and "model.pkl is a file, not a checkpoint" in run.stderr
+    odd = tmp_path / "odd"
+    odd.mkdir()
+    for name in ("model.safetensors", "config.json"):
+        (odd / name).write_bytes((checkpoint / name).read_bytes())
+    meta = json.loads((odd / "config.json").read_text())
+    (odd / "config.json").write_text(json.dumps({**meta, "data": "cifar10"}))  # hand-edited: not a table
+    run = CliRunner().invoke(classify_command, [str(odd), "--data", str(cifar10), "--json"])
+    assert run.exit_code == 0 and json.loads(run.stdout)["dataset"] == "cifar10", run.output
+
+
 def test_figures(cifar10: Path, checkpoint: Path, tmp_path: Path) -> None:
     import importlib.util
 

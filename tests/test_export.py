@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from exports import export as E
 from exports.runtime import OnnxModelError, OrtSession
 from exports.solver_backend import OnnxSolverBackend, attach_onnx_backend
-from hyperset.checkpoint import save_checkpoint
+from hyperset.checkpoint import load_checkpoint, save_checkpoint
 from hyperset.config import ModelConfig
 from hyperset.models import HyperSETModel
 from hyperset.solve import Solver
@@ -294,3 +294,40 @@ def test_hyperset_export_cli(tiny_checkpoint: Path, tmp_path: Path) -> None:
         result = runner.invoke(export_main, args)
         assert result.exit_code == 2, result.output
         assert result.stderr.startswith("hyperset-export: error: ") and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_hyperset_solve_onnx_refuses_what_the_graph_cannot_run_before_solving(tiny_checkpoint: Path,
+                                                                              tmp_path: Path) -> None:
+    """An unrolled graph runs only its own count; 'auto' needs every iteration (torch only): exit 2, no traceback."""
+    from hyperset.cli import solve_main
+
+    model, _ = load_checkpoint(tiny_checkpoint)
+    unrolled = E.export_unrolled(model, T, tmp_path / "u.onnx").path
+    (tmp_path / "p.txt").write_text(PUZZLES[0] + "\n")
+    common = [str(tmp_path / "p.txt"), "--checkpoint", str(tiny_checkpoint), "--device", "cpu", "--backend", "onnx",
+              "--onnx-model", str(unrolled), "--json"]
+    for iters, expected in (("5", "unrolled for 2 iterations and cannot run 5"), ("auto", "torch backend only")):
+        result = CliRunner().invoke(solve_main, [*common, "--iters", iters])
+        assert result.exit_code == 2 and result.stdout == "", result.output
+        assert result.stderr.startswith("hyperset-solve: error: ") and expected in result.stderr
+    solver = Solver.load(tiny_checkpoint, "cpu")
+    attach_onnx_backend(solver, unrolled, "cpu")
+    with pytest.raises(ValueError, match="torch backend only"):
+        solver.solve(PUZZLES, strategy="auto")
+    assert _solve([*common, "--iters", str(T)])[1]["summary"]["puzzles"] == 1
+
+
+def test_hyperset_export_write_error_names_the_output_file(tiny_checkpoint: Path, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    import tempfile
+
+    from exports.cli import main as export_main
+
+    def disk_full(*args: object, **kwargs: object) -> None:
+        raise OSError(28, "No space left on device", str(tmp_path / ".m.onnx.abc123.tmp"))
+
+    monkeypatch.setattr(tempfile, "mkstemp", disk_full)
+    out = tmp_path / "m.onnx"
+    result = CliRunner().invoke(export_main, [str(tiny_checkpoint), "--iters", "1", "--out", str(out), "--no-check"])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip() == f"hyperset-export: error: cannot write {out}: No space left on device"

@@ -209,7 +209,7 @@ def test_resume_continues_exactly(cifar: Path, tokenizer_run: Path, tmp_path: Pa
     assert result["step"] == 8
     a, b = load_file(str(full / "last" / "model.safetensors")), load_file(str(part / "last" / "model.safetensors"))
     assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
-    with pytest.raises(SystemExit, match="--resume"):
+    with pytest.raises(ValueError, match="--resume"):
         Trainer(_tokens_task(cifar, tok), _train_cfg(8), part, quiet=True).fit()
 
 
@@ -242,6 +242,26 @@ def test_eval_command_without_shipped_models_exits_2(cifar: Path, tmp_path: Path
     monkeypatch.setattr(reconstruct, "WEIGHTS_DIR", tmp_path / "nothing")
     out = CliRunner().invoke(mim_command, ["--data", str(cifar), "--json"])
     assert out.exit_code == 2 and "not in this package" in out.output
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--iters", "0"], "0 is not in the range x>=1"), (["--images", "-1"], "-1 is not in the range x>=0"),
+    (["--batch", "0"], "0 is not in the range x>=1"), (["--image-size", "0"], "0 is not in the range x>=1"),
+    (["--device", "banana"], "banana"), (["--tokenizer", "BAD"], "not a readable safetensors file")])
+def test_eval_command_user_mistakes_exit_2(cifar: Path, tmp_path: Path, args: list[str], message: str):
+    (tmp_path / "vqgan.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{garbage")
+    args = [str(tmp_path / "vqgan.safetensors") if a == "BAD" else a for a in args]
+    out = CliRunner().invoke(mim_command, ["--data", str(cifar), "--images", "2", "--steps", "2", *args])
+    assert out.exit_code == 2 and message in out.stderr and "Traceback" not in out.output, out.output
+
+
+def test_recipe_values_of_the_wrong_type_name_their_key(cifar: Path):
+    recipe = {"preset": "mim-cpu", "objective": {"stage": "tokens", "eval_ratio": "high"}, "data": {"n_val": 16}}
+    with pytest.raises(ValueError, match="objective.eval_ratio = 'high': expected float"):
+        build_mim_task(preset_config("mim-cpu"), recipe, str(cifar))
+    recipe = {"preset": "mim-cpu", "objective": {"stage": "tokenizer"}, "tokenizer": {"hidden": "wide"}}
+    with pytest.raises(ValueError, match="tokenizer.hidden = 'wide': expected int"):
+        build_mim_task(preset_config("mim-cpu"), recipe, str(cifar))
 
 
 def test_sample_images_are_shipped_with_their_sources():

@@ -238,3 +238,71 @@ def test_solver_solves_when_the_model_predicts_the_solution(tiny_checkpoint: Pat
     solver.backend = oracle
     results = solver.solve([p for p, _ in pairs], iters=2, solutions=[s for _, s in pairs])
     assert all(r.valid and r.correct for r in results)
+
+
+def test_cli_rejects_a_huge_iteration_count_at_once(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    (tmp_path / "p.txt").write_text(EASY + "\n")
+    code, out, err = run([str(tmp_path / "p.txt"), "--checkpoint", str(tiny_checkpoint), "--iters", str(10**12)])
+    assert code == 2 and "--iters" in err and "10,000" in err and out == ""
+
+
+def test_cli_refuses_onnx_model_without_the_onnx_backend(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    (tmp_path / "p.txt").write_text(EASY + "\n")
+    code, out, err = run([str(tmp_path / "p.txt"), "--checkpoint", str(tiny_checkpoint), "--iters", "2",
+                          "--onnx-model", str(tmp_path / "model.onnx")])
+    assert code == 2 and "--onnx-model needs --backend onnx" in err and out == ""
+
+
+def test_cli_plot_to_a_missing_folder_fails_before_solving(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    (tmp_path / "p.txt").write_text(EASY + "\n")
+    plot = tmp_path / "no" / "such" / "energy.png"
+    code, out, err = run([str(tmp_path / "p.txt"), "--checkpoint", str(tiny_checkpoint), "--iters", "2",
+                          "--plot", str(plot)])
+    assert code == 2 and out == ""
+    assert err.strip() == f"hyperset-solve: error: --plot: cannot write {plot}: folder {plot.parent} does not exist"
+
+
+def test_cli_plot_write_failure_keeps_the_results(tiny_checkpoint: Path, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    import hyperset.cli
+
+    def disk_full(path: str, results: list, trained: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(hyperset.cli, "plot_energy", disk_full)
+    (tmp_path / "p.txt").write_text(EASY + "\n")
+    code, out, err = run([str(tmp_path / "p.txt"), "--checkpoint", str(tiny_checkpoint), "--iters", "2",
+                          "--strategy", "single", "--plot", str(tmp_path / "e.png")])
+    assert code == 2 and "boards valid" in out and "energy plot written" not in out
+    assert err.strip() == f"hyperset-solve: error: --plot: cannot write {tmp_path / 'e.png'}: No space left on device"
+
+
+def test_cli_json_keeps_where_each_puzzle_came_from_and_its_warnings(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    (tmp_path / "p.txt").write_text(f"# two puzzles\n{EASY}\n{'1' + '0' * 80}\n")
+    code, out, _ = run([str(tmp_path / "p.txt"), "--checkpoint", str(tiny_checkpoint), "--iters", "2",
+                        "--strategy", "single", "--json"])
+    first, second = json.loads(out)["results"]
+    assert (first["source"], first["line"], first["warnings"]) == (str(tmp_path / "p.txt"), 2, [])
+    assert second["line"] == 3 and "only 1 given" in second["warnings"][0]
+
+
+def test_non_finite_weights_are_refused_and_non_finite_values_stay_valid_json(tiny_checkpoint: Path,
+                                                                             tmp_path: Path) -> None:
+    import math
+
+    from hyperset.checkpoint import CheckpointError, load_checkpoint
+    from hyperset.cli import _sparkline
+    from hyperset.solve import SolveResult
+
+    model, info = load_checkpoint(tiny_checkpoint)
+    with torch.no_grad():
+        next(model.parameters()).fill_(float("nan"))
+    save_checkpoint(tmp_path / "nan", model, {"trained_iterations": 3})
+    with pytest.raises(CheckpointError, match="NaN or infinite"):
+        Solver.load(tmp_path / "nan", "cpu")
+    (tmp_path / "p.txt").write_text(EASY + "\n")
+    code, _, err = run([str(tmp_path / "p.txt"), "--checkpoint", str(tmp_path / "nan")])
+    assert code == 2 and "NaN or infinite" in err
+    r = SolveResult(EASY, EASY, False, "blanks", [], 2, {"attn": [1.0, math.nan], "ff": [math.inf, 2.0]}, math.nan)
+    assert json.loads(json.dumps(r.to_json(), allow_nan=False))["energy"] == {"attn": [1.0, None], "ff": [None, 2.0]}
+    assert _sparkline([1.0, math.nan, 2.0]) == "▁?█" and _sparkline([math.nan]) == "?"

@@ -329,6 +329,17 @@ def test_parse_file_rejects_binary_and_non_utf8(tmp_path) -> None:
     assert info.value.line == 2 and "not UTF-8" in info.value.reason
 
 
+def test_parse_file_reads_utf16_with_a_byte_order_mark(tmp_path) -> None:
+    """What Windows Notepad ("Unicode") and PowerShell's `>` write: not a binary file."""
+    path = tmp_path / "windows.txt"
+    path.write_bytes(f"{EASY}\r\n{EASY[:80]}\r\n".encode("utf-16"))
+    with pytest.raises(PuzzleError) as info:
+        parse_file(str(path))
+    assert info.value.line == 2 and "expected 81 cells" in info.value.reason
+    path.write_bytes(b"\xfe\xff" + f"{EASY}\r\n".encode("utf-16-be"))  # big-endian
+    assert [p.givens for p in parse_file(str(path))] == [EASY]
+
+
 def test_parse_file_rejects_fake_gzip(tmp_path) -> None:
     fake = tmp_path / "puzzles.txt.gz"
     fake.write_text(EASY)

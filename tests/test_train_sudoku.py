@@ -10,8 +10,9 @@ import torch
 from click.testing import CliRunner
 from conftest import write_sudoku_csvs
 
-from hyperset.checkpoint import load_checkpoint
+from hyperset.checkpoint import CheckpointError, load_checkpoint
 from hyperset.config import preset_config
+from training import state
 from training.cli import main as train_main
 from training.sudoku_task import SudokuData, SudokuTask
 from training.trainer import TrainConfig, Trainer, lr_at, parse_schedule
@@ -127,8 +128,45 @@ def test_cli_schedule_and_steps_must_agree(data_dir: Path, tmp_path: Path) -> No
 
 def test_a_second_run_into_the_same_folder_needs_resume(data_dir: Path, tmp_path: Path) -> None:
     Trainer(tiny_task(data_dir), train_cfg(2), tmp_path / "run", quiet=True).fit()
-    with pytest.raises(SystemExit, match="--resume"):
+    with pytest.raises(ValueError, match="--resume"):
         Trainer(tiny_task(data_dir), train_cfg(2), tmp_path / "run", quiet=True).fit()
+    again = CliRunner().invoke(train_main, [*TINY_CLI, "--data", str(data_dir), "--out", str(tmp_path / "run")])
+    assert again.exit_code == 2 and "already holds a training run" in again.stderr
+    assert again.stderr.count("\n") == 1 and "Traceback" not in again.output
+
+
+def test_resume_refuses_a_run_of_another_task_or_recipe(data_dir: Path, tmp_path: Path) -> None:
+    Trainer(tiny_task(data_dir), train_cfg(2), tmp_path / "run", recipe_name="sudoku-a", quiet=True).fit()
+    with pytest.raises(CheckpointError, match="'sudoku' run of recipe 'sudoku-a', not a 'sudoku' run of recipe "
+                                              "'sudoku-b'"):
+        Trainer(tiny_task(data_dir), train_cfg(4), tmp_path / "run", resume=True, recipe_name="sudoku-b").fit()
+    other = tiny_task(data_dir)
+    other.name = "classify"
+    with pytest.raises(CheckpointError, match="not a 'classify' run"):
+        Trainer(other, train_cfg(4), tmp_path / "run", resume=True, recipe_name="sudoku-a", quiet=True).fit()
+    with pytest.raises(ValueError, match="is at step 2; --steps 1 would end it"):
+        Trainer(tiny_task(data_dir), train_cfg(1), tmp_path / "run", resume=True, recipe_name="sudoku-a").fit()
+
+
+def test_a_kill_while_saving_leaves_the_previous_state_whole(data_dir: Path, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    Trainer(tiny_task(data_dir), train_cfg(2), tmp_path / "run", quiet=True).fit()
+    before = load_checkpoint(tmp_path / "run" / "last")[0].state_dict()
+
+    def killed(*args, **kwargs):  # the process dies after the model file, before the optimizer file
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(state, "save_tensors", killed)
+    with pytest.raises(KeyboardInterrupt):
+        Trainer(tiny_task(data_dir), train_cfg(4), tmp_path / "run", resume=True, quiet=True).fit()
+    monkeypatch.undo()
+    after = load_checkpoint(tmp_path / "run" / "last")[0].state_dict()
+    assert json.loads((tmp_path / "run" / "last" / "trainer.json").read_text())["step"] == 2
+    assert all(torch.equal(before[k], after[k]) for k in before)  # the model of step 2, not of step 4
+    # killed between the two renames: the previous state is put back
+    (tmp_path / "run" / "last").rename(tmp_path / "run" / "last.old")
+    assert Trainer(tiny_task(data_dir), train_cfg(3), tmp_path / "run", resume=True, quiet=True).fit()["step"] == 3
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["best", "last", "metrics.jsonl"]
 
 
 def test_best_checkpoint_is_chosen_on_the_selection_split_and_records_its_metrics(data_dir: Path,
@@ -148,6 +186,54 @@ def test_schedule_warms_up_then_anneals_to_min_lr() -> None:
     assert lr_at(9, cfg) == pytest.approx(1e-3)
     assert lr_at(100, cfg) == pytest.approx(1e-5)
     assert lr_at(55, cfg) == pytest.approx((1e-3 + 1e-5) / 2)
+
+
+TINY_CLI = ["sudoku", "--recipe", "sudoku-cpu", "--steps", "2", "--set", "model.dim=16", "--set", "model.heads=2",
+            "--set", "model.ff_hidden=16", "--set", "model.time_dim=16", "--set", "model.iters=1",
+            "--set", "data.n_val=4", "--set", "data.n_select=4", "--set", "train.batch_size=4",
+            "--set", "train.amp='off'", "--set", "train.eval_every=2"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--set", "model.foo=1"], "unknown [model] keys: foo"),
+    (["--set", "data.foo=1"], "unknown [data] keys: foo"),
+    (["--set", "objective.foo=1"], "unknown [objective] keys: foo"),
+    (["--set", "fo.bar=1"], "unknown section 'fo'"),
+    (["--set", "model.dim=abc"], "model.dim = 'abc': expected int"),
+    (["--set", "data.n_train=abc"], "data.n_train = 'abc': expected int"),
+    (["--set", "train.lr=abc"], "train.lr = 'abc': expected float"),
+    (["--set", "train.betas=0.9"], "train.betas = 0.9: expected tuple"),
+    (["--set", "train.amp=banana"], "train.amp must be one of auto, off, bf16, fp16"),
+    (["--set", "train.batch_size=0"], "batch_size and accum_steps must be >= 1"),
+    (["--set", "train.eval_every=0"], "eval_every and log_every must be >= 1"),
+    (["--preset", "nope"], "unknown preset 'nope'"),
+    (["--preset", "cifar10-cpu"], "'classify' model, not a sudoku model"),
+    (["--device", "banana"], "banana"),
+    (["--steps", "0"], "0 is not in the range x>=1"),
+    (["--accum-steps", "0"], "0 is not in the range x>=1"),
+])
+def test_cli_user_mistakes_exit_2_with_one_line(data_dir: Path, tmp_path: Path, args: list[str], message: str) -> None:
+    result = CliRunner().invoke(train_main, [*TINY_CLI, "--data", str(data_dir), "--out", str(tmp_path / "o"), *args])
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr and "Traceback" not in result.output
+    assert not (tmp_path / "o" / "last").exists()
+
+
+def test_cli_json_prints_only_json_on_stdout(data_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "o"
+    result = CliRunner().invoke(train_main, [*TINY_CLI, "--data", str(data_dir), "--out", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["step"] == 2  # the evaluation line is not on stdout
+
+
+def test_empty_or_missing_puzzle_files_are_named(tmp_path: Path, data_dir: Path) -> None:
+    (tmp_path / "train.csv").write_text("")
+    (tmp_path / "valid.csv").write_text((data_dir / "valid.csv").read_text())
+    with pytest.raises(ValueError, match="train.csv: no training puzzles"):
+        tiny_task(tmp_path)
+    with pytest.raises(ValueError, match="no validation puzzles"):
+        SudokuTask(model=preset_config("sudoku-cpu", dim=32, heads=2, ff_hidden=64, time_dim=16, iters=2),
+                   data=SudokuData(data_dir=str(data_dir), n_train=0, n_val=0, n_select=0))
 
 
 def test_cli_trains_from_a_recipe_with_overrides(data_dir: Path, tmp_path: Path) -> None:

@@ -134,6 +134,17 @@ def test_cifar_unpickler_refuses_any_global_but_numpy_reconstruction(tmp_path: P
         vd.read_cifar("cifar10", tmp_path, "train")
 
 
+def test_refused_or_truncated_cifar_files_are_value_errors(tmp_path: Path) -> None:
+    write_cifar10(tmp_path, per_batch=1)
+    _dump(tmp_path / "cifar-10-batches-py" / "data_batch_2", {b"data": _CallsGetcwd(), b"labels": [0]})
+    with pytest.raises(ValueError, match=r"data_batch_2.*refusing to load global"):
+        vd.read_cifar("cifar10", tmp_path, "train")
+    path = tmp_path / "cifar-10-batches-py" / "test_batch"
+    path.write_bytes(path.read_bytes()[:200])
+    with pytest.raises(ValueError, match="test_batch"):
+        vd.read_cifar("cifar10", tmp_path, "test")
+
+
 def test_missing_cifar_file_is_named_with_the_expected_layout(tmp_path: Path) -> None:
     write_cifar10(tmp_path, per_batch=1)
     (tmp_path / "cifar-10-batches-py" / "data_batch_4").unlink()

@@ -182,3 +182,10 @@ def test_a_file_that_is_not_a_checkpoint_is_reported(tmp_path):
     path.write_text("hello world")
     with raises(CheckpointError, match="not a readable torch checkpoint"):
         load_vqgan(path, SMALL)
+
+
+def test_an_unreadable_safetensors_file_is_reported(tmp_path):
+    path = tmp_path / "vqgan.safetensors"
+    path.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{garbage")
+    with raises(CheckpointError, match="not a readable safetensors file"):
+        load_vqgan(path, SMALL)

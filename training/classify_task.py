@@ -48,6 +48,8 @@ from hyperset.vision.data import (
     train_val_split,
 )
 
+from .recipes import check_table
+
 CIFAR_SIZE = 32
 DATA_KEYS = ("dataset", "val_fraction", "seed", "n_train", "n_val", "image_size", "eval_mode", "classes", "workers")
 OBJECTIVE_KEYS = ("label_smoothing", "eval_iters", "eval_batch")
@@ -347,15 +349,12 @@ def fit_model_to_data(model_cfg: ModelConfig, data: ClassifyData, explicit: dict
     return model_cfg.replace(num_classes=classes, img_size=size)
 
 
-def _check_keys(table: dict[str, Any], known: Sequence[str], section: str) -> None:
-    unknown = sorted(set(table) - set(known))
-    if unknown:
-        raise ValueError(f"unknown [{section}] keys: {', '.join(unknown)} (known: {', '.join(known)})")
-
-
 def epochs_to_steps(train: dict[str, Any], n_train: int) -> tuple[float | None, int]:
     """Rewrite ``epochs``, ``warmup_epochs`` and ``eval_every_epochs`` of a recipe's [train] table into steps,
     in place. Returns (epochs or None, steps per epoch)."""
+    for key in ("batch_size", "epochs", "warmup_epochs", "eval_every_epochs"):
+        if key in train and (isinstance(train[key], bool) or not isinstance(train[key], (int, float))):
+            raise ValueError(f"train.{key} = {train[key]!r}: expected a number")
     batch = int(train.get("batch_size", 32))
     if batch < 1:
         raise ValueError(f"train.batch_size must be >= 1, got {batch}")
@@ -381,8 +380,8 @@ def build_classify_task(model_cfg: ModelConfig, recipe: dict[str, Any], data_dir
     """The classification task of a recipe. Rewrites ``recipe["train"]`` epochs into steps (in place)."""
     data_table = dict(recipe.get("data", {}))
     objective = dict(recipe.get("objective", {}))
-    _check_keys(data_table, DATA_KEYS, "data")
-    _check_keys(objective, OBJECTIVE_KEYS, "objective")
+    check_table(ClassifyData, data_table, "data", DATA_KEYS)
+    check_table(ClassifyTask, objective, "objective", OBJECTIVE_KEYS)
     data = ClassifyData(data_dir=data_dir, **data_table)
     model_cfg = fit_model_to_data(model_cfg, data, recipe.get("model", {}))
     task = ClassifyTask(model=model_cfg, data=data, **objective)

@@ -4,25 +4,47 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 import click
 
 from hyperset.checkpoint import CheckpointError
-from hyperset.config import preset_config
+from hyperset.config import ModelConfig, preset_config
+from hyperset.device import pick_device
 
-from .recipes import apply_overrides, load_recipe, recipe_names
+from .recipes import apply_overrides, check_table, load_recipe, recipe_names
 from .trainer import TrainConfig, Trainer, parse_schedule
 
 
-def build_task(task: str, recipe: dict[str, Any], data_dir: str) -> Any:
-    model_cfg = preset_config(recipe["preset"], **recipe.get("model", {}))
-    if task == "sudoku":
-        from .sudoku_task import SudokuData, SudokuTask
+def model_config(recipe: dict[str, Any]) -> ModelConfig:
+    """The recipe's preset with its [model] overrides; unknown presets, keys and mistyped values are ValueErrors."""
+    if "preset" not in recipe:
+        raise ValueError("the recipe names no model preset (preset = \"...\"; see hyperset.list_presets())")
+    overrides = recipe.get("model", {})
+    check_table(ModelConfig, overrides, "model")
+    try:
+        return preset_config(recipe["preset"], **overrides)
+    except KeyError as e:
+        raise ValueError(e.args[0]) from None
 
-        data = SudokuData(data_dir=data_dir, **recipe.get("data", {}))
-        return SudokuTask(model=model_cfg, data=data, **recipe.get("objective", {}))
+
+def build_sudoku_task(model_cfg: ModelConfig, recipe: dict[str, Any], data_dir: str) -> Any:
+    from .sudoku_task import SudokuData, SudokuTask
+
+    if model_cfg.task != "sudoku":
+        raise ValueError(f"preset {recipe['preset']!r} is a {model_cfg.task!r} model, not a sudoku model")
+    data_table, objective = recipe.get("data", {}), recipe.get("objective", {})
+    check_table(SudokuData, data_table, "data", [f.name for f in fields(SudokuData) if f.name != "data_dir"])
+    check_table(SudokuTask, objective, "objective", ("supervise", "constraint_weight", "eval_iters", "eval_batch"))
+    return SudokuTask(model=model_cfg, data=SudokuData(data_dir=data_dir, **data_table), **objective)
+
+
+def build_task(task: str, recipe: dict[str, Any], data_dir: str) -> Any:
+    model_cfg = model_config(recipe)
+    if task == "sudoku":
+        return build_sudoku_task(model_cfg, recipe, data_dir)
     if task == "classify":
         from .classify_task import build_classify_task
 
@@ -46,6 +68,10 @@ def _run(task: str, recipe_name: str, data: str, out: str, resume: bool, device:
             recipe.setdefault("data", {})["dataset"] = dataset
         if recipe.get("task", task) != task:
             raise ValueError(f"recipe {name} is for task {recipe['task']!r}, not {task!r}")
+        try:
+            pick_device(device)  # a bad --device fails before the data is loaded
+        except RuntimeError as e:
+            raise ValueError(str(e)) from None
         built = build_task(task, recipe, data)  # may rewrite recipe["train"] (epochs -> steps)
         train = TrainConfig.from_dict(recipe.get("train", {}))
         if steps is not None:
@@ -58,7 +84,7 @@ def _run(task: str, recipe_name: str, data: str, out: str, resume: bool, device:
         trainer = Trainer(built, train, Path(out), device=device, resume=resume, recipe_name=name,
                           quiet=quiet or as_json, plan=plan)
         result = trainer.fit()
-    except (ValueError, CheckpointError, FileNotFoundError) as e:
+    except (ValueError, CheckpointError, OSError) as e:
         click.echo(f"hyperset-train: error: {e}", err=True)
         sys.exit(2)
     if as_json:
@@ -77,8 +103,9 @@ def _options(f: Any) -> Any:
         click.option("--device", default="auto", show_default=True, help="auto | cpu | cuda | cuda:N"),
         click.option("--set", "overrides", multiple=True, metavar="SECTION.KEY=VALUE",
                      help="override a recipe value, e.g. --set train.lr=1e-3 --set model.iters=32"),
-        click.option("--steps", type=int, default=None, help="override the number of optimizer steps"),
-        click.option("--accum-steps", type=int, default=None,
+        click.option("--steps", type=click.IntRange(min=1), default=None,
+                     help="override the number of optimizer steps"),
+        click.option("--accum-steps", type=click.IntRange(min=1), default=None,
                      help="gradient accumulation: split the global batch into this many micro-steps"),
         click.option("--schedule", default=None, metavar="FROM:STEPS,...|RUN",
                      help="planned lr schedule: from step FROM a cosine over STEPS steps (e.g. "

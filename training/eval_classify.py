@@ -50,7 +50,7 @@ def resolve_checkpoint(checkpoint: str | None) -> Path:
 
 def data_for_checkpoint(meta: dict[str, Any], data_dir: str, dataset: str | None) -> ClassifyData:
     """The data description of the checkpoint's training run (dataset, val split, image size, classes)."""
-    info = meta.get("data") or {}
+    info = meta.get("data") if isinstance(meta.get("data"), dict) else {}
     name = dataset or info.get("dataset") or "cifar10"
     kw: dict[str, Any] = {"dataset": name, "data_dir": data_dir}
     if info.get("dataset", name) == name:

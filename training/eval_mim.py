@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from hyperset.checkpoint import CheckpointError
+from hyperset.device import pick_device
 from hyperset.vision.maskgit import mask_by_ratio
 from hyperset.vision.metrics import compute_fid, compute_lpips, mean_score, ms_ssim, ms_ssim_config, psnr, ssim
 from hyperset.vision.reconstruct import (
@@ -163,20 +164,22 @@ def print_table(result: dict[str, Any]) -> None:
 @click.option("--split", type=click.Choice(["test", "train"]), default="test", show_default=True)
 @click.option("--mask-ratio", type=click.FloatRange(0.0, 1.0), default=0.4, show_default=True,
               help="fraction of each image's tokens that is masked (exactly, at seeded random positions)")
-@click.option("--iters", type=int, default=None, help="token-model iterations (default: the trained number)")
-@click.option("--steps", type=int, default=24, show_default=True, help="MaskGIT decoding steps (paper: 24)")
+@click.option("--iters", type=click.IntRange(min=1), default=None,
+              help="token-model iterations (default: the trained number)")
+@click.option("--steps", type=click.IntRange(min=1), default=24, show_default=True,
+              help="MaskGIT decoding steps (paper: 24)")
 @click.option("--temperature", type=float, default=1.0, show_default=True,
               help="sampling temperature (paper: 1; 0 = argmax)")
 @click.option("--randomize-temp", type=float, default=0.0, show_default=True,
               help="Gumbel noise on the confidences (MaskGIT r_temp; the authors' reconstruction eval: 0)")
-@click.option("--images", "n_images", type=int, default=500, show_default=True,
+@click.option("--images", "n_images", type=click.IntRange(min=0), default=500, show_default=True,
               help="evaluate the first N images of the split (0: all)")
 @click.option("--baseline", type=click.Choice(BASELINES), default="none", show_default=True,
               help="most-frequent: fill masked tokens with the most frequent training code (no token model)")
 @click.option("--tokenizer", "tokenizer_path", type=click.Path(path_type=Path), default=None,
               help="tokenizer folder or VQGAN checkpoint (default: the one the model was trained with / shipped)")
-@click.option("--image-size", type=int, default=None, help="image side (default: the tokenizer's)")
-@click.option("--batch", type=int, default=250, show_default=True)
+@click.option("--image-size", type=click.IntRange(min=1), default=None, help="image side (default: the tokenizer's)")
+@click.option("--batch", type=click.IntRange(min=1), default=250, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--device", default="cpu", show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="print the result as one JSON object")
@@ -187,6 +190,10 @@ def mim_command(checkpoint: Path | None, data: Path, split: str, mask_ratio: flo
     """Masked image reconstruction of a token model (default: the shipped CIFAR-10 models)."""
     torch.manual_seed(seed)
     try:
+        try:
+            device = str(pick_device(device))
+        except RuntimeError as e:
+            raise ValueError(str(e)) from None
         pipeline: MIMPipeline | None = None
         if baseline == "none":
             pipeline = load_mim(checkpoint, tokenizer=tokenizer_path, device=device)

@@ -36,6 +36,8 @@ from hyperset.vision.metrics import psnr, ssim
 from hyperset.vision.reconstruct import TOKENIZER_KIND, Tokenizer, check_compatible, load_tokenizer
 from hyperset.vision.vq import VQConfig, VQTokenizer
 
+from .recipes import check_table
+
 STAGES = ("tokenizer", "tokens")
 
 
@@ -437,14 +439,16 @@ def build_mim_task(model_cfg: ModelConfig, recipe: dict[str, Any], data_dir: str
     stage = objective.pop("stage", "tokens")
     if stage not in STAGES:
         raise ValueError(f"[objective] stage must be one of {', '.join(STAGES)}, got {stage!r}")
-    data_keys = {f.name for f in dataclasses.fields(MIMData)}
     data_table = dict(recipe.get("data", {}))
-    unknown = sorted(set(data_table) - data_keys)
-    if unknown:
-        raise ValueError(f"unknown [data] keys for mim: {', '.join(unknown)} (known: {', '.join(sorted(data_keys))})")
+    check_table(MIMData, data_table, "data")
+    task_cls = TokenizerTask if stage == "tokenizer" else TokensTask
+    inputs = ("vq", "model", "data", "name")  # set by the builder, not by the recipe
+    check_table(task_cls, objective, "objective",
+                [f.name for f in dataclasses.fields(task_cls) if f.init and f.name not in inputs])
     data = MIMData(**{**data_table, "data_dir": data_dir or data_table.get("data_dir", "")})
     task: TokenizerTask | TokensTask
     if stage == "tokenizer":
+        check_table(VQConfig, recipe.get("tokenizer", {}), "tokenizer")
         try:
             vq = VQConfig(**recipe.get("tokenizer", {}))
         except TypeError as e:

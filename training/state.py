@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -44,16 +46,50 @@ def load_optimizer(opt: torch.optim.Optimizer, tensors: dict[str, torch.Tensor],
     opt.load_state_dict({"state": state, "param_groups": plain["param_groups"]})
 
 
+def _sibling(directory: Path, suffix: str) -> Path:
+    return directory.with_name(f"{directory.name}.{suffix}")
+
+
 def save_training_state(directory: Path, model: torch.nn.Module, opt: torch.optim.Optimizer,
                         progress: dict[str, Any], info: dict[str, Any], save_model: Any = None) -> None:
     """directory/ holds model.safetensors + config.json (a loadable checkpoint), optimizer.safetensors and
-    trainer.json (step, best metric, RNG). trainer.json is written last: it marks a complete state."""
+    trainer.json (step, best metric, RNG). trainer.json is written last: it marks a complete state. The state is
+    written into DIR.tmp, which then takes the place of DIR (the previous state waits in DIR.old meanwhile), so
+    a kill at any moment leaves one complete state, never the files of two (see recover_training_state)."""
     directory = Path(directory)
-    (save_model or save_checkpoint)(directory, model, info)
+    tmp, old = _sibling(directory, "tmp"), _sibling(directory, "old")
+    shutil.rmtree(tmp, ignore_errors=True)
+    (save_model or save_checkpoint)(tmp, model, info)
     opt_t, opt_plain = optimizer_tensors(opt)
     opt_t["rng.torch"] = torch.get_rng_state()
-    save_tensors(directory / "optimizer.safetensors", opt_t)
-    atomic_write_json(directory / "trainer.json", {**progress, "optimizer": opt_plain})
+    save_tensors(tmp / "optimizer.safetensors", opt_t)
+    atomic_write_json(tmp / "trainer.json", {**progress, "optimizer": opt_plain})
+    if directory.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(directory, old)
+    os.replace(tmp, directory)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def recover_training_state(directory: Path) -> None:
+    """After a kill between the two renames of save_training_state, put the previous state back in place."""
+    directory = Path(directory)
+    old = _sibling(directory, "old")
+    if not (directory / "trainer.json").is_file() and (old / "trainer.json").is_file():
+        shutil.rmtree(directory, ignore_errors=True)
+        os.replace(old, directory)
+
+
+def check_run(directory: Path, task: str, recipe: str) -> None:
+    """Refuse to resume a state written by another task or recipe (its weights would not fit, or mean another
+    experiment)."""
+    meta = read_config(directory)
+    found = {"task": meta.get("task"), "recipe": meta.get("recipe")}
+    for key, want in (("task", task), ("recipe", recipe)):
+        if found[key] and want and found[key] != want:
+            raise CheckpointError(f"{directory} holds a {found['task']!r} run of recipe {found['recipe']!r}, not a "
+                                  f"{task!r} run of recipe {recipe!r}; resume it with that recipe or choose "
+                                  "another --out")
 
 
 def load_training_state(directory: Path, model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict[str, Any]:

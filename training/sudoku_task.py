@@ -72,15 +72,21 @@ class SudokuTask:
             raise ValueError("no Sudoku data folder given (--data DIR): it must hold train/valid CSVs "
                              "(train.csv / valid.csv, *.csv.gz, rrnstyle_*.csv.gz or sudoku-hard.zip)")
         root = Path(self.data.data_dir)
-        puzzles, solutions = load_csv(find_split(root, "train"))
+        train_file, valid_file = find_split(root, "train"), find_split(root, "valid")
+        puzzles, solutions = load_csv(train_file)
+        if not len(puzzles):
+            raise ValueError(f"{train_file}: no training puzzles")
         if self.data.n_train:
             puzzles, solutions = protocol_split(puzzles, solutions, self.data.n_train, self.data.seed)
         self.train_puzzles, self.train_solutions = puzzles, solutions
-        vp, vs = load_csv(find_split(root, "valid"))
+        vp, vs = load_csv(valid_file)
         need = self.data.n_val + self.data.n_select
         vp, vs = protocol_split(vp, vs, min(need, len(vp)), self.data.seed)
         self.val = (vp[: self.data.n_val], vs[: self.data.n_val])
         self.select = (vp[self.data.n_val:], vs[self.data.n_val:])
+        if not len(vp):
+            raise ValueError(f"{valid_file}: no validation puzzles for data.n_val = {self.data.n_val} "
+                             f"and data.n_select = {self.data.n_select} (the best checkpoint is chosen on them)")
         self.eval_iters = self.eval_iters or [self.model.iters, 2 * self.model.iters]
         self.select_metric = f"select/board_acc@{self.model.iters}"
 

@@ -27,7 +27,11 @@ from hyperset.config import ModelConfig
 from hyperset.device import autocast_dtype, describe, pick_device
 from hyperset.models import HyperSETModel
 
-from .state import load_training_state, save_training_state
+from .recipes import check_table
+from .state import check_run, load_training_state, recover_training_state, save_training_state
+
+# the values a recipe's [train] table may give these keys
+CHOICES = {"optimizer": ("adamw", "adam"), "schedule": ("cosine", "constant"), "amp": ("auto", "off", "bf16", "fp16")}
 
 
 @dataclass
@@ -53,12 +57,23 @@ class TrainConfig:
     threads: int = 0  # 0: torch default
     accum_steps: int = 1  # gradient accumulation: the global batch is split into this many micro-steps
 
+    def __post_init__(self) -> None:
+        checks = [
+            (self.steps >= 1 and self.batch_size >= 1 and self.accum_steps >= 1,
+             f"train.steps, batch_size and accum_steps must be >= 1, got {self.steps}, {self.batch_size} and "
+             f"{self.accum_steps}"),
+            (self.eval_every >= 1 and self.log_every >= 1,
+             f"train.eval_every and log_every must be >= 1, got {self.eval_every} and {self.log_every}"),
+            (self.warmup_steps >= 0 and self.threads >= 0, "train.warmup_steps and threads must be >= 0"),
+        ] + [(getattr(self, key) in allowed, f"train.{key} must be one of {', '.join(allowed)}, got "
+                                             f"{getattr(self, key)!r}") for key, allowed in CHOICES.items()]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
-        known = set(cls.__dataclass_fields__)
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown training keys: {', '.join(unknown)}")
+        check_table(cls, data, "train")
         data = dict(data)
         if "betas" in data:
             data["betas"] = tuple(data["betas"])
@@ -167,7 +182,7 @@ def parse_schedule(spec: str) -> list[dict[str, int]]:
             if f.is_file():
                 try:
                     plan = json.loads(f.read_text()).get("schedule")
-                except (json.JSONDecodeError, AttributeError) as e:
+                except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as e:
                     raise ValueError(f"{f}: not a JSON object with a 'schedule' list ({e})") from None
                 if plan:
                     return check_schedule(plan, str(f))
@@ -264,6 +279,8 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         if dist_env.is_main:
             self.out.mkdir(parents=True, exist_ok=True)
+            recover_training_state(self.out / "last")
+        dist_env.barrier()
         build = getattr(self.task, "build_model", None)  # tasks that train another module (VQ tokenizer)
         model = (build() if build else HyperSETModel(self.task.model_config())).to(device)
         self.model = model  # the trained module (this process's replica), for callers that inspect it
@@ -273,8 +290,12 @@ class Trainer:
         last_dir = self.out / "last"
         if self.resume and (last_dir / "trainer.json").is_file():
             # the state is global (replicas are identical), so any number of processes can resume it
+            check_run(last_dir, self.task.name, self.recipe_name)
             progress = load_training_state(last_dir, model, opt)
             start, best = progress["step"], progress.get("best", -math.inf)
+            if cfg.steps < start:
+                raise ValueError(f"the run in {self.out} is at step {start}; --steps {cfg.steps} would end it before "
+                                 "that (give at least the steps it has done)")
             best_metrics, elapsed = progress.get("best_metrics", {}), progress.get("elapsed", 0.0)
             self._say(f"resumed from {last_dir} at step {start} (best {self.task.select_metric} = {best})")
             self._schedule = progress.get("schedule") or [
@@ -291,8 +312,10 @@ class Trainer:
                 self._say(f"schedule changed at step {start}: {before} -> {cfg.steps} steps "
                           f"(lr {lr_at(start, replace(cfg, steps=before)):.3g} -> {lr_at(start, cfg):.3g})")
         elif not self.resume and (last_dir / "trainer.json").is_file():
-            raise SystemExit(f"{self.out} already holds a training run; pass --resume to continue it "
+            raise ValueError(f"{self.out} already holds a training run; pass --resume to continue it "
                              "or choose another --out")
+        elif self.resume:
+            self._say(f"nothing to resume in {self.out} (no {last_dir / 'trainer.json'}): starting a new run")
         autocast = self._autocast(device)
         # fp16 needs loss scaling; bf16 and fp32 do not
         scaler = torch.amp.GradScaler(device.type, enabled=self._amp_dtype(device) == torch.float16)
@@ -376,7 +399,7 @@ class Trainer:
                     if dist_env.is_main:
                         metrics = self.task.evaluate(model, device, autocast)
                         self._log({"step": step, "time": round(time.time() - t0, 1), "eval": metrics})
-                        bar.write(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+                        self._say(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
                         score = metrics[self.task.select_metric]
                         if score > best:
                             best, best_metrics = score, metrics

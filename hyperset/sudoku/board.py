@@ -494,6 +494,8 @@ def parse_file(path: str | os.PathLike) -> list[Puzzle]:
             raise PuzzleError(source, None, f"damaged gzip file ({err})") from None
     elif str(path).endswith(".gz"):
         raise PuzzleError(source, None, "named .gz but is not a gzip file")
+    if data[:2] in (b"\xff\xfe", b"\xfe\xff"):  # UTF-16 with a BOM (Windows Notepad, PowerShell redirection)
+        return _parse_utf16(data, source)
     if b"\x00" in data:
         raise PuzzleError(source, None, "looks like a binary file, not text")
     try:
@@ -501,4 +503,14 @@ def parse_file(path: str | os.PathLike) -> list[Puzzle]:
     except UnicodeDecodeError as err:
         line = data.count(b"\n", 0, err.start) + 1
         raise PuzzleError(source, line, f"not UTF-8 text (byte 0x{data[err.start]:02x})") from None
+    return parse_puzzles(text, source)
+
+
+def _parse_utf16(data: bytes, source: str) -> list[Puzzle]:
+    try:
+        text = data.decode("utf-16")
+    except UnicodeDecodeError as err:
+        line = data[: err.start].decode("utf-16", errors="replace").count("\n") + 1
+        reason = "not valid UTF-16 text (the file starts with a UTF-16 byte order mark)"
+        raise PuzzleError(source, line, reason) from None
     return parse_puzzles(text, source)

@@ -127,6 +127,11 @@ class _CifarUnpickler(pickle.Unpickler):
         return found
 
 
+class CifarFileError(pickle.UnpicklingError, ValueError):
+    """A CIFAR batch file that is truncated or holds something else than plain data (a ValueError, so that
+    callers report it like any other bad data file)."""
+
+
 def _text(value: Any) -> str:
     return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
@@ -139,7 +144,7 @@ def _read_pickle_dict(path: Path) -> dict[str, Any]:
         try:
             obj = _CifarUnpickler(f, encoding="latin1").load()
         except pickle.UnpicklingError as e:
-            raise pickle.UnpicklingError(f"{path}: {e}") from e
+            raise CifarFileError(f"{path}: {e}") from e
         except (EOFError, ValueError, TypeError, AttributeError, IndexError) as e:
             raise ValueError(f"{path} is not a readable CIFAR pickle ({type(e).__name__}: {e})") from e
     if not isinstance(obj, dict):

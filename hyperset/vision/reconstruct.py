@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from PIL import Image
 from torch import Tensor, nn
 
-from ..checkpoint import CheckpointError, load_checkpoint, load_weights_into, read_config
+from ..checkpoint import CheckpointError, checkpoint_dir, load_checkpoint, load_weights_into, read_config
 from ..models import HyperSETModel
 from .maskgit import decode as maskgit_decode
 from .vq import VQConfig, VQTokenizer
@@ -110,8 +110,7 @@ def load_tokenizer(path: str | Path | None = None, device: str | torch.device = 
 
         vqgan = load_vqgan(path)
         return Tokenizer(vqgan, "vqgan", image_size or vqgan.cfg.resolution, {"path": str(path)}).to(device)
-    if path.is_file():
-        path = path.parent
+    path = checkpoint_dir(path)
     meta = read_config(path, kind=TOKENIZER_KIND)
     try:
         cfg = VQConfig(**meta["model"])

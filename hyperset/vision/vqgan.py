@@ -271,9 +271,13 @@ _CONVERT_HINT = (
 
 def _read_state_dict(path: Path) -> dict[str, Tensor]:
     if path.suffix == ".safetensors":
+        from safetensors import SafetensorError
         from safetensors.torch import load_file
 
-        return load_file(str(path), device="cpu")
+        try:
+            return load_file(str(path), device="cpu")
+        except (SafetensorError, OSError) as err:
+            raise CheckpointError(f"{path} is not a readable safetensors file ({_first_line(err)})") from err
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
