@@ -8,7 +8,8 @@ import torch
 
 
 def pick_device(requested: str = "auto") -> torch.device:
-    """auto: CUDA when it is really usable, else Apple MPS, else CPU. 'cuda' without CUDA is an error."""
+    """auto: CUDA when it is really usable, else Apple MPS, else CPU. A device that cannot be had ('cuda' without
+    CUDA, a misspelt name) is a ValueError that names --device."""
     requested = requested.lower()
     if requested == "auto":
         if torch.cuda.is_available():
@@ -17,9 +18,12 @@ def pick_device(requested: str = "auto") -> torch.device:
             return torch.device("mps")
         return torch.device("cpu")
     if requested.startswith("cuda") and not torch.cuda.is_available():
-        raise RuntimeError("--device cuda was requested but PyTorch sees no CUDA device "
-                           f"(torch {torch.__version__}, built with CUDA {torch.version.cuda or 'none'})")
-    return torch.device(requested)
+        raise ValueError("--device cuda was requested but PyTorch sees no CUDA device "
+                         f"(torch {torch.__version__}, built with CUDA {torch.version.cuda or 'none'})")
+    try:
+        return torch.device(requested)
+    except RuntimeError as e:
+        raise ValueError(f"--device {requested!r}: {e}") from None
 
 
 def describe(device: torch.device) -> str:

@@ -68,10 +68,7 @@ def _run(task: str, recipe_name: str, data: str, out: str, resume: bool, device:
             recipe.setdefault("data", {})["dataset"] = dataset
         if recipe.get("task", task) != task:
             raise ValueError(f"recipe {name} is for task {recipe['task']!r}, not {task!r}")
-        try:
-            pick_device(device)  # a bad --device fails before the data is loaded
-        except RuntimeError as e:
-            raise ValueError(str(e)) from None
+        pick_device(device)  # a bad --device fails before the data is loaded
         built = build_task(task, recipe, data)  # may rewrite recipe["train"] (epochs -> steps)
         train = TrainConfig.from_dict(recipe.get("train", {}))
         if steps is not None:

@@ -69,10 +69,7 @@ def run_eval(checkpoint: str | None, data_dir: str, split: str, iters: int | Non
     path = resolve_checkpoint(checkpoint)
     if not Path(data_dir).is_dir():
         raise EvalError(f"data folder {data_dir} does not exist (expected e.g. DIR/cifar-10-batches-py/)")
-    try:
-        device = pick_device(device_name)
-    except RuntimeError as e:
-        raise EvalError(str(e)) from None
+    device = pick_device(device_name)
     model, meta = load_checkpoint(path, task="classify", map_location=device)
     data = data_for_checkpoint(meta, data_dir, dataset)
     if data.size != model.cfg.img_size:

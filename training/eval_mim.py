@@ -190,10 +190,7 @@ def mim_command(checkpoint: Path | None, data: Path, split: str, mask_ratio: flo
     """Masked image reconstruction of a token model (default: the shipped CIFAR-10 models)."""
     torch.manual_seed(seed)
     try:
-        try:
-            device = str(pick_device(device))
-        except RuntimeError as e:
-            raise ValueError(str(e)) from None
+        device = str(pick_device(device))
         pipeline: MIMPipeline | None = None
         if baseline == "none":
             pipeline = load_mim(checkpoint, tokenizer=tokenizer_path, device=device)

@@ -161,13 +161,14 @@ class DistEnv:
             dist.barrier()
 
 
-def lr_at(step: int, cfg: TrainConfig) -> float:
-    """Linear warm-up, then cosine from lr to min_lr exactly at the last step (or constant)."""
+def lr_at(step: int, cfg: TrainConfig, steps: int | None = None) -> float:
+    """Linear warm-up, then cosine from lr to min_lr exactly at the last step (or constant); `steps` is the budget
+    of the cosine (default cfg.steps: a piecewise schedule passes its segment's)."""
     if cfg.warmup_steps and step < cfg.warmup_steps:
         return cfg.lr * (step + 1) / cfg.warmup_steps
     if cfg.schedule == "constant":
         return cfg.lr
-    span = max(cfg.steps - cfg.warmup_steps, 1)
+    span = max((steps or cfg.steps) - cfg.warmup_steps, 1)
     progress = min((step - cfg.warmup_steps) / span, 1.0)
     return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * progress))
 
@@ -310,7 +311,7 @@ class Trainer:
             elif before != cfg.steps:
                 self._schedule.append({"from_step": start, "steps": cfg.steps})
                 self._say(f"schedule changed at step {start}: {before} -> {cfg.steps} steps "
-                          f"(lr {lr_at(start, replace(cfg, steps=before)):.3g} -> {lr_at(start, cfg):.3g})")
+                          f"(lr {lr_at(start, cfg, before):.3g} -> {lr_at(start, cfg):.3g})")
         elif not self.resume and (last_dir / "trainer.json").is_file():
             raise ValueError(f"{self.out} already holds a training run; pass --resume to continue it "
                              "or choose another --out")
@@ -344,18 +345,16 @@ class Trainer:
         running: dict[str, float] = {}
         count = 0
         step = start
+        plan = self.plan or self._schedule  # the cosine segments to follow (a resume without a plan: its record)
         try:
             while step < cfg.steps and not dist_env.any(self._stop):
-                if self.plan:
-                    budget = segment_budget(self.plan, step)
-                    if budget != self._schedule[-1]["steps"]:
-                        self._schedule.append({"from_step": step, "steps": budget})
-                        self._say(f"planned schedule: from step {step} a cosine over {budget} steps "
-                                  f"(lr {lr_at(step, replace(cfg, steps=self._schedule[-2]['steps'])):.3g} -> "
-                                  f"{lr_at(step, replace(cfg, steps=budget)):.3g})")
-                    lr = lr_at(step, replace(cfg, steps=budget))
-                else:
-                    lr = lr_at(step, cfg)
+                budget = segment_budget(plan, step)
+                if budget != self._schedule[-1]["steps"]:  # a planned segment starts here
+                    self._schedule.append({"from_step": step, "steps": budget})
+                    self._say(f"planned schedule: from step {step} a cosine over {budget} steps "
+                              f"(lr {lr_at(step, cfg, self._schedule[-2]['steps']):.3g} -> "
+                              f"{lr_at(step, cfg, budget):.3g})")
+                lr = lr_at(step, cfg, budget)
                 for group in opt.param_groups:
                     group["lr"] = lr
                 model.train()
