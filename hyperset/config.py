@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import types
+import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -10,6 +13,44 @@ LAYERS = ("hyperset", "transformer", "crate", "crate-t", "et")
 ATTENTIONS = ("bisoftmax", "sigmoid", "linear")
 FEEDFORWARDS = ("relu", "softmax", "gated")
 TASKS = ("sudoku", "classify", "mim")
+
+
+def _fits(value: Any, hint: Any) -> bool:
+    """Whether a value fits a dataclass field's type (ints pass as floats; bools are not numbers)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_fits(value, a) for a in args)
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            return False
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            return len(value) == len(args) and all(_fits(v, a) for v, a in zip(value, args))
+        return all(_fits(v, args[0]) for v in value) if args else True
+    if hint is type(None):
+        return value is None
+    if hint in (int, float):
+        return isinstance(value, (int, float) if hint is float else int) and not isinstance(value, bool)
+    if hint in (bool, str):
+        return isinstance(value, hint)
+    return True  # types TOML/JSON cannot spell are not checked here
+
+
+def _type_name(hint: Any) -> str:
+    return hint.__name__ if isinstance(hint, type) else str(hint)
+
+
+def check_table(cls: type, table: dict[str, Any], section: str, known: Sequence[str] | None = None) -> None:
+    """A table of values for dataclass `cls` (a recipe section, a checkpoint's model config): unknown keys and
+    values of the wrong type are ValueErrors that name `section.key`. `known` limits the keys that may be set
+    (default: every field of `cls`)."""
+    names = list(known) if known is not None else [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(table) - set(names))
+    if unknown:
+        raise ValueError(f"unknown [{section}] keys: {', '.join(unknown)} (known: {', '.join(sorted(names))})")
+    hints = typing.get_type_hints(cls)
+    for key, value in table.items():
+        if key in hints and not _fits(value, hints[key]):
+            raise ValueError(f"{section}.{key} = {value!r}: expected {_type_name(hints[key])}")
 
 
 @dataclass
@@ -115,10 +156,7 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown model config keys: {', '.join(unknown)}")
+        check_table(cls, data, "model")
         return cls(**data)
 
     def replace(self, **overrides: Any) -> ModelConfig:

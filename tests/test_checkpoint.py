@@ -222,7 +222,11 @@ def test_wrong_task(tmp_path):
 
 
 @pytest.mark.parametrize("change, named", [({"heads": 5}, "divisible"), ({"colour": "red"}, "colour"),
-                                            ({"task": "chess"}, "chess")])
+                                            ({"task": "chess"}, "chess"),
+                                            ({"dim": "x"}, "model.dim = 'x': expected int"),
+                                            ({"iters": None}, "model.iters = None: expected int"),
+                                            ({"time_mlp": "yes"}, "model.time_mlp = 'yes': expected bool"),
+                                            ({"step_init": True}, "model.step_init = True: expected float")])
 def test_invalid_model_config_values(tmp_path, change, named):
     folder, _ = _saved(tmp_path)
     meta = json.loads((folder / "config.json").read_text())

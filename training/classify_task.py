@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from PIL import Image
 from torch import Tensor
 
-from hyperset.config import ModelConfig
+from hyperset.config import ModelConfig, check_table
 from hyperset.models import HyperSETModel
 from hyperset.vision.data import (
     DATASETS,
@@ -47,8 +47,6 @@ from hyperset.vision.data import (
     read_class_list,
     train_val_split,
 )
-
-from .recipes import check_table
 
 CIFAR_SIZE = 32
 DATA_KEYS = ("dataset", "val_fraction", "seed", "n_train", "n_val", "image_size", "eval_mode", "classes", "workers")

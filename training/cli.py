@@ -11,10 +11,10 @@ from typing import Any
 import click
 
 from hyperset.checkpoint import CheckpointError
-from hyperset.config import ModelConfig, preset_config
+from hyperset.config import ModelConfig, check_table, preset_config
 from hyperset.device import pick_device
 
-from .recipes import apply_overrides, check_table, load_recipe, recipe_names
+from .recipes import apply_overrides, load_recipe, recipe_names
 from .trainer import TrainConfig, Trainer, parse_schedule
 
 

@@ -28,15 +28,13 @@ from PIL import Image
 from torch import Tensor
 
 from hyperset.checkpoint import save_module
-from hyperset.config import ModelConfig
+from hyperset.config import ModelConfig, check_table
 from hyperset.vision.data import cifar_dir, list_image_folder, read_cifar, train_val_split
 from hyperset.vision.maskgit import decode as maskgit_decode
 from hyperset.vision.maskgit import mask_by_ratio, random_token_mask
 from hyperset.vision.metrics import psnr, ssim
 from hyperset.vision.reconstruct import TOKENIZER_KIND, Tokenizer, check_compatible, load_tokenizer
 from hyperset.vision.vq import VQConfig, VQTokenizer
-
-from .recipes import check_table
 
 STAGES = ("tokenizer", "tokens")
 

@@ -23,11 +23,10 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from hyperset.checkpoint import save_checkpoint
-from hyperset.config import ModelConfig
+from hyperset.config import ModelConfig, check_table
 from hyperset.device import autocast_dtype, describe, pick_device
 from hyperset.models import HyperSETModel
 
-from .recipes import check_table
 from .state import check_run, load_training_state, recover_training_state, save_training_state
 
 # the values a recipe's [train] table may give these keys
