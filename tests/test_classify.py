@@ -6,6 +6,7 @@ Images of class c carry a class colour plus noise, so a few optimizer steps visi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pickle
@@ -22,7 +23,7 @@ from hyperset.checkpoint import load_checkpoint, save_checkpoint
 from hyperset.config import preset_config
 from hyperset.models import HyperSETModel
 from training import eval_classify
-from training.classify_task import build_classify_task, epochs_to_steps
+from training.classify_task import build_classify_task, epochs_to_steps, load_split, top1
 from training.eval_classify import classify_command
 from training.trainer import TrainConfig, Trainer
 
@@ -254,6 +255,59 @@ def test_eval_command_json_beyond_the_trained_depth(cifar10: Path, checkpoint: P
     assert few.exit_code == 0 and json.loads(few.output)["images"] == 7
     text = CliRunner().invoke(classify_command, [str(checkpoint), "--data", str(cifar10)])
     assert text.exit_code == 0 and "top-1" in text.output and "at 2 iterations" in text.output
+
+
+@pytest.mark.parametrize("n_layers, lora_rank", [(1, 0), (1, 4), (2, 0)])
+def test_one_pass_over_several_depths_matches_a_run_per_depth(cifar10: Path, n_layers: int, lora_rank: int) -> None:
+    task = _task(cifar10)
+    torch.manual_seed(0)
+    model = HyperSETModel(task.model.replace(n_layers=n_layers, lora_rank=lora_rank)).eval()
+    split = load_split(task.data, "test")
+    together, images = top1(model, split, [5, 1, 3], torch.device("cpu"), contextlib.nullcontext, batch_size=7)
+    assert images == 30 and list(together) == [1, 3, 5]
+    for depth in (1, 3, 5):
+        alone, _ = top1(model, split, [depth], torch.device("cpu"), contextlib.nullcontext, batch_size=7)
+        with torch.no_grad():
+            logits = torch.cat([model(x, iters=depth) for x, _ in split.batches(7)])
+        direct = float((logits.argmax(-1) == split.labels).float().mean())
+        assert together[depth] == alone[depth] == pytest.approx(direct)
+
+
+def test_eval_command_several_depths_give_a_json_line_each(cifar10: Path, checkpoint: Path) -> None:
+    args = [str(checkpoint), "--data", str(cifar10), "--json", "--iters", "4", "--iters", "2"]
+    run = CliRunner().invoke(classify_command, args)
+    assert run.exit_code == 0, run.output
+    records = [json.loads(line) for line in run.stdout.splitlines()]
+    assert [r["iters"] for r in records] == [4, 2] and all(r["images"] == 30 for r in records)
+    single = json.loads(CliRunner().invoke(classify_command, args[:-4] + ["--iters", "2"]).stdout)
+    assert single["top1"] == records[1]["top1"]
+
+
+def test_classify_test_bench_writes_json_and_records_in_the_checkpoint(cifar10: Path, checkpoint: Path,
+                                                                        tmp_path: Path) -> None:
+    import importlib.util
+    import shutil
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "classify_test.py"
+    spec = importlib.util.spec_from_file_location("classify_test", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(checkpoint, ckpt)
+    out = tmp_path / "result.json"
+    run = CliRunner().invoke(module.main, [str(ckpt), "--data", str(cifar10), "--out", str(out), "--record",
+                                           "--note", "a test"])
+    assert run.exit_code == 0, run.output
+    result = json.loads(out.read_text())
+    assert [r["iters"] for r in result["rows"]] == [2, 4] and result["split"] == "test"
+    assert all(r["images"] == 30 and 0.0 <= r["top1"] <= 1.0 for r in result["rows"])
+    test = json.loads((ckpt / "config.json").read_text())["test"]
+    assert test["iters"] == 2 and test["images"] == 30 and test["note"] == "a test"
+    assert test["top1"] == result["rows"][0]["top1"] and test["top1@4"] == result["rows"][1]["top1"]
+    load_checkpoint(ckpt)  # still a valid checkpoint
+    refused = CliRunner().invoke(module.main, [str(ckpt), "--data", str(cifar10), "--out", str(out), "--record",
+                                               "--iters", "4"])
+    assert refused.exit_code == 2 and "trained depth (2)" in refused.stderr
 
 
 def test_eval_command_errors(cifar10: Path, checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -230,17 +230,32 @@ def dataset_classes(data: ClassifyData) -> int:
 
 
 @torch.no_grad()
-def top1(model: HyperSETModel, split: ImageSplit, iters: int, device: torch.device, autocast: Any,
-         batch_size: int = 500) -> tuple[float, int]:
-    """(top-1 accuracy, number of images) of ``model`` on ``split`` at ``iters`` iterations."""
+@torch.no_grad()
+def top1(model: HyperSETModel, split: ImageSplit, iters: Sequence[int], device: torch.device, autocast: Any,
+         batch_size: int = 500) -> tuple[dict[int, float], int]:
+    """Top-1 accuracy of ``model`` on ``split`` after each number of iterations in ``iters``, and the number of
+    images. A one-layer core runs once to the largest depth and is read out on the way (the state after t
+    iterations does not depend on how many follow); with several distinct layers, each iterated in turn, every
+    depth is a run of its own."""
     model.eval()
-    correct, total = 0, 0
+    depths = sorted({int(i) for i in iters})
+    correct = dict.fromkeys(depths, 0)
+    total = 0
     for images, labels in split.batches(batch_size):
+        images = images.to(device)
         with autocast():
-            logits = model(images.to(device), iters=iters)
-        correct += int((logits.float().argmax(-1).cpu() == labels).sum())
+            if model.cfg.n_layers == 1:
+                x0 = model.stem(images)
+                logits = {0: model.readout(x0)} if 0 in correct else {}
+                for _, t, x in model.core.iterate(x0, depths[-1]):
+                    if t in correct:
+                        logits[t] = model.readout(x)
+            else:
+                logits = {d: model(images, iters=d) for d in depths}
+        for d, out in logits.items():
+            correct[d] += int((out.float().argmax(-1).cpu() == labels).sum())
         total += len(labels)
-    return correct / max(total, 1), total
+    return {d: c / max(total, 1) for d, c in correct.items()}, total
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -321,8 +336,8 @@ class ClassifyTask:
 
     @torch.no_grad()
     def evaluate(self, model: HyperSETModel, device: torch.device, autocast: Any) -> dict[str, float]:
-        return {f"val/top1@{iters}": top1(model, self.val, iters, device, autocast, self.eval_batch)[0]
-                for iters in self.eval_iters}
+        accuracy, _ = top1(model, self.val, self.eval_iters, device, autocast, self.eval_batch)
+        return {f"val/top1@{iters}": accuracy[iters] for iters in self.eval_iters}
 
 
 # ----------------------------------------------------------------------------------------------------

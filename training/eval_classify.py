@@ -13,6 +13,7 @@ import json
 import pickle
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -62,10 +63,11 @@ def data_for_checkpoint(meta: dict[str, Any], data_dir: str, dataset: str | None
     return ClassifyData(**kw)
 
 
-def run_eval(checkpoint: str | None, data_dir: str, split: str, iters: int | None, batch_size: int,
+def run_eval(checkpoint: str | None, data_dir: str, split: str, iters: Sequence[int] | None, batch_size: int,
              device_name: str, dataset: str | None = None, precision: str = "auto", limit: int = 0
-             ) -> dict[str, Any]:
-    """Evaluate a classifier; returns the --json record. Raises EvalError for user mistakes."""
+             ) -> list[dict[str, Any]]:
+    """Evaluate a classifier at each number of iterations in ``iters`` (default: its trained depth), in one pass
+    where the core allows it; returns one --json record per depth. Raises EvalError for user mistakes."""
     path = resolve_checkpoint(checkpoint)
     if not Path(data_dir).is_dir():
         raise EvalError(f"data folder {data_dir} does not exist (expected e.g. DIR/cifar-10-batches-py/)")
@@ -83,11 +85,12 @@ def run_eval(checkpoint: str | None, data_dir: str, split: str, iters: int | Non
                         f"{labels_max}; pass the dataset it was trained on")
     dtype = autocast_dtype(device) if precision == "auto" else None
     autocast = (lambda: torch.autocast(device.type, dtype=dtype)) if dtype is not None else contextlib.nullcontext
-    iters = model.cfg.iters if iters is None else iters
+    depths = list(dict.fromkeys(iters or [model.cfg.iters]))
     start = time.time()
-    accuracy, images = top1(model, split_data, iters, device, autocast, batch_size)
-    return {"top1": accuracy, "images": images, "iters": iters, "checkpoint": str(path), "dataset": data.dataset,
-            "device": describe(device), "seconds": round(time.time() - start, 3)}
+    accuracy, images = top1(model, split_data, depths, device, autocast, batch_size)
+    seconds = round(time.time() - start, 3)
+    return [{"top1": accuracy[d], "images": images, "iters": d, "checkpoint": str(path), "dataset": data.dataset,
+             "device": describe(device), "seconds": seconds} for d in depths]
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -95,8 +98,9 @@ def run_eval(checkpoint: str | None, data_dir: str, split: str, iters: int | Non
 @click.option("--data", "data_dir", required=True, help="dataset folder (CIFAR python layout or ImageNet tree)")
 @click.option("--split", type=click.Choice(["test", "val"]), default="test", show_default=True,
               help="test split, or the part of train held out during training")
-@click.option("--iters", type=click.IntRange(min=1), default=None,
-              help="iterations (default: the trained depth; may exceed it)")
+@click.option("--iters", type=click.IntRange(min=1), multiple=True,
+              help="iterations (default: the trained depth; may exceed it); repeat it for several depths, "
+                   "evaluated in one pass")
 @click.option("--batch-size", type=click.IntRange(min=1), default=500, show_default=True)
 @click.option("--device", default="auto", show_default=True, help="auto | cpu | cuda | cuda:N")
 @click.option("--dataset", type=click.Choice(["cifar10", "cifar100", "imagenet100"]), default=None,
@@ -106,17 +110,19 @@ def run_eval(checkpoint: str | None, data_dir: str, split: str, iters: int | Non
 @click.option("--limit", type=click.IntRange(min=0), default=0,
               help="evaluate a seeded random sample of N images (0: all)")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON record")
-def classify_command(checkpoint: str | None, data_dir: str, split: str, iters: int | None, batch_size: int,
+def classify_command(checkpoint: str | None, data_dir: str, split: str, iters: tuple[int, ...], batch_size: int,
                      device: str, dataset: str | None, precision: str, limit: int, as_json: bool) -> None:
-    """Top-1 accuracy of a classifier (default: the one shipped in the package) at N iterations."""
+    """Top-1 accuracy of a classifier (default: the one shipped in the package) at N iterations (--json: one
+    JSON line per depth)."""
     try:
-        result = run_eval(checkpoint, data_dir, split, iters, batch_size, device, dataset, precision, limit)
+        results = run_eval(checkpoint, data_dir, split, iters, batch_size, device, dataset, precision, limit)
     except (EvalError, CheckpointError, FileNotFoundError, ValueError, pickle.UnpicklingError) as e:
         click.echo(f"hyperset-eval classify: error: {e}", err=True)
         sys.exit(2)
-    if as_json:
-        click.echo(json.dumps(result))
-    else:
+    for result in results:
+        if as_json:
+            click.echo(json.dumps(result))
+            continue
         click.echo(f"{result['dataset']} {split}: top-1 {100 * result['top1']:.2f}% on {result['images']} images "
                    f"at {result['iters']} iterations ({result['checkpoint']}, {result['device']}, "
                    f"{result['seconds']:.1f} s)")
