@@ -9,6 +9,8 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+from tqdm.auto import tqdm
+
 
 class DownloadError(RuntimeError):
     """A download that failed or did not verify; the message says why and how to place the file by hand."""
@@ -33,9 +35,13 @@ def fetch(url: str, dest: str | os.PathLike, *, algorithm: str = "sha256", expec
         h = hashlib.new(algorithm)
         request = urllib.request.Request(url, headers={"User-Agent": "hyperset/0.1"})
         with os.fdopen(fd, "wb") as out, urllib.request.urlopen(request, timeout=timeout) as response:
-            for block in iter(lambda: response.read(1 << 20), b""):
-                h.update(block)
-                out.write(block)
+            size = response.headers.get("Content-Length")
+            with tqdm(total=int(size) if size and size.isdigit() else None, unit="B", unit_scale=True,
+                      desc=dest.name, disable=None, leave=False) as bar:  # disable=None: shown on a terminal
+                for block in iter(lambda: response.read(1 << 20), b""):
+                    h.update(block)
+                    out.write(block)
+                    bar.update(len(block))
         if expected is not None and h.hexdigest().lower() != expected.lower():
             raise DownloadError(f"checksum mismatch: expected {algorithm} {expected.lower()}, got {h.hexdigest()}")
         problem = validate(tmp) if validate else None

@@ -373,3 +373,36 @@ def test_figures(cifar10: Path, checkpoint: Path, tmp_path: Path) -> None:
     assert len(energy["energy_attn"]["mean"]) == 5 and len(energy["top1"]) == 5 and energy["trained_iters"] == 2
     geometry = json.loads((tmp_path / "classify_rank_angle.json").read_text())
     assert np.array(geometry["effective_rank"]["mean"]).shape == (5, 2)
+
+
+def test_train_download_fetches_cifar_into_data_then_trains(cifar10: Path, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    import dataclasses
+    import hashlib
+    import tarfile
+
+    from hyperset.vision import data as vd
+    from training.cli import main as train_main
+
+    archive = tmp_path / "mirror.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(cifar10 / "cifar-10-batches-py", arcname="cifar-10-batches-py")
+    recipe = tmp_path / "tiny.toml"
+    tiny = "\n".join(f"{k} = {v}" for k, v in TINY.items())
+    recipe.write_text(f'task = "classify"\npreset = "cifar10-small"\n[model]\n{tiny}\n[data]\nval_fraction = 0.25\n'
+                      '[train]\nbatch_size = 16\nsave_every_seconds = 1e9\n')
+    args = ["classify", "--recipe", str(recipe), "--data", str(tmp_path / "data"), "--steps", "2", "--download",
+            "--quiet"]
+    offline = dataclasses.replace(vd._CIFAR["cifar10"], url=(tmp_path / "nowhere.tar.gz").as_uri())
+    monkeypatch.setitem(vd._CIFAR, "cifar10", offline)
+    failed = CliRunner().invoke(train_main, args + ["--out", str(tmp_path / "run0")])
+    assert failed.exit_code == 2 and "could not download cifar10" in failed.stderr, failed.output
+    assert "Traceback" not in failed.output and not (tmp_path / "run0" / "last").exists()
+    mirror = dataclasses.replace(offline, url=archive.as_uri(), md5=hashlib.md5(archive.read_bytes()).hexdigest())
+    monkeypatch.setitem(vd._CIFAR, "cifar10", mirror)
+    run = CliRunner().invoke(train_main, args + ["--out", str(tmp_path / "run")])
+    assert run.exit_code == 0, run.output
+    assert (tmp_path / "data" / "cifar-10-batches-py" / "test_batch").is_file()
+    assert (tmp_path / "run" / "last" / "trainer.json").is_file()
+    imagenet = CliRunner().invoke(train_main, args + ["--out", str(tmp_path / "run2"), "--dataset", "imagenet100"])
+    assert imagenet.exit_code == 2 and "image-net.org" in imagenet.stderr

@@ -248,6 +248,31 @@ def test_cli_trains_from_a_recipe_with_overrides(data_dir: Path, tmp_path: Path)
     assert (out / "best" / "model.safetensors").is_file()
 
 
+def test_cli_download_fetches_the_rrn_data_into_data_then_trains(data_dir: Path, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    import functools
+    import gzip
+    import zipfile
+
+    from hyperset.sudoku import data as sudoku_data
+
+    mirror = tmp_path / "mirror.zip"
+    with zipfile.ZipFile(mirror, "w") as zf:
+        zf.writestr("sudoku-hard/train.csv", gzip.decompress((data_dir / "train.csv.gz").read_bytes()))
+        for split in ("valid", "test"):
+            zf.writestr(f"sudoku-hard/{split}.csv", (data_dir / "valid.csv").read_text())
+    monkeypatch.setattr(sudoku_data, "download_rrn", functools.partial(sudoku_data.download_rrn, url=mirror.as_uri()))
+    args = ["sudoku", "--recipe", "sudoku-cpu", "--data", str(tmp_path / "data"), "--download", "--steps", "2",
+            "--set", "model.dim=32", "--set", "model.heads=2", "--set", "model.ff_hidden=64",
+            "--set", "model.time_dim=16", "--set", "model.iters=2", "--set", "data.n_val=10",
+            "--set", "data.n_select=10", "--set", "train.batch_size=4", "--quiet"]
+    result = CliRunner().invoke(train_main, args + ["--out", str(tmp_path / "run")])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "data" / "sudoku-hard" / "train.csv").is_file() and (tmp_path / "run" / "best").is_dir()
+    no_data = CliRunner().invoke(train_main, args[:4] + ["", *args[5:], "--out", str(tmp_path / "run2")])
+    assert no_data.exit_code == 2 and "--download needs --data DIR" in no_data.stderr
+
+
 def test_cli_reports_missing_data_without_a_traceback(tmp_path: Path) -> None:
     result = CliRunner().invoke(train_main, ["sudoku", "--recipe", "sudoku-cpu", "--data", str(tmp_path / "none"),
                                              "--out", str(tmp_path / "o")])

@@ -195,7 +195,8 @@ def load_split(data: ClassifyData, split: str) -> ImageSplit:
         raise ValueError(f"no data folder given (--data DIR) for {data.dataset}")
     root = Path(data.data_dir)
     if not root.is_dir():
-        raise FileNotFoundError(f"data folder {root} does not exist")
+        hint = " (hyperset-train --download fetches CIFAR into it)" if data.is_cifar else ""
+        raise FileNotFoundError(f"data folder {root} does not exist{hint}")
     augment = split == "train"
     if data.is_cifar:
         arrays = read_cifar(data.dataset, root, "test" if split == "test" else "train")

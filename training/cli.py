@@ -13,6 +13,7 @@ import click
 from hyperset.checkpoint import CheckpointError
 from hyperset.config import ModelConfig, check_table, preset_config
 from hyperset.device import pick_device
+from hyperset.download import DownloadError
 
 from .recipes import apply_overrides, load_recipe, recipe_names
 from .trainer import TrainConfig, Trainer, parse_schedule
@@ -41,6 +42,24 @@ def build_sudoku_task(model_cfg: ModelConfig, recipe: dict[str, Any], data_dir: 
     return SudokuTask(model=model_cfg, data=SudokuData(data_dir=data_dir, **data_table), **objective)
 
 
+def fetch_data(task: str, recipe: dict[str, Any], data: str) -> None:
+    """--download: put the task's public dataset into --data unless it is already there (checksum verified)."""
+    if not data:
+        raise ValueError("--download needs --data DIR (the folder to put the data in)")
+    if task == "sudoku":
+        from hyperset.sudoku.data import download_rrn
+
+        download_rrn(data)
+        return
+    dataset = recipe.get("data", {}).get("dataset", "cifar10")
+    if dataset not in ("cifar10", "cifar100"):
+        raise ValueError(f"--download fetches the Sudoku data and CIFAR-10/100, not {dataset}: get ImageNet from "
+                         "image-net.org (its terms) and pass DIR with train/<wnid>/ and val/<wnid>/ folders")
+    from hyperset.vision.data import download_cifar
+
+    download_cifar(dataset, data)
+
+
 def build_task(task: str, recipe: dict[str, Any], data_dir: str) -> Any:
     model_cfg = model_config(recipe)
     if task == "sudoku":
@@ -58,7 +77,7 @@ def build_task(task: str, recipe: dict[str, Any], data_dir: str) -> Any:
 
 def _run(task: str, recipe_name: str, data: str, out: str, resume: bool, device: str, overrides: tuple[str, ...],
          steps: int | None, as_json: bool, quiet: bool, preset: str | None = None, dataset: str | None = None,
-         accum_steps: int | None = None, schedule: str | None = None) -> None:
+         accum_steps: int | None = None, schedule: str | None = None, download: bool = False) -> None:
     try:
         name, recipe = load_recipe(recipe_name)
         recipe = apply_overrides(recipe, list(overrides))
@@ -69,6 +88,8 @@ def _run(task: str, recipe_name: str, data: str, out: str, resume: bool, device:
         if recipe.get("task", task) != task:
             raise ValueError(f"recipe {name} is for task {recipe['task']!r}, not {task!r}")
         pick_device(device)  # a bad --device fails before the data is loaded
+        if download:
+            fetch_data(task, recipe, data)
         built = build_task(task, recipe, data)  # may rewrite recipe["train"] (epochs -> steps)
         train = TrainConfig.from_dict(recipe.get("train", {}))
         if steps is not None:
@@ -81,7 +102,7 @@ def _run(task: str, recipe_name: str, data: str, out: str, resume: bool, device:
         trainer = Trainer(built, train, Path(out), device=device, resume=resume, recipe_name=name,
                           quiet=quiet or as_json, plan=plan)
         result = trainer.fit()
-    except (ValueError, CheckpointError, OSError) as e:
+    except (ValueError, CheckpointError, DownloadError, OSError) as e:
         click.echo(f"hyperset-train: error: {e}", err=True)
         sys.exit(2)
     if as_json:
@@ -95,6 +116,9 @@ def _options(f: Any) -> Any:
         click.option("--recipe", "recipe_name", required=True,
                      help=f"recipe name or .toml path (shipped: {', '.join(recipe_names())})"),
         click.option("--data", default="", help="data folder"),
+        click.option("--download", is_flag=True,
+                     help="fetch the data into --data first if it is not there (Sudoku RRN, CIFAR-10/100; "
+                          "checksum verified)"),
         click.option("--out", required=True, type=click.Path(file_okay=False), help="run folder"),
         click.option("--resume", is_flag=True, help="continue the run in --out from its last saved state"),
         click.option("--device", default="auto", show_default=True, help="auto | cpu | cuda | cuda:N"),

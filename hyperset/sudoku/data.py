@@ -274,7 +274,8 @@ def find_split(data_dir: str | os.PathLike, split: str) -> Path:
     where = f"{root}" if root.is_dir() else f"{root} (the directory does not exist)"
     raise DataNotFoundError(
         f"no {split} split found in {where}: looked for {looked}{note}. "
-        f"Download the RRN data with download_rrn({str(root)!r}) or place the files there by hand."
+        f"Fetch the RRN data with hyperset-train --download or download_rrn({str(root)!r}), or place the files "
+        "there by hand."
     )
 
 

@@ -210,7 +210,7 @@ def cifar_dir(name: str, root: str | os.PathLike) -> Path:
     if not folder.is_dir():
         raise FileNotFoundError(
             f"{name}: no folder {folder}. Expected the standard python layout {layout.folder}/ with files "
-            f"{', '.join(layout.files())} (see download_cifar)"
+            f"{', '.join(layout.files())} (fetch it with hyperset-train --download or download_cifar)"
         )
     missing = [f for f in layout.files() if not (folder / f).is_file()]
     if missing:
