@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 from torch import Tensor
+from tqdm.auto import tqdm
 
 from hyperset.config import ModelConfig, check_table
 from hyperset.models import HyperSETModel
@@ -233,15 +234,16 @@ def dataset_classes(data: ClassifyData) -> int:
 @torch.no_grad()
 @torch.no_grad()
 def top1(model: HyperSETModel, split: ImageSplit, iters: Sequence[int], device: torch.device, autocast: Any,
-         batch_size: int = 500) -> tuple[dict[int, float], int]:
+         batch_size: int = 500, progress: bool = False) -> tuple[dict[int, float], int]:
     """Top-1 accuracy of ``model`` on ``split`` after each number of iterations in ``iters``, and the number of
     images. A one-layer core runs once to the largest depth and is read out on the way (the state after t
     iterations does not depend on how many follow); with several distinct layers, each iterated in turn, every
-    depth is a run of its own."""
+    depth is a run of its own. ``progress``: a progress bar over the images (on a terminal)."""
     model.eval()
     depths = sorted({int(i) for i in iters})
     correct = dict.fromkeys(depths, 0)
     total = 0
+    bar = tqdm(total=len(split), unit="img", desc="evaluating", disable=None if progress else True, leave=False)
     for images, labels in split.batches(batch_size):
         images = images.to(device)
         with autocast():
@@ -256,6 +258,8 @@ def top1(model: HyperSETModel, split: ImageSplit, iters: Sequence[int], device: 
         for d, out in logits.items():
             correct[d] += int((out.float().argmax(-1).cpu() == labels).sum())
         total += len(labels)
+        bar.update(len(labels))
+    bar.close()
     return {d: c / max(total, 1) for d, c in correct.items()}, total
 
 

@@ -87,7 +87,7 @@ def run_eval(checkpoint: str | None, data_dir: str, split: str, iters: Sequence[
     autocast = (lambda: torch.autocast(device.type, dtype=dtype)) if dtype is not None else contextlib.nullcontext
     depths = list(dict.fromkeys(iters or [model.cfg.iters]))
     start = time.time()
-    accuracy, images = top1(model, split_data, depths, device, autocast, batch_size)
+    accuracy, images = top1(model, split_data, depths, device, autocast, batch_size, progress=True)
     seconds = round(time.time() - start, 3)
     return [{"top1": accuracy[d], "images": images, "iters": d, "checkpoint": str(path), "dataset": data.dataset,
              "device": describe(device), "seconds": seconds} for d in depths]
