@@ -232,7 +232,6 @@ def dataset_classes(data: ClassifyData) -> int:
 
 
 @torch.no_grad()
-@torch.no_grad()
 def top1(model: HyperSETModel, split: ImageSplit, iters: Sequence[int], device: torch.device, autocast: Any,
          batch_size: int = 500, progress: bool = False) -> tuple[dict[int, float], int]:
     """Top-1 accuracy of ``model`` on ``split`` after each number of iterations in ``iters``, and the number of
