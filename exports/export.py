@@ -168,13 +168,8 @@ class _Step(nn.Module):
         self.model, self.index = model, int(layer)
 
     def forward(self, x: Tensor, x0: Tensor, t: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        core = self.model.core
-        layer = core.layers[self.index]
-        steps = None
-        if core.step_sizes is not None:
-            cond = x0 if core.cfg.step_cond == "x0" else x
-            steps = core.step_sizes(t.to(torch.float32), cond)
-        x = layer.step(x, t, steps)
+        layer = self.model.core.layers[self.index]
+        x = self.model.core.step(x, x0, t, layer)
         energy = layer.energy(x, t)
         zeros = _zeros_b(x)
         return x, energy.get("attn", zeros), energy.get("ff", zeros)

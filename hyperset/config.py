@@ -13,6 +13,8 @@ LAYERS = ("hyperset", "transformer", "crate", "crate-t", "et")
 ATTENTIONS = ("bisoftmax", "sigmoid", "linear")
 FEEDFORWARDS = ("relu", "softmax", "gated")
 TASKS = ("sudoku", "classify", "mim")
+TIME_INITS = ("live", "zero")
+STEP_SIGNS = ("signed", "positive")
 
 
 def _fits(value: Any, hint: Any) -> bool:
@@ -76,6 +78,14 @@ class ModelConfig:
         step_norm: where an RMSNorm sits in the step network: "none" (Sudoku), "cond" (norm on the condition,
             images), "sum" (norm on embedding + condition, MIM).
         step_init: initial value of alpha and gamma (bias of the last zero-initialised Linear). The paper uses 0.
+        time_init: initialisation of the time network L1, L2: "live" (PyTorch's default init; only the output
+            layer L3 starts at zero, so the step sizes still start at step_init and every parameter of the network
+            gets a gradient from the second step on) or "zero" (the authors' code: L1 = L2 = 0, which never
+            move, so alpha and gamma do not depend on t at all).
+        step_sign: "signed" (the paper: alpha, gamma of either sign) or "positive" (softplus of the same
+            output, so every attention and feedforward step descends its energy by construction).
+        time_max: the step-size network sees min(t, time_max) (0: t as it is). Iterations past time_max reuse
+            the step sizes of t = time_max.
         fixed_step: alpha = gamma for step == "fixed".
         lora_rank: depth-wise LoRA rank r (0 = off); one adapter per iteration, scale lora_scale.
         et_step: Energy Transformer step size.
@@ -107,6 +117,9 @@ class ModelConfig:
     time_mlp: bool = True
     step_norm: str = "none"
     step_init: float = 0.0
+    time_init: str = "live"
+    step_sign: str = "signed"
+    time_max: int = 0
     fixed_step: float = 0.1
     lora_rank: int = 0
     lora_scale: float = 4.0
@@ -136,6 +149,11 @@ class ModelConfig:
             (self.step_norm in ("none", "cond", "sum"), f"step_norm must be none/cond/sum, got {self.step_norm!r}"),
             (self.time_mlp or self.time_dim == self.dim, "without time_mlp, time_dim must equal dim"),
             (self.time_dim % 2 == 0, "time_dim must be even"),
+            (self.time_init in TIME_INITS, f"time_init must be one of {TIME_INITS}, got {self.time_init!r}"),
+            (self.step_sign in STEP_SIGNS, f"step_sign must be one of {STEP_SIGNS}, got {self.step_sign!r}"),
+            (self.step_sign == "signed" or self.step_init > 0,
+             f"step_sign 'positive' needs step_init > 0 (softplus never reaches 0), got {self.step_init}"),
+            (self.time_max >= 0, f"time_max must be >= 0 (0: no limit), got {self.time_max}"),
             (self.iters >= 1 and self.n_layers >= 1, "iters and n_layers must be >= 1"),
         ]
         for ok, message in checks:

@@ -59,7 +59,7 @@ class CoreOutput:
 
 
 class RecurrentCore(nn.Module):
-    """for layer in layers: for t in 1..iters: x = layer.step(x, t, step_sizes(t, cond))."""
+    """for layer in layers: for t in 1..iters: x = step(x, x0, t, layer), the step sizes from (t, cond)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -67,25 +67,43 @@ class RecurrentCore(nn.Module):
         self.layers = nn.ModuleList(LAYER_TYPES[cfg.layer](cfg) for _ in range(cfg.n_layers))
         self.step_sizes = StepSizes(cfg) if cfg.layer == "hyperset" else None
 
-    def iterate(self, x0: Tensor, iters: int | None = None) -> Iterator[tuple[nn.Module, int, Tensor]]:
-        """Yield (layer, t, x_t) after every update. `iters` (per layer) may exceed the trained depth."""
+    def step(self, x: Tensor, x0: Tensor, t: int | Tensor, layer: nn.Module) -> Tensor:
+        """One update of `layer` at iteration t (1-based): the step sizes from t and the condition, then the step."""
+        steps = None
+        if self.step_sizes is not None:
+            cond = x0 if self.cfg.step_cond == "x0" else x
+            t_value = t.to(torch.float32) if isinstance(t, Tensor) else torch.tensor(float(t), device=x.device)
+            steps = self.step_sizes(t_value, cond)
+        return layer.step(x, t, steps)
+
+    def iterate(self, x0: Tensor, iters: int | None = None, skip: int = 0,
+                detach_every: int = 0) -> Iterator[tuple[nn.Module, int, Tensor]]:
+        """Yield (layer, t, x_t) after every update. `iters` (per layer) may exceed the trained depth.
+
+        Training options for depth (both off by default): `skip` iterations first run without gradient and are not
+        yielded (t = 1..skip; the yielded ones are t = skip+1..skip+iters), and `detach_every` = k cuts the graph
+        after every k yielded iterations, so a long trajectory is trained in segments at constant memory.
+        """
         iters = self.cfg.iters if iters is None else int(iters)
-        if iters < 0:
-            raise ValueError(f"iters must be >= 0, got {iters}")
+        if iters < 0 or skip < 0 or detach_every < 0:
+            raise ValueError(f"iters, skip and detach_every must be >= 0, got {iters}, {skip} and {detach_every}")
         x = x0
         for layer in self.layers:
-            for t in range(1, iters + 1):  # t restarts for every distinct layer, as in the authors' code
-                steps = None
-                if self.step_sizes is not None:
-                    cond = x0 if self.cfg.step_cond == "x0" else x
-                    steps = self.step_sizes(torch.tensor(float(t), device=x.device), cond)
-                x = layer.step(x, t, steps)
+            if skip:  # t restarts for every distinct layer, as in the authors' code
+                with torch.no_grad():
+                    for t in range(1, skip + 1):
+                        x = self.step(x, x0, t, layer)
+                x = x.detach()
+            for t in range(skip + 1, skip + iters + 1):
+                x = self.step(x, x0, t, layer)
                 yield layer, t, x
+                if detach_every and (t - skip) % detach_every == 0:
+                    x = x.detach()
 
     def run(self, x0: Tensor, iters: int | None = None, trace: bool = False, geometry: bool = False,
-            keep_states: bool = False) -> CoreOutput:
+            keep_states: bool = False, skip: int = 0, detach_every: int = 0) -> CoreOutput:
         out = CoreOutput(x0, Trace() if (trace or geometry) else None, [] if keep_states else None)
-        for layer, t, x in self.iterate(x0, iters):
+        for layer, t, x in self.iterate(x0, iters, skip, detach_every):
             out.x = x
             if out.trace is not None:
                 out.trace.record(layer, x, t, geometry)

@@ -50,7 +50,10 @@ class StepSizes(nn.Module):
     """alpha_t, gamma_t = split(L3(GELU(c_t + cond))), eq. (12) and the appendix table.
 
     c_t = L2(GELU(L1(sin(t)))) (or sin(t) itself when time_mlp is off, as for MIM). The step sizes are per
-    token and channel, (B, N, d) each. L1, L2 and L3 start at zero (ReZero), so alpha = gamma = step_init.
+    token and channel, (B, N, d) each. L3 starts at zero weight and bias step_init (ReZero on the output), so
+    alpha = gamma = step_init at first. L1 and L2 keep PyTorch's init (time_init "live"), or start at zero as in
+    the authors' code (time_init "zero"): then GELU(L1(.)) = 0 and L2's weight = 0 give each other zero gradient
+    for good, and c_t is the constant L2.bias. With step_sign "positive" the output goes through a softplus.
     """
 
     def __init__(self, cfg: ModelConfig):
@@ -65,18 +68,30 @@ class StepSizes(nn.Module):
         if cfg.step_norm != "none":
             self.norm = RMSNorm(d, cfg.norm_eps)
         self.L3 = nn.Linear(d, 2 * d)
-        self.reset_parameters()
+        if cfg.time_mlp and cfg.time_init == "zero":  # "live": L1 and L2 keep nn.Linear's own init
+            for lin in (self.L1, self.L2):
+                nn.init.zeros_(lin.weight)
+                nn.init.zeros_(lin.bias)
+        nn.init.zeros_(self.L3.weight)
+        # with a softplus the raw output starts at log(e^s - 1), so that alpha = gamma = step_init still
+        bias = math.log(math.expm1(cfg.step_init)) if cfg.step_sign == "positive" else cfg.step_init
+        nn.init.constant_(self.L3.bias, bias)
 
-    def reset_parameters(self) -> None:
-        if self.cfg.step == "fixed":
-            return
-        linears = [self.L1, self.L2, self.L3] if self.cfg.time_mlp else [self.L3]
-        for lin in linears:
-            nn.init.zeros_(lin.weight)
-            nn.init.zeros_(lin.bias)
-        nn.init.constant_(self.L3.bias, self.cfg.step_init)
+    @torch.no_grad()
+    def revive_time_network(self) -> bool:
+        """Give a dead time network (L1 = L2 = 0, trained with time_init "zero") a way to learn, keeping its
+        outputs: L1 gets PyTorch's init and L2 keeps its zero weight and its bias (the constant c_t), so alpha and
+        gamma are unchanged, and L2's weight (then L1) now receives gradients. Returns whether it revived."""
+        if not self.cfg.time_mlp or self.cfg.step == "fixed":
+            return False
+        if any(bool(p.any()) for p in (self.L1.weight, self.L1.bias, self.L2.weight)):
+            return False
+        self.L1.reset_parameters()
+        return True
 
     def time_embedding(self, t: Tensor) -> Tensor:
+        if self.cfg.time_max:
+            t = t.clamp(max=self.cfg.time_max)
         c = sinusoidal_embedding(t, self.cfg.time_dim).to(self.L3.weight.dtype)
         if self.cfg.time_mlp:
             c = self.L2(F.gelu(self.L1(c)))
@@ -93,7 +108,10 @@ class StepSizes(nn.Module):
             h = self.norm(c + cond)
         else:
             h = c + cond
-        alpha, gamma = self.L3(F.gelu(h)).chunk(2, dim=-1)
+        out = self.L3(F.gelu(h))
+        if self.cfg.step_sign == "positive":
+            out = F.softplus(out)
+        alpha, gamma = out.chunk(2, dim=-1)
         return alpha, gamma
 
 

@@ -127,14 +127,20 @@ class HyperSETModel(nn.Module):
         return self.head(self.head_norm(x))
 
     def run(self, inputs: Tensor, iters: int | None = None, trace: bool = False, geometry: bool = False,
-            all_logits: bool = False) -> ModelOutput:
-        out = self.core.run(self.stem(inputs), iters, trace=trace, geometry=geometry, keep_states=all_logits)
+            all_logits: bool = False, skip: int = 0, detach_every: int = 0) -> ModelOutput:
+        out = self.core.run(self.stem(inputs), iters, trace=trace, geometry=geometry, keep_states=all_logits,
+                            skip=skip, detach_every=detach_every)
         per_iter = [self.readout(s) for s in out.states] if all_logits else None
         return ModelOutput(self.readout(out.x), out.trace, per_iter)
 
-    def forward(self, inputs: Tensor, iters: int | None = None, all_logits: bool = False) -> Tensor:
-        """Logits after `iters` iterations; with all_logits, the logits of every iteration stacked: (T, B, ...)."""
-        out = self.run(inputs, iters, all_logits=all_logits)
+    def forward(self, inputs: Tensor, iters: int | None = None, all_logits: bool = False, skip: int = 0,
+                detach_every: int = 0) -> Tensor:
+        """Logits after `iters` iterations; with all_logits, the logits of every iteration stacked: (T, B, ...).
+
+        `skip` and `detach_every` are the core's depth-training options (RecurrentCore.iterate): with them the
+        logits are those of iterations skip+1 .. skip+iters.
+        """
+        out = self.run(inputs, iters, all_logits=all_logits, skip=skip, detach_every=detach_every)
         return torch.stack(out.all_logits) if all_logits else out.logits
 
     def num_parameters(self) -> int:

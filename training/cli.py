@@ -38,7 +38,8 @@ def build_sudoku_task(model_cfg: ModelConfig, recipe: dict[str, Any], data_dir: 
         raise ValueError(f"preset {recipe['preset']!r} is a {model_cfg.task!r} model, not a sudoku model")
     data_table, objective = recipe.get("data", {}), recipe.get("objective", {})
     check_table(SudokuData, data_table, "data", [f.name for f in fields(SudokuData) if f.name != "data_dir"])
-    check_table(SudokuTask, objective, "objective", ("supervise", "constraint_weight", "eval_iters", "eval_batch"))
+    check_table(SudokuTask, objective, "objective", ("supervise", "constraint_weight", "eval_iters", "eval_batch",
+                                                       "train_iters", "segments", "skip_iters"))
     return SudokuTask(model=model_cfg, data=SudokuData(data_dir=data_dir, **data_table), **objective)
 
 
@@ -77,7 +78,8 @@ def build_task(task: str, recipe: dict[str, Any], data_dir: str) -> Any:
 
 def _run(task: str, recipe_name: str, data: str, out: str, resume: bool, device: str, overrides: tuple[str, ...],
          steps: int | None, as_json: bool, quiet: bool, preset: str | None = None, dataset: str | None = None,
-         accum_steps: int | None = None, schedule: str | None = None, download: bool = False) -> None:
+         accum_steps: int | None = None, schedule: str | None = None, download: bool = False,
+         init_from: str | None = None) -> None:
     try:
         name, recipe = load_recipe(recipe_name)
         recipe = apply_overrides(recipe, list(overrides))
@@ -100,7 +102,7 @@ def _run(task: str, recipe_name: str, data: str, out: str, resume: bool, device:
         if plan and steps is not None and steps != plan[-1]["steps"]:
             raise ValueError(f"--steps {steps} contradicts --schedule, which ends at step {plan[-1]['steps']}")
         trainer = Trainer(built, train, Path(out), device=device, resume=resume, recipe_name=name,
-                          quiet=quiet or as_json, plan=plan)
+                          quiet=quiet or as_json, plan=plan, init_from=init_from)
         result = trainer.fit()
     except (ValueError, CheckpointError, DownloadError, OSError) as e:
         click.echo(f"hyperset-train: error: {e}", err=True)
@@ -132,6 +134,8 @@ def _options(f: Any) -> Any:
                      help="planned lr schedule: from step FROM a cosine over STEPS steps (e.g. "
                           "0:30000,13166:22000,14000:15500), or a run folder / JSON file whose recorded schedule "
                           "to replay (the same budget as another run); ends at the last STEPS"),
+        click.option("--init-from", default=None, metavar="CHECKPOINT",
+                     help="start a new run from this checkpoint's weights (same model shapes): a fine-tune"),
         click.option("--preset", default=None, help="override the recipe's model preset (see hyperset.list_presets())"),
         click.option("--json", "as_json", is_flag=True, help="print the result as JSON"),
         click.option("--quiet", is_flag=True, help="no progress bar"),

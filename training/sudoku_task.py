@@ -63,6 +63,10 @@ class SudokuTask:
     data: SudokuData
     supervise: str = "all"  # all: mean CE over every iteration; last: the paper's final-iteration loss
     constraint_weight: float = 0.0  # the Recurrent Transformer's L_sudoku (Yang et al. 2023), 0 = off
+    # Depth-robust training (each off by default; drawn per step from (seed, step), so a resume replays them):
+    train_iters: list[int] = field(default_factory=list)  # [lo, hi]: iterations per segment ~ U{lo..hi}
+    segments: int = 1  # deep supervision: segments x iterations, the state carried on detached between segments
+    skip_iters: list[int] = field(default_factory=list)  # [lo, hi]: a no-grad prefix (progressive loss)
     eval_iters: list[int] = field(default_factory=list)
     eval_batch: int = 500
     name: str = "sudoku"
@@ -88,6 +92,15 @@ class SudokuTask:
             raise ValueError(f"{valid_file}: no validation puzzles for data.n_val = {self.data.n_val} "
                              f"and data.n_select = {self.data.n_select} (the best checkpoint is chosen on them)")
         self.eval_iters = self.eval_iters or [self.model.iters, 2 * self.model.iters]
+        for key in ("train_iters", "skip_iters"):
+            r = getattr(self, key)
+            if r and not (len(r) == 2 and 0 <= r[0] <= r[1] and (key == "skip_iters" or r[0] >= 1)):
+                raise ValueError(f"objective.{key} must be [lo, hi] with {0 if key == 'skip_iters' else 1} <= lo <= "
+                                 f"hi, got {r}")
+        if self.supervise not in ("all", "last"):
+            raise ValueError(f"objective.supervise must be 'all' or 'last', got {self.supervise!r}")
+        if self.segments < 1:
+            raise ValueError(f"objective.segments must be >= 1, got {self.segments}")
         self.select_metric = f"select/board_acc@{self.model.iters}"
 
     def model_config(self) -> ModelConfig:
@@ -97,7 +110,8 @@ class SudokuTask:
         return {"data_dir": str(self.data.data_dir), "train_puzzles": int(len(self.train_puzzles)),
                 "val_puzzles": int(len(self.val[0])), "select_puzzles": int(len(self.select[0])),
                 "augment": self.data.augment, "protocol": "np.random.RandomState(seed).permutation, first n",
-                "seed": self.data.seed, "supervise": self.supervise}
+                "seed": self.data.seed, "supervise": self.supervise, "train_iters": self.train_iters,
+                "segments": self.segments, "skip_iters": self.skip_iters}
 
     def batch(self, step: int, batch_size: int, seed: int, device: torch.device) -> dict[str, torch.Tensor]:
         """Deterministic in (seed, step): epochs are seeded permutations, so a resumed run sees the same data."""
@@ -113,20 +127,28 @@ class SudokuTask:
             p, s = augment(p, s, np.random.default_rng([seed, step, 1]))
         puzzles = torch.from_numpy(np.ascontiguousarray(p)).long().to(device)
         solutions = torch.from_numpy(np.ascontiguousarray(s)).long().to(device)
-        return {"puzzles": puzzles, "solutions": solutions}
+        depth = torch.tensor(self.depth_draw(step, seed), device=device).expand(len(puzzles), 2)
+        return {"puzzles": puzzles, "solutions": solutions, "depth": depth}
+
+    def depth_draw(self, step: int, seed: int) -> tuple[int, int]:
+        """(iterations per segment, no-grad prefix) for a step: the model's depth, or draws from the ranges."""
+        rng = np.random.default_rng([seed, step, 2])
+        iters = int(rng.integers(self.train_iters[0], self.train_iters[1] + 1)) if self.train_iters else \
+            self.model.iters
+        skip = int(rng.integers(self.skip_iters[0], self.skip_iters[1] + 1)) if self.skip_iters else 0
+        return iters, skip
 
     def loss(self, model: HyperSETModel, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
         puzzles, solutions = batch["puzzles"], batch["solutions"]
         target = torch.where(puzzles == 0, solutions - 1, torch.full_like(solutions, -100))
-        if self.supervise == "all":
-            logits = model(puzzles, all_logits=True)  # (T, B, 81, 9)
-            ce = F.cross_entropy(logits.float().flatten(0, 2), target.repeat(len(logits), 1).flatten(),
-                                 ignore_index=-100)
-            final = logits[-1]
-        else:
-            logits = model(puzzles)[None]
-            final = logits[-1]
-            ce = F.cross_entropy(final.float().flatten(0, 1), target.flatten(), ignore_index=-100)
+        iters, skip = (int(v) for v in batch["depth"][0]) if "depth" in batch else (self.model.iters, 0)
+        logits = model(puzzles, iters=iters * self.segments, all_logits=True, skip=skip,
+                       detach_every=iters if self.segments > 1 else 0)  # (segments x iters, B, 81, 9)
+        if self.supervise == "last":  # the last iteration of every segment
+            logits = logits[iters - 1:: iters]
+        ce = F.cross_entropy(logits.float().flatten(0, 2), target.repeat(len(logits), 1).flatten(),
+                             ignore_index=-100)
+        final = logits[-1]
         logs = {}
         if self.constraint_weight:
             lc = constraint_loss(logits.float(), puzzles)

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from hyperset.checkpoint import save_checkpoint
+from hyperset.checkpoint import checkpoint_dir, load_weights_into, save_checkpoint
 from hyperset.config import ModelConfig, check_table
 from hyperset.device import autocast_dtype, describe, pick_device
 from hyperset.models import HyperSETModel
@@ -239,6 +239,8 @@ class Trainer:
     quiet: bool = False
     # a planned piecewise schedule (parse_schedule); it sets the total steps and replaces --steps
     plan: list[dict[str, int]] | None = None
+    # a checkpoint folder whose weights a new run starts from (a fine-tune); a resumed run ignores it
+    init_from: str | None = None
     _stop: bool = field(default=False, init=False)
     # the lr schedules this run has followed: [{"from_step": s, "steps": n}, ...]; a resume with another --steps
     # adds an entry (the cosine is then recomputed over the new budget from that step on)
@@ -316,6 +318,8 @@ class Trainer:
                              "or choose another --out")
         elif self.resume:
             self._say(f"nothing to resume in {self.out} (no {last_dir / 'trainer.json'}): starting a new run")
+        if self.init_from and start == 0:
+            self._start_from(model, Path(self.init_from))
         autocast = self._autocast(device)
         # fp16 needs loss scaling; bf16 and fp32 do not
         scaler = torch.amp.GradScaler(device.type, enabled=self._amp_dtype(device) == torch.float16)
@@ -418,6 +422,17 @@ class Trainer:
             self._say(f"stopped at step {step}; state saved in {last_dir} (continue with --resume)")
         return {"step": step, "best": best, "best_metrics": best_metrics, "out": str(self.out),
                 "finished": step >= cfg.steps, "world_size": dist_env.world}
+
+    def _start_from(self, model: torch.nn.Module, directory: Path) -> None:
+        """Load another checkpoint's weights (same shapes) into a new run's model; a time network trained dead
+        (time_init "zero") is revived when this run's model asks for a live one (outputs unchanged)."""
+        load_weights_into(model, checkpoint_dir(directory), "weights to start from")
+        revived = False
+        core = getattr(model, "core", None)
+        if core is not None and core.step_sizes is not None and core.cfg.time_init == "live":
+            revived = core.step_sizes.revive_time_network()
+        self._say(f"weights from {directory}" + ("; its dead time network revived (L1 re-initialised)"
+                                                  if revived else ""))
 
     def _weight(self, batch: dict[str, torch.Tensor]) -> float:
         """How many supervised units a micro-batch holds (tasks may say; default: its rows)."""

@@ -1,0 +1,274 @@
+"""Depth ablations for the Sudoku model: which training change buys accuracy past the trained depth.
+
+    python bench/depth_ablation.py list                                        # the arms and what each changes
+    python bench/depth_ablation.py run --arm ft-deep4 --data DIR --budget 720   # train + evaluate one arm
+    python bench/depth_ablation.py table                                       # every arm run: JSON + PNG
+
+Every arm trains with the shared trainer on one thread for the same CPU-time budget: a short calibration measures
+the arm's CPU-seconds per optimizer step (arms differ: deep supervision runs more iterations per step), the step
+count is the budget divided by it, and the lr follows a full warm-up + cosine over those steps. Arms of the family
+"scratch" start from a new model; arms of the family "finetune" start from the shipped model's weights. A killed
+arm continues with the same command (the trainer resumes; the calibration is kept in the run folder).
+
+Each arm is then measured on the paper protocol's seeded draw of the validation file: board and cell accuracy of one
+pass at T, 2T, 4T and 8T (one pass to 8T, read out on the way), the share of boards whose E_ATTN + E_FF never rises
+over those 8T iterations, the default solver strategy, and the default strategy on the 17-given puzzles. Results go
+to bench/results/depth_ablation/ARM.json; `table` gathers them into bench/results/depth_ablation.json and .png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from hyperset.checkpoint import atomic_write_json, load_checkpoint
+from hyperset.solve import DEFAULT_PASSES, DEFAULT_STRATEGY, Solver, bundled_checkpoint
+from hyperset.sudoku.data import find_split, givens_count, load_csv, protocol_split
+from training.cli import build_task, model_config
+from training.recipes import apply_overrides, load_recipe
+from training.trainer import TrainConfig, Trainer, make_optimizer
+
+ROOT = Path(__file__).resolve().parent
+RESULTS = ROOT / "results"
+RUNS = ROOT.parent / "runs" / "ablations"
+RECIPE = "sudoku-cpu"
+DEAD = ["model.time_init=\"zero\""]  # the shipped recipe's (and the authors') dead time network
+FINETUNE = ["train.lr=3e-4", "train.min_lr=1e-5"]
+
+# name -> family, --set overrides on the sudoku-cpu recipe, what it tests
+ARMS: dict[str, dict[str, Any]] = {
+    "scratch-dead": {"family": "scratch", "set": DEAD,
+                     "note": "the shipped recipe: time network dead from init (authors' init), signed steps"},
+    "scratch-live": {"family": "scratch", "set": [], "note": "time network live (L1, L2 default init, L3 zero)"},
+    "scratch-live-positive": {"family": "scratch", "set": ["model.step_sign=\"positive\""],
+                              "note": "live time network, step sizes through a softplus (every step descends)"},
+    "scratch-dead-positive": {"family": "scratch", "set": DEAD + ["model.step_sign=\"positive\""],
+                              "note": "dead time network, positive step sizes"},
+    "scratch-live-deep2": {"family": "scratch", "set": ["objective.segments=2"],
+                           "note": "live, deep supervision over 2 segments of T (state carried detached)"},
+    "ft-base": {"family": "finetune", "set": DEAD + FINETUNE,
+                "note": "control: the shipped model trained on with its own recipe (dead t)"},
+    "ft-live": {"family": "finetune", "set": FINETUNE,
+                "note": "the shipped model with its time network revived (outputs unchanged at start)"},
+    "ft-deep2": {"family": "finetune", "set": DEAD + FINETUNE + ["objective.segments=2"],
+                 "note": "deep supervision: 2 segments of T iterations, detached between them (t runs on)"},
+    "ft-deep4": {"family": "finetune", "set": DEAD + FINETUNE + ["objective.segments=4"],
+                 "note": "deep supervision: 4 segments of T (training sees t up to 4T)"},
+    "ft-progressive": {"family": "finetune", "set": DEAD + FINETUNE + ["objective.skip_iters=[0, 48]"],
+                       "note": "progressive loss: a no-grad prefix of 0-48 iterations, then T supervised ones"},
+    "ft-randdepth": {"family": "finetune", "set": DEAD + FINETUNE + ["objective.train_iters=[8, 32]"],
+                     "note": "random depth: T ~ U{8..32} per step, all-iteration loss"},
+    "ft-live-deep4": {"family": "finetune", "set": FINETUNE + ["objective.segments=4"],
+                      "note": "revived time network + 4 segments of deep supervision"},
+    "ft-live-deep4-tmax": {"family": "finetune", "set": FINETUNE + ["objective.segments=4", "model.time_max=16"],
+                           "note": "revived time network, 4 segments, t clamped at T"},
+}
+
+
+def cpu_seconds() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def arm_recipe(arm: str) -> tuple[str, dict[str, Any]]:
+    name, recipe = load_recipe(RECIPE)
+    return name, apply_overrides(recipe, list(ARMS[arm]["set"]))
+
+
+def calibrate(task: Any, train: TrainConfig, init_from: str | None, steps: int = 6) -> float:
+    """CPU-seconds per optimizer step of this arm, measured in this process on one thread (two warm-up steps)."""
+    trainer = Trainer(task, train, Path("/nonexistent"), quiet=True)
+    model = trainer_model(task, init_from)
+    opt = make_optimizer(model, train)
+    autocast = trainer._autocast(torch.device("cpu"))
+    times = []
+    for step in range(steps + 2):
+        t0 = cpu_seconds()
+        batch = task.batch(step, train.batch_size, train.seed, torch.device("cpu"))
+        with autocast():
+            loss, _ = task.loss(model, batch)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        times.append(cpu_seconds() - t0)
+    return float(np.mean(times[2:]))
+
+
+def trainer_model(task: Any, init_from: str | None) -> torch.nn.Module:
+    from hyperset.models import HyperSETModel
+
+    model = HyperSETModel(task.model_config())
+    if init_from:
+        src, _ = load_checkpoint(init_from)
+        model.load_state_dict(src.state_dict())
+    return model.train()
+
+
+def run_arm(arm: str, data: str, budget: float, threads: int) -> Path:
+    torch.set_num_threads(threads)
+    spec = ARMS[arm]
+    out = RUNS / arm
+    out.mkdir(parents=True, exist_ok=True)
+    name, recipe = arm_recipe(arm)
+    task = build_task("sudoku", recipe, data)
+    train = TrainConfig.from_dict({**recipe.get("train", {}), "threads": threads})
+    init_from = str(bundled_checkpoint()) if spec["family"] == "finetune" else None
+    plan_file = out / "arm.json"
+    plan = json.loads(plan_file.read_text()) if plan_file.is_file() else None
+    if plan is None:
+        per_step = calibrate(task, train, init_from)
+        steps = max(50, int(budget / per_step))
+        plan = {"arm": arm, **spec, "budget_cpu_seconds": budget, "calibrated_seconds_per_step": per_step,
+                "steps": steps, "cpu_seconds": 0.0, "init_from": init_from}
+        atomic_write_json(plan_file, plan)
+        print(f"{arm}: {per_step:.3f} CPU-s/step -> {steps} steps for {budget:.0f} CPU-s", file=sys.stderr)
+    steps = plan["steps"]
+    warmup = min(train.warmup_steps, steps // 10) if spec["family"] == "scratch" else steps // 20
+    train = TrainConfig.from_dict({**recipe.get("train", {}), "threads": threads, "steps": steps,
+                                   "warmup_steps": warmup, "eval_every": steps, "save_every_seconds": 120.0})
+    resume = (out / "last" / "trainer.json").is_file()
+    if not resume or json.loads((out / "last" / "trainer.json").read_text()).get("step", 0) < steps:
+        t0 = cpu_seconds()
+        Trainer(task, train, out, resume=resume, recipe_name=name, quiet=not sys.stderr.isatty(),
+                init_from=init_from).fit()
+        plan["cpu_seconds"] += cpu_seconds() - t0
+        atomic_write_json(plan_file, plan)
+    return out
+
+
+@torch.no_grad()
+def depth_curve(model: torch.nn.Module, puzzles: np.ndarray, solutions: np.ndarray, max_iters: int,
+                batch: int = 125) -> dict[str, Any]:
+    """One pass to max_iters: board/cell accuracy at every t and whether each board's total energy never rose."""
+    board = np.zeros((max_iters, len(puzzles)), dtype=bool)
+    cells = np.zeros(max_iters)
+    energy = np.zeros((max_iters, len(puzzles)))
+    for i in range(0, len(puzzles), batch):
+        p = torch.from_numpy(puzzles[i: i + batch]).long()
+        s = torch.from_numpy(solutions[i: i + batch]).long()
+        for layer, t, x in model.core.iterate(model.stem(p), max_iters):
+            digits = torch.where(p > 0, p, model.readout(x).argmax(-1) + 1)
+            ok = digits == s
+            board[t - 1, i: i + len(p)] = ok.all(-1).numpy()
+            cells[t - 1] += (ok & (p == 0)).sum().item()
+            energy[t - 1, i: i + len(p)] = sum(v.double() for v in layer.energy(x, t).values()).numpy()
+    # non-increasing up to float noise: a rise of more than 1e-5 relative counts
+    rises = np.diff(energy, axis=0) > 1e-5 * np.abs(energy[:-1]).clip(min=1.0)
+    return {"board_acc": board.mean(1).tolist(), "cell_acc": (cells / (puzzles == 0).sum()).tolist(),
+            "energy_mean": energy.mean(1).tolist(), "energy_monotone": float((~rises.any(0)).mean())}
+
+
+def default_strategy(solver: Solver, puzzles: np.ndarray, solutions: np.ndarray) -> dict[str, float]:
+    strings = lambda a: ["".join(map(str, r)) for r in a.tolist()]  # noqa: E731
+    t0 = time.perf_counter()
+    res = solver.solve(strings(puzzles), solutions=strings(solutions))
+    dt = time.perf_counter() - t0
+    return {"board_acc": float(np.mean([r.correct for r in res])), "boards_per_s": len(res) / dt,
+            "mean_iterations": float(np.mean([r.iterations for r in res]))}
+
+
+def evaluate_arm(checkpoint: Path | str, data: str, n: int, n17: int, threads: int) -> dict[str, Any]:
+    torch.set_num_threads(threads)
+    solver = Solver.load(checkpoint, "cpu")
+    model, T = solver.model, solver.trained_iters
+    p, s = load_csv(find_split(data, "valid"))
+    vp, vs = protocol_split(p, s, n, 0)
+    curve = depth_curve(model, vp, vs, 8 * T)
+    g17 = givens_count(p) == 17
+    hp, hs = protocol_split(p[g17], s[g17], n17, 0)
+    depths = {f"{k}T": k * T for k in (1, 2, 4, 8)}
+    return {
+        "checkpoint": str(checkpoint), "trained_iterations": T, "puzzles": n, "puzzles_17": n17,
+        "single_pass": {k: {"iters": d, "board_acc": curve["board_acc"][d - 1], "cell_acc": curve["cell_acc"][d - 1]}
+                        for k, d in depths.items()},
+        "energy_monotone_8T": curve["energy_monotone"], "curve": curve,
+        "default_strategy": {"name": f"{DEFAULT_STRATEGY}@{T}x{DEFAULT_PASSES}",
+                             "all": default_strategy(solver, vp, vs), "givens17": default_strategy(solver, hp, hs)},
+    }
+
+
+def table(out_json: Path) -> dict[str, Any]:
+    rows = []
+    for f in sorted((RESULTS / "depth_ablation").glob("*.json")):
+        r = json.loads(f.read_text())
+        rows.append(r)
+    result = {"recipe": RECIPE, "arms": rows,
+              "columns": "single-pass board accuracy at T/2T/4T/8T, default strategy (all, 17 givens), "
+                         "share of boards whose energy never rises to 8T, CPU-seconds of training"}
+    atomic_write_json(out_json, result)
+    plot(rows, out_json.with_suffix(".png"))
+    for r in rows:
+        sp = r["eval"]["single_pass"]
+        d = r["eval"]["default_strategy"]
+        print(f"{r['arm']:24s} " + " ".join(f"{k} {100 * v['board_acc']:5.1f}" for k, v in sp.items())
+              + f" | default {100 * d['all']['board_acc']:5.1f} 17g {100 * d['givens17']['board_acc']:5.1f}"
+              + f" | mono {100 * r['eval']['energy_monotone_8T']:5.1f}% | {r['cpu_seconds']:6.0f} CPU-s")
+    return result
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), sharey=True)
+    for ax, family in zip(axes, ("finetune", "scratch")):
+        for r in (r for r in rows if r["family"] == family):
+            acc = 100 * np.array(r["eval"]["curve"]["board_acc"])
+            ax.plot(np.arange(1, len(acc) + 1), acc, label=r["arm"])
+        T = rows[0]["eval"]["trained_iterations"] if rows else 16
+        for k in (1, 2, 4, 8):
+            ax.axvline(k * T, color="gray", lw=0.6, ls=":")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("iterations (one pass)")
+        ax.set_title({"finetune": "from the shipped model", "scratch": "from scratch"}[family]
+                     + " (equal CPU time per arm)")
+        ax.legend(fontsize=7)
+    axes[0].set_ylabel("board accuracy, % (validation)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("list")
+    run = sub.add_parser("run")
+    run.add_argument("--arm", required=True, choices=sorted(ARMS))
+    run.add_argument("--data", required=True, help="Sudoku data folder (train + valid CSVs)")
+    run.add_argument("--budget", type=float, default=1200.0, help="CPU-seconds of training (one thread)")
+    run.add_argument("--n", type=int, default=500, help="validation puzzles for the measurements")
+    run.add_argument("--n17", type=int, default=300, help="17-given validation puzzles for the default strategy")
+    run.add_argument("--threads", type=int, default=1)
+    sub.add_parser("table")
+    args = ap.parse_args()
+    if args.cmd == "list":
+        for name, spec in ARMS.items():
+            print(f"{name:24s} {spec['family']:9s} {spec['note']}  [{' '.join(spec['set'])}]")
+        return
+    if args.cmd == "table":
+        table(RESULTS / "depth_ablation.json")
+        return
+    out = run_arm(args.arm, args.data, args.budget, args.threads)
+    plan = json.loads((out / "arm.json").read_text())
+    result = {**plan, "eval": evaluate_arm(out / "last", args.data, args.n, args.n17, args.threads),
+              "device": f"cpu, {args.threads} thread(s), amp {TrainConfig.from_dict(arm_recipe(args.arm)[1]['train']).amp}"}
+    (RESULTS / "depth_ablation").mkdir(parents=True, exist_ok=True)
+    atomic_write_json(RESULTS / "depth_ablation" / f"{args.arm}.json", result)
+    print(json.dumps({"arm": args.arm, "single_pass": result["eval"]["single_pass"],
+                      "default": result["eval"]["default_strategy"],
+                      "energy_monotone_8T": result["eval"]["energy_monotone_8T"]}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
