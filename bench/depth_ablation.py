@@ -30,9 +30,10 @@ import numpy as np
 import torch
 
 from hyperset.checkpoint import atomic_write_json, load_checkpoint
+from hyperset.device import cpu_has_native_bf16
 from hyperset.solve import DEFAULT_PASSES, DEFAULT_STRATEGY, Solver, bundled_checkpoint
 from hyperset.sudoku.data import find_split, givens_count, load_csv, protocol_split
-from training.cli import build_task, model_config
+from training.cli import build_task
 from training.recipes import apply_overrides, load_recipe
 from training.trainer import TrainConfig, Trainer, make_optimizer
 
@@ -71,6 +72,16 @@ ARMS: dict[str, dict[str, Any]] = {
     "ft-live-deep4-tmax": {"family": "finetune", "set": FINETUNE + ["objective.segments=4", "model.time_max=16"],
                            "note": "revived time network, 4 segments, t clamped at T"},
 }
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "cpu"
 
 
 def cpu_seconds() -> float:
@@ -261,8 +272,10 @@ def main() -> None:
         return
     out = run_arm(args.arm, args.data, args.budget, args.threads)
     plan = json.loads((out / "arm.json").read_text())
+    amp = TrainConfig.from_dict(arm_recipe(args.arm)[1]["train"]).amp
     result = {**plan, "eval": evaluate_arm(out / "last", args.data, args.n, args.n17, args.threads),
-              "device": f"cpu, {args.threads} thread(s), amp {TrainConfig.from_dict(arm_recipe(args.arm)[1]['train']).amp}"}
+              "device": f"{cpu_name()}, {args.threads} thread(s); training amp={amp} (native bf16: "
+                        f"{'yes' if cpu_has_native_bf16() else 'no'})"}
     (RESULTS / "depth_ablation").mkdir(parents=True, exist_ok=True)
     atomic_write_json(RESULTS / "depth_ablation" / f"{args.arm}.json", result)
     print(json.dumps({"arm": args.arm, "single_pass": result["eval"]["single_pass"],

@@ -4,29 +4,24 @@ from __future__ import annotations
 
 import json
 import sys
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import click
 
 EXIT_OK, EXIT_PARITY, EXIT_BAD_INPUT = 0, 1, 2
-SHIPPED = {"sudoku": "sudoku", "classifier": "classifier", "mim": "mim/model"}
+SHIPPED = ("sudoku", "classifier", "mim")  # shorthands for the models shipped in the package
 MIN_OPSET, MAX_OPSET = 14, 20  # legacy exporter range that covers every op of the models
 
 
 def resolve_checkpoint(name: str) -> Path:
     """A checkpoint folder, or the shorthand sudoku/classifier/mim for the models shipped in the package."""
-    from hyperset.checkpoint import CheckpointError
+    from hyperset.pretrained import pretrained_dir
 
     path = Path(name)
     if path.exists() or name not in SHIPPED:
         return path
-    shipped = Path(str(resources.files("hyperset") / "weights")) / SHIPPED[name]
-    if not (shipped / "config.json").is_file():
-        raise CheckpointError(f"the shipped {name} model is not in this installation ({shipped}); "
-                              "pass a checkpoint folder instead")
-    return shipped
+    return pretrained_dir(name)
 
 
 def _fmt_parity(p: dict[str, Any]) -> str:
@@ -72,7 +67,13 @@ def main(checkpoint: str, iters: int | None, out: str, loop: bool, opset: int, c
     unwritable output).
     """
     from hyperset.checkpoint import CheckpointError, load_checkpoint
+    from hyperset.extras import MissingExtra, require
 
+    try:
+        require("onnx", "onnx", "onnxruntime", what="hyperset-export")
+    except MissingExtra as e:
+        click.echo(f"hyperset-export: error: {e}", err=True)
+        sys.exit(EXIT_BAD_INPUT)
     from . import export as E
     from .runtime import OnnxModelError, ProviderError
 

@@ -146,11 +146,34 @@ class HyperSETModel(nn.Module):
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
+    @classmethod
+    def from_pretrained(cls, name_or_path: str, device: Any = "cpu") -> HyperSETModel:
+        """A shipped model by name ("sudoku", "classifier", "mim"), a checkpoint folder, or a Hub repository id."""
+        from .pretrained import load_pretrained
+
+        return load_pretrained(name_or_path, device)
+
+    def save_pretrained(self, directory: str, info: dict[str, Any] | None = None) -> None:
+        """Write model.safetensors + config.json (the checkpoint format every loader reads)."""
+        from .checkpoint import save_checkpoint
+
+        save_checkpoint(directory, self, {"trained_iterations": self.cfg.iters, **(info or {})})
+
 
 def build_model(cfg: ModelConfig) -> HyperSETModel:
     return HyperSETModel(cfg)
 
 
-def create_model(name: str, **overrides: Any) -> HyperSETModel:
-    """A model from a named preset (see `list_presets()`), with config overrides: create_model("sudoku", iters=32)."""
+def create_model(name: str, pretrained: bool = False, **overrides: Any) -> HyperSETModel:
+    """A model from a named preset (see `list_presets()`), with config overrides: create_model("sudoku", iters=32).
+
+    With pretrained=True, `name` is a shipped model ("sudoku", "classifier", "mim") and its trained weights are
+    loaded (no overrides then: they would not fit the weights)."""
+    if pretrained:
+        if overrides:
+            raise ValueError(f"create_model({name!r}, pretrained=True) takes no config overrides "
+                             f"({', '.join(overrides)}): the shipped weights fix the config")
+        from .pretrained import load_pretrained
+
+        return load_pretrained(name)
     return HyperSETModel(get_preset(name).config.replace(**overrides))

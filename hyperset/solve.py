@@ -14,7 +14,6 @@ import math
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ import torch
 from .checkpoint import CheckpointError, load_checkpoint
 from .device import describe, pick_device
 from .models import HyperSETModel
+from .pretrained import PRETRAINED, weights_root
 from .sudoku.board import UNITS, validate
 
 STRATEGIES = ("single", "auto", "commit")
@@ -38,7 +38,7 @@ GPU_BATCH_SIZE = 256
 
 def bundled_checkpoint() -> Path:
     """The small Sudoku model shipped inside the package."""
-    return Path(str(resources.files("hyperset") / "weights" / "sudoku"))
+    return weights_root() / PRETRAINED["sudoku"]
 
 
 @dataclass

@@ -14,6 +14,7 @@ from hyperset.checkpoint import CheckpointError
 from hyperset.config import ModelConfig, check_table, preset_config
 from hyperset.device import pick_device
 from hyperset.download import DownloadError
+from hyperset.extras import MissingExtra, require
 
 from .recipes import apply_overrides, load_recipe, recipe_names
 from .trainer import TrainConfig, Trainer, parse_schedule
@@ -65,6 +66,8 @@ def build_task(task: str, recipe: dict[str, Any], data_dir: str) -> Any:
     model_cfg = model_config(recipe)
     if task == "sudoku":
         return build_sudoku_task(model_cfg, recipe, data_dir)
+    if task in ("classify", "mim"):
+        require("train", "PIL", what=f"hyperset-train {task}")
     if task == "classify":
         from .classify_task import build_classify_task
 
@@ -104,7 +107,7 @@ def _run(task: str, recipe_name: str, data: str, out: str, resume: bool, device:
         trainer = Trainer(built, train, Path(out), device=device, resume=resume, recipe_name=name,
                           quiet=quiet or as_json, plan=plan, init_from=init_from)
         result = trainer.fit()
-    except (ValueError, CheckpointError, DownloadError, OSError) as e:
+    except (ValueError, CheckpointError, DownloadError, OSError, MissingExtra) as e:
         click.echo(f"hyperset-train: error: {e}", err=True)
         sys.exit(2)
     if as_json:

@@ -31,9 +31,9 @@ TRAIN_HINT = ("train one with `hyperset-train classify --recipe cifar10-cpu --da
 
 def shipped_classifier_dir() -> Path:
     """Where the package ships its classifier: hyperset/weights/classifier/ (model.safetensors + config.json)."""
-    import hyperset
+    from hyperset.pretrained import PRETRAINED, weights_root
 
-    return Path(hyperset.__file__).resolve().parent / "weights" / "classifier"
+    return weights_root() / PRETRAINED["classifier"]
 
 
 class EvalError(Exception):

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import sys
+
 import click
+
+from hyperset.extras import MissingExtra, require
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -10,7 +14,25 @@ def main() -> None:
     """Evaluate trained (or the shipped) models at any number of iterations."""
 
 
+def _needs_extra(name: str, error: MissingExtra) -> click.Command:
+    """A stand-in for a command whose extra is not installed: it says what to install (exit 2)."""
+
+    @click.command(name, context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+                   add_help_option=False, help=f"(not installed) {error}")
+    def command() -> None:
+        click.echo(f"hyperset-eval {name}: error: {error}", err=True)
+        sys.exit(2)
+
+    return command
+
+
 def _register() -> None:
+    try:
+        require("train", "PIL", what="hyperset-eval classify and mim")
+    except MissingExtra as e:
+        for name in ("classify", "mim"):
+            main.add_command(_needs_extra(name, e))
+        return
     from .eval_classify import classify_command
     from .eval_mim import mim_command
 

@@ -32,10 +32,11 @@ from torch import Tensor, nn
 
 from ..checkpoint import CheckpointError, checkpoint_dir, load_checkpoint, load_weights_into, read_config
 from ..models import HyperSETModel
+from ..pretrained import weights_root
 from .maskgit import decode as maskgit_decode
 from .vq import VQConfig, VQTokenizer
 
-WEIGHTS_DIR = Path(__file__).resolve().parent.parent / "weights" / "mim"
+WEIGHTS_DIR = weights_root() / "mim"
 TOKENIZER_KIND = "vq-tokenizer"
 VQGAN_SUFFIXES = (".ckpt", ".pth", ".pt", ".safetensors")
 

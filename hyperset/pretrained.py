@@ -1,0 +1,71 @@
+"""The models shipped in the package, by name, in one place; and the Hugging Face folder convention.
+
+    import hyperset
+    model = hyperset.load_pretrained("sudoku")              # offline: the weights ship in the package
+    model.save_pretrained("my-sudoku")                      # model.safetensors + config.json
+    same = hyperset.HyperSETModel.from_pretrained("my-sudoku")
+
+A name is one of `PRETRAINED`; anything else is a checkpoint folder, or (where huggingface_hub is installed and
+there is a network) a Hugging Face Hub repository id such as "owner/name" holding the same two files.
+"""
+
+from __future__ import annotations
+
+import os
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from .checkpoint import CheckpointError
+
+# name -> folder under hyperset/weights
+PRETRAINED = {"sudoku": "sudoku", "classifier": "classifier", "mim": "mim/model", "mim-tokenizer": "mim/tokenizer"}
+
+
+def weights_root() -> Path:
+    return Path(str(resources.files("hyperset") / "weights"))
+
+
+def pretrained_dir(name: str) -> Path:
+    """The folder of a shipped model by name (see PRETRAINED); a CheckpointError if this installation lacks it."""
+    if name not in PRETRAINED:
+        raise CheckpointError(f"no shipped model named {name!r}; shipped: {', '.join(PRETRAINED)}")
+    folder = weights_root() / PRETRAINED[name]
+    if not (folder / "config.json").is_file() or not (folder / "model.safetensors").is_file():
+        raise CheckpointError(f"the shipped {name} model is not in this installation ({folder}); "
+                              "pass a checkpoint folder instead")
+    return folder
+
+
+def resolve(name_or_path: str | os.PathLike) -> Path:
+    """A checkpoint folder from a shipped model's name, a local path, or a Hub repository id (downloaded)."""
+    text = str(name_or_path)
+    path = Path(text)
+    if path.exists():
+        return path
+    if text in PRETRAINED:
+        return pretrained_dir(text)
+    if text.count("/") == 1 and not text.startswith((".", "/")):
+        return _from_hub(text)
+    raise CheckpointError(f"{text}: no such checkpoint folder, and not a shipped model ({', '.join(PRETRAINED)})")
+
+
+def _from_hub(repo_id: str) -> Path:
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError:
+        raise CheckpointError(f"{repo_id}: no such folder; to load it from the Hugging Face Hub install "
+                              "huggingface_hub (pip install huggingface_hub)") from None
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=["config.json", "model.safetensors", "README.md"]))
+    except Exception as e:  # network, authentication or a missing repository: one line for the user
+        raise CheckpointError(f"{repo_id}: could not be fetched from the Hugging Face Hub ({type(e).__name__}: "
+                              f"{e})") from None
+
+
+def load_pretrained(name_or_path: str | os.PathLike, device: Any = "cpu") -> Any:
+    """A Hyper-SET model (eval mode) by shipped name ("sudoku", "classifier", "mim"), folder or Hub id."""
+    from .checkpoint import load_checkpoint
+
+    model, _ = load_checkpoint(resolve(name_or_path), map_location=device)
+    return model

@@ -1,0 +1,55 @@
+"""Shipped models by name, and the save_pretrained / from_pretrained round trip."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import hyperset
+from hyperset.checkpoint import CheckpointError
+from hyperset.models import HyperSETModel
+from hyperset.pretrained import PRETRAINED, pretrained_dir, resolve
+
+
+def boards() -> torch.Tensor:
+    g = torch.Generator().manual_seed(0)
+    d = torch.randint(1, 10, (2, 81), generator=g)
+    return torch.where(torch.rand(2, 81, generator=g) < 0.4, d, torch.zeros_like(d))
+
+
+@pytest.mark.parametrize("name", ["sudoku", "classifier", "mim"])
+def test_every_shipped_model_loads_by_name_offline(name: str) -> None:
+    model = hyperset.load_pretrained(name)
+    assert isinstance(model, HyperSETModel) and not model.training
+    assert model.cfg.task == {"sudoku": "sudoku", "classifier": "classify", "mim": "mim"}[name]
+
+
+def test_create_model_pretrained_gives_the_shipped_weights() -> None:
+    a = hyperset.create_model("sudoku", pretrained=True)
+    b = hyperset.load_pretrained(pretrained_dir("sudoku"))
+    for (k, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
+        assert torch.equal(x, y), k
+    with pytest.raises(ValueError, match="overrides"):
+        hyperset.create_model("sudoku", pretrained=True, iters=8)
+
+
+def test_save_pretrained_then_from_pretrained_gives_identical_outputs(tmp_path: Path) -> None:
+    model = hyperset.load_pretrained("sudoku")
+    model.save_pretrained(str(tmp_path / "copy"))
+    again = HyperSETModel.from_pretrained(str(tmp_path / "copy"))
+    with torch.no_grad():
+        assert torch.equal(model(boards(), iters=20), again(boards(), iters=20))
+    assert again.cfg == model.cfg
+
+
+def test_unknown_names_are_clear_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(CheckpointError, match="not a shipped model"):
+        resolve("sudokuu")
+    with pytest.raises(CheckpointError, match="no shipped model"):
+        pretrained_dir("chess")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(CheckpointError, match="owner/missing-model"):
+        resolve("owner/missing-model")
+    assert set(PRETRAINED) >= {"sudoku", "classifier", "mim"}
