@@ -1,0 +1,401 @@
+"""FLOP and byte model of a Hyper-SET model, and this machine's matmul roofline at the model's shapes.
+
+    python bench/flops.py                                    # the authors' Sudoku configuration at d=128, batch 64
+    python bench/flops.py --preset sudoku-cpu --batch 32     # the shipped recipe
+    python bench/flops.py --set dim=256 --set heads=8 --iters 12 --threads 1
+
+The model is a list of the matmuls one training step or one forward pass runs (`matmuls`), each named, sized and
+given to a component: projections (X W and the back-projection), attention_maps (Z Z^T and S Z per head),
+feedforward (X D and act(U) D^T), step_sizes (L3 per token and the time MLP L1, L2 once per iteration for the
+whole batch), readout (the head), stem (the patch embedding), lora and energies (the trace's X W, Z Z^T, X D).
+A training step adds, for every matmul C = A B, the two of its backward (dA = dC B^T, dB = A^T dC) where the operand
+needs a gradient. FLOPs are 2 per multiply-add, as torch.utils.flop_counter counts them (the test checks the count
+against it for several configs). Elementwise work (norms, softmax, GELU, residual updates) is not in the FLOPs: it
+is in the bytes.
+
+Bytes are the traffic of an unfused fp32 run in which nothing stays in cache from one op to the next: every matmul
+reads its operands and writes its result, every elementwise op of the Hyper-SET layer reads its inputs and writes
+its output once. It is a model of the memory a step touches (an upper bound on DRAM traffic when the activations
+do not fit in cache), not a measurement. Training is taken as 3x the forward bytes (the backward of each op reads
+its saved input and the incoming gradient and writes a gradient per input). Elementwise traffic is modelled for the
+Hyper-SET layer; for the baselines the bytes are those of their matmuls only.
+
+The roofline is measured in the same run: every distinct matmul shape of the model (forward, and for training the
+backward ones with their transposed operands) is timed with torch at the chosen number of threads, in fp32, and in
+bf16 where the CPU has native bf16 (avx512_bf16 or amx_bf16). The time the model's matmuls alone would need at those
+rates bounds the boards/s from above: `roofline_boards_per_s`. A measured rate divided by it is the share of the
+roofline. Writes bench/results/flops.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hyperset.config import ModelConfig, preset_config
+from hyperset.device import cpu_has_native_bf16
+
+RESULTS = Path(__file__).resolve().parent / "results"
+COMPONENTS = ("projections", "attention_maps", "feedforward", "step_sizes", "lora", "readout", "stem", "energies")
+BYTES = 4  # fp32
+# the authors' Sudoku model at d=128 (their code's defaults otherwise: time embedding 512, zero time network)
+PEER_D128 = ["dim=128", "heads=4", "ff_hidden=512", "iters=24", "time_init=zero"]
+
+
+@dataclass(frozen=True)
+class MatMul:
+    """`count` products of an (m x k) by a (k x n) matrix; `once`: per pass, else per iteration.
+
+    `layout` says which operand is a transposed view ("nn", "tn", "nt"), as autograd's backward calls them.
+    """
+
+    component: str
+    name: str
+    m: int
+    k: int
+    n: int
+    count: int = 1
+    once: bool = False
+    grad_a: bool = True
+    grad_b: bool = True
+    layout: str = "nn"
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.count * self.m * self.k * self.n
+
+    @property
+    def bytes(self) -> int:
+        return BYTES * self.count * (self.m * self.k + self.k * self.n + self.m * self.n)
+
+    def backward(self) -> list[MatMul]:
+        """dA = dC B^T (m x n by n x k) and dB = A^T dC (k x m by m x n), where the operand needs a gradient."""
+        out = []
+        if self.grad_a:
+            out.append(replace(self, name=f"d/dA {self.name}", k=self.n, n=self.k, layout="nt"))
+        if self.grad_b:
+            out.append(replace(self, name=f"d/dB {self.name}", m=self.k, k=self.m, layout="tn"))
+        return out
+
+
+def tokens(cfg: ModelConfig) -> int:
+    return cfg.patch_grid**2 + 1 if cfg.task == "classify" else cfg.seq_len
+
+
+def _attention_maps(cfg: ModelConfig, batch: int, component: str = "attention_maps") -> list[MatMul]:
+    """The per-head matmuls of the attention energy's gradient (or of softmax attention for the baselines)."""
+    N, p, bh = tokens(cfg), cfg.head_dim, batch * cfg.heads
+    if cfg.layer == "hyperset" and cfg.attention == "linear":
+        return [MatMul(component, "phi(Z)^T phi(Z)", p, N, p, bh), MatMul(component, "phi(Z) K", N, p, p, bh)]
+    return [MatMul(component, "Z Z^T", N, p, N, bh), MatMul(component, "S Z", N, N, p, bh)]
+
+
+def _lora(cfg: ModelConfig, component: str) -> list[MatMul]:
+    """The depth-wise LoRA deltas B_t A_t of W and D, made once per iteration (again for the energies)."""
+    d, r, M = cfg.dim, cfg.lora_rank, cfg.ff_hidden
+    return [MatMul(component, "B_t A_t (W)", d, r, d), MatMul(component, "B'_t A'_t (D)", d, r, M)]
+
+
+def _hyperset_layer(cfg: ModelConfig, batch: int) -> list[MatMul]:
+    R, d, M = batch * tokens(cfg), cfg.dim, cfg.ff_hidden
+    mms = [MatMul("projections", "X W", R, d, d), *_attention_maps(cfg, batch),
+           MatMul("projections", "G W^T", R, d, d),
+           MatMul("feedforward", "X D", R, d, M), MatMul("feedforward", "act(U) D^T", R, M, d)]
+    if cfg.lora_rank:
+        mms += _lora(cfg, "lora")
+    if cfg.step == "adaptive":
+        if cfg.time_mlp:  # one time embedding per iteration, shared by the batch; sin(t) needs no gradient
+            mms += [MatMul("step_sizes", "L1 sin(t)", 1, cfg.time_dim, d, grad_a=False),
+                    MatMul("step_sizes", "L2", 1, d, d)]
+        mms.append(MatMul("step_sizes", "L3 (per token)", R, d, 2 * d))
+    return mms
+
+
+def _baseline_layer(cfg: ModelConfig, batch: int) -> list[MatMul]:
+    R, d, M = batch * tokens(cfg), cfg.dim, cfg.ff_hidden
+    if cfg.layer == "transformer":
+        return [*(MatMul("projections", f"X W_{w}", R, d, d) for w in "qkvo"), *_attention_maps(cfg, batch),
+                MatMul("feedforward", "fc1", R, d, M), MatMul("feedforward", "fc2", R, M, d)]
+    if cfg.layer in ("crate", "crate-t"):
+        return [MatMul("projections", "X W", R, d, d), *_attention_maps(cfg, batch),
+                MatMul("projections", "o W" if cfg.layer == "crate-t" else "to_out", R, d, d),
+                MatMul("feedforward", "y D", R, d, d), MatMul("feedforward", "y D^T", R, d, d),
+                MatMul("feedforward", "(y D^T) D", R, d, d)]
+    raise ValueError(f"no FLOP model for layer {cfg.layer!r} (the Energy Transformer differentiates its energy "
+                     "with autograd inside the forward pass)")
+
+
+def _energies(cfg: ModelConfig, batch: int) -> list[MatMul]:
+    """The trace's E_ATTN and E_FF after an update: X W, the per-head scores (or the linear kernel) and X D."""
+    R, d, M = batch * tokens(cfg), cfg.dim, cfg.ff_hidden
+    lora = _lora(cfg, "energies") if cfg.lora_rank else []
+    return [*lora, MatMul("energies", "X W", R, d, d), _attention_maps(cfg, batch, "energies")[0],
+            MatMul("energies", "X D", R, d, M)]
+
+
+def _once(cfg: ModelConfig, batch: int) -> list[MatMul]:
+    """The stem and the readout, once per pass."""
+    d, C = cfg.dim, cfg.num_classes
+    if cfg.task == "classify":
+        f = (cfg.img_size // cfg.patch_grid) ** 2 * cfg.channels
+        # the patches need no gradient, unless a LayerNorm with parameters comes first
+        return [MatMul("stem", "patch embedding", batch * cfg.patch_grid**2, f, d, once=True,
+                       grad_a=cfg.stem == "ln-linear-ln"),
+                MatMul("readout", "head (CLS)", batch, d, C, once=True)]
+    return [MatMul("readout", "head", batch * tokens(cfg), d, C, once=True)]
+
+
+def matmuls(cfg: ModelConfig, batch: int, energies: bool = False) -> list[MatMul]:
+    """The matmuls of one forward pass, per iteration (once=False) and per pass (once=True)."""
+    layer = _hyperset_layer(cfg, batch) if cfg.layer == "hyperset" else _baseline_layer(cfg, batch)
+    if energies:
+        if cfg.layer != "hyperset":
+            raise ValueError(f"layer {cfg.layer!r} defines no energies")
+        layer += _energies(cfg, batch)
+    return layer + _once(cfg, batch)
+
+
+def training_matmuls(cfg: ModelConfig, batch: int) -> list[MatMul]:
+    """Forward and backward matmuls of one training step (no trace; the loss on the last iteration)."""
+    forward = matmuls(cfg, batch)
+    return forward + [b for mm in forward for b in mm.backward()]
+
+
+def elementwise_bytes(cfg: ModelConfig, batch: int, energies: bool = False) -> dict[str, int]:
+    """Per-iteration bytes read + written by the Hyper-SET layer's elementwise ops, by component (see module doc)."""
+    if cfg.layer != "hyperset":
+        return {}
+    R, d, M, H, N = batch * tokens(cfg), cfg.dim, cfg.ff_hidden, cfg.heads, tokens(cfg)
+    S = batch * H * N * N  # attention-map elements
+    rms = 7  # x^2 (r+w), mean (r), x * rsqrt (r+w), * gain (r+w): elements moved per element normalised
+    out = {
+        # c + cond, GELU; a norm on the condition and a softplus where configured
+        "step_sizes": (4 * R * d + (rms - 2) * R * d * (cfg.step_norm != "none")
+                       + 4 * R * d * (cfg.step_sign == "positive")) if cfg.step == "adaptive" else 0,
+        # RMSNorm of Z, merge heads (copy), alpha * G, x - (.)
+        "projections": rms * R * d + 2 * R * d + 3 * R * d + 3 * R * d,
+        # beta Z, softmax, P + P^T
+        "attention_maps": 2 * R * d + 2 * S + 3 * S,
+        # RMSNorm of U, activation, gamma * (.), x + (.)
+        "feedforward": rms * R * M + 2 * R * M + 3 * R * d + 3 * R * d,
+    }
+    if energies:  # RMSNorm of Z without gain, beta Z, logsumexp; RMSNorm of U, ReLU, square, sum
+        out["energies"] = 5 * R * d + 2 * R * d + S + batch * H * N + 5 * R * M + 2 * R * M + 2 * R * M + R * M
+    return {k: BYTES * v for k, v in out.items()}
+
+
+def _by_component(mms: list[MatMul], key: str, once: bool) -> dict[str, int]:
+    out = {c: 0 for c in COMPONENTS}
+    for mm in mms:
+        if mm.once == once:
+            out[mm.component] += getattr(mm, key)
+    return {k: v for k, v in out.items() if v}
+
+
+def count(cfg: ModelConfig, batch: int, iters: int | None = None, energies: bool = False) -> dict[str, Any]:
+    """FLOPs and bytes per board: per iteration and per pass by component, forward (inference, with or without the
+    energy trace) and training step (forward + backward), at `iters` iterations per layer."""
+    steps = (cfg.iters if iters is None else iters) * cfg.n_layers
+    fwd, train = matmuls(cfg, batch, energies), training_matmuls(cfg, batch)
+    ew = elementwise_bytes(cfg, batch, energies)
+    flops_it, flops_once = _by_component(fwd, "flops", False), _by_component(fwd, "flops", True)
+    bytes_it = _by_component(fwd, "bytes", False)
+    for k, v in ew.items():
+        bytes_it[k] = bytes_it.get(k, 0) + v
+    bytes_once = _by_component(fwd, "bytes", True)
+
+    def total(per_it: dict[str, int], once: dict[str, int]) -> float:
+        return (steps * sum(per_it.values()) + sum(once.values())) / batch
+
+    train_it, train_once = _by_component(train, "flops", False), _by_component(train, "flops", True)
+    forward_bytes = total(bytes_it, bytes_once)
+    return {
+        "batch": batch, "iterations": steps, "energies": energies,
+        "forward_flops_per_iteration": {k: v / batch for k, v in flops_it.items()},
+        "forward_flops_per_pass": {k: v / batch for k, v in flops_once.items()},
+        "forward_bytes_per_iteration": {k: v / batch for k, v in bytes_it.items()},
+        "training_flops_per_iteration": {k: v / batch for k, v in train_it.items()},
+        "forward_flops": total(flops_it, flops_once),
+        "training_flops": total(train_it, train_once),
+        "forward_bytes": forward_bytes,
+        "training_bytes": 3 * forward_bytes,
+        "forward_intensity_flops_per_byte": total(flops_it, flops_once) / forward_bytes,
+    }
+
+
+# ---------------------------------------------------------------------------------------------- the roofline
+
+
+def _operands(mm: MatMul, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    a_shape = (mm.count, mm.k, mm.m) if mm.layout == "tn" else (mm.count, mm.m, mm.k)
+    b_shape = (mm.count, mm.n, mm.k) if mm.layout == "nt" else (mm.count, mm.k, mm.n)
+    a, b = torch.randn(a_shape).to(dtype), torch.randn(b_shape).to(dtype)
+    a = a.transpose(-1, -2) if mm.layout == "tn" else a
+    b = b.transpose(-1, -2) if mm.layout == "nt" else b
+    return (a[0], b[0]) if mm.count == 1 else (a, b)
+
+
+def time_matmul(mm: MatMul, dtype: torch.dtype = torch.float32, min_seconds: float = 0.02,
+                repeats: int = 3) -> float:
+    """FLOP/s of one matmul shape: best of `repeats` runs of enough calls to take `min_seconds`."""
+    a, b = _operands(mm, dtype)
+    torch.matmul(a, b)
+    calls = 1
+    while True:
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            torch.matmul(a, b)
+        if time.perf_counter() - t0 >= min_seconds:
+            break
+        calls *= 2
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            torch.matmul(a, b)
+        best = min(best, (time.perf_counter() - t0) / calls)
+    return mm.flops / best
+
+
+def _shape_key(mm: MatMul) -> tuple[int, int, int, int, str]:
+    return mm.m, mm.k, mm.n, mm.count, mm.layout
+
+
+def roofline(mms: list[MatMul], steps: int, batch: int, dtype: torch.dtype = torch.float32,
+             rates: dict[tuple, float] | None = None) -> dict[str, Any]:
+    """Boards/s if the matmuls ran at their measured rates and nothing else took time. `rates` caches FLOP/s by
+    shape across calls (and is filled in)."""
+    rates = {} if rates is None else rates
+    seconds, flops = 0.0, 0
+    for mm in mms:
+        key = _shape_key(mm)
+        if key not in rates:
+            rates[key] = time_matmul(mm, dtype)
+        reps = 1 if mm.once else steps
+        seconds += reps * mm.flops / rates[key]
+        flops += reps * mm.flops
+    return {"dtype": str(dtype).removeprefix("torch."), "seconds_per_batch": seconds,
+            "roofline_boards_per_s": batch / seconds, "matmul_flops_per_s": flops / seconds}
+
+
+def measure_rooflines(cfg: ModelConfig, batch: int, iters: int | None = None,
+                      energies: bool = False) -> dict[str, Any]:
+    """fp32 (and bf16 where native) rooflines for inference and a training step at this config and batch."""
+    steps = (cfg.iters if iters is None else iters) * cfg.n_layers
+    dtypes = [torch.float32] + ([torch.bfloat16] if cpu_has_native_bf16() else [])
+    out: dict[str, Any] = {}
+    for dtype in dtypes:
+        rates: dict[tuple, float] = {}
+        name = str(dtype).removeprefix("torch.")
+        out[name] = {"inference": roofline(matmuls(cfg, batch, energies), steps, batch, dtype, rates),
+                     "training": roofline(training_matmuls(cfg, batch), steps, batch, dtype, rates),
+                     "shapes": [{"m": k[0], "k": k[1], "n": k[2], "count": k[3], "layout": k[4], "flops_per_s": r}
+                                for k, r in rates.items()]}
+    return out
+
+
+def share(boards_per_s: float, roof: dict[str, Any]) -> float:
+    """A measured rate as a share of a roofline's boards/s."""
+    return boards_per_s / roof["roofline_boards_per_s"]
+
+
+# ---------------------------------------------------------------------------------------------- the machine
+
+
+def load_average() -> float | None:
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+
+
+def machine(threads: int) -> dict[str, Any]:
+    """Facts about this machine: CPU model, cores, native bf16, versions, the 1-minute load average now."""
+    cpu, flags = platform.processor() or platform.machine(), ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name") and cpu in ("", platform.machine(), platform.processor()):
+                cpu = line.split(":", 1)[1].strip()
+            if line.startswith("flags"):
+                flags = line
+    except OSError:
+        pass
+    native = [f for f in ("avx512_bf16", "amx_bf16") if f in flags.split()]
+    return {"cpu": cpu, "logical_cpus": os.cpu_count(), "threads": threads, "native_bf16": bool(native),
+            "bf16_flags": native, "torch": torch.__version__, "python": platform.python_version(),
+            "load_average_1min_at_start": load_average()}
+
+
+def report(cfg: ModelConfig, batch: int, iters: int | None, threads: int) -> dict[str, Any]:
+    torch.set_num_threads(threads)
+    info = machine(threads)
+    counts = {"inference": count(cfg, batch, iters), "inference_with_energies": count(cfg, batch, iters, True)}
+    roofs = measure_rooflines(cfg, batch, iters)
+    info["load_average_1min_at_end"] = load_average()
+    return {"machine": info, "config": cfg.to_dict(), "counts": counts, "roofline": roofs,
+            "matmuls": [asdict(mm) | {"flops": mm.flops} for mm in matmuls(cfg, batch, True)]}
+
+
+def print_report(rep: dict[str, Any]) -> None:
+    c = rep["counts"]["inference"]
+    print(f"per board, {c['iterations']} iterations, batch {c['batch']}:")
+    print(f"  {'component':16s} {'MFLOP/iter':>10s} {'share':>6s} {'MB/iter':>8s}")
+    fl, by = c["forward_flops_per_iteration"], c["forward_bytes_per_iteration"]
+    per_it = sum(fl.values())
+    for k in COMPONENTS:
+        if k in fl or k in by:
+            print(f"  {k:16s} {fl.get(k, 0) / 1e6:10.2f} {100 * fl.get(k, 0) / per_it:5.1f}% {by.get(k, 0) / 1e6:8.2f}")
+    e = rep["counts"]["inference_with_energies"]
+    print(f"  forward {c['forward_flops'] / 1e9:.3f} GFLOP (with energies {e['forward_flops'] / 1e9:.3f}), "
+          f"training step {c['training_flops'] / 1e9:.3f} GFLOP; forward {c['forward_bytes'] / 1e6:.1f} MB")
+    for dtype, r in rep["roofline"].items():
+        print(f"  {dtype} roofline: inference {r['inference']['roofline_boards_per_s']:.1f} boards/s "
+              f"({r['inference']['matmul_flops_per_s'] / 1e9:.1f} GFLOP/s), training "
+              f"{r['training']['roofline_boards_per_s']:.1f} boards/s "
+              f"({r['training']['matmul_flops_per_s'] / 1e9:.1f} GFLOP/s)")
+    m = rep["machine"]
+    print(f"  {m['cpu']}, {m['threads']} thread(s), native bf16: {m['native_bf16']}, load "
+          f"{m['load_average_1min_at_start']} -> {m['load_average_1min_at_end']}")
+
+
+def config_from_args(preset: str, sets: list[str]) -> ModelConfig:
+    """A preset with `key=value` overrides (values parsed as JSON where they parse, else as strings)."""
+    overrides: dict[str, Any] = {}
+    for item in sets:
+        key, _, value = item.partition("=")
+        try:
+            overrides[key] = json.loads(value)
+        except json.JSONDecodeError:
+            overrides[key] = value
+    return preset_config(preset, **overrides)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--preset", default="sudoku")
+    ap.add_argument("--set", action="append", default=None, metavar="KEY=VALUE",
+                    help="config overrides [default, with --preset sudoku: the authors' d=128 configuration]")
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--iters", type=int, default=None)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--out", type=Path, default=RESULTS / "flops.json")
+    args = ap.parse_args(argv)
+    sets = args.set if args.set is not None else (PEER_D128 if args.preset == "sudoku" else [])
+    cfg = config_from_args(args.preset, sets)
+    rep = report(cfg, args.batch, args.iters, args.threads)
+    rep["command"] = "python bench/flops.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    print_report(rep)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = args.out.with_name(f".{args.out.name}.tmp")
+    tmp.write_text(json.dumps(rep, indent=2) + "\n")
+    tmp.replace(args.out)
+    print(f"wrote {args.out}")
+
+if __name__ == "__main__":
+    main()

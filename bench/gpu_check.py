@@ -1,0 +1,212 @@
+"""The GPU paths, checked on a CUDA machine: training with AMP, NCCL, the solver and ONNX Runtime's CUDA provider.
+
+    python bench/gpu_check.py [--out bench/results/gpu_check.json]
+
+On a machine where PyTorch sees no CUDA device it says so and exits 0 without writing anything. Otherwise it runs:
+
+  training   a few AdamW steps with the trainer's mixed precision (hyperset.device.autocast_dtype: bf16 where the
+             GPU has it, else fp16 with loss scaling) for a model of every task and a baseline (sudoku-cpu,
+             cifar10-cpu, mim-cpu, sudoku-cpu-transformer) on random inputs; then the real trainer (Sudoku,
+             amp "auto") on generated puzzles
+  nccl       the trainer under torchrun with two processes, one GPU each (NCCL); skipped with one GPU, since NCCL
+             refuses two ranks on one device
+  solver     the shipped model solving examples/ on CUDA and on the CPU: the same boards, and the seconds of each
+  onnx       the shipped model exported unrolled at its trained depth, run by ONNX Runtime's CUDA provider and its
+             CPU provider: parity with torch (logits and energies) and boards/s at batch 256, median of 5
+
+Each check records its outcome and error instead of stopping the others; the exit code is 1 if any failed.
+Writes bench/results/gpu_check.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+TRAIN_PRESETS = ("sudoku-cpu", "cifar10-cpu", "mim-cpu", "sudoku-cpu-transformer")
+
+
+def _guarded(fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    try:
+        return {"ok": True, **fn()}
+    except Exception as e:  # a failed check is a result: record it and go on with the others
+        return {"ok": False, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-3000:]}
+
+
+def amp_steps(preset: str, device: torch.device, steps: int = 5) -> dict[str, Any]:
+    """AdamW steps on one random batch under the trainer's autocast dtype: the loss must stay finite and fall."""
+    from exports.export import example_inputs
+    from hyperset.config import preset_config
+    from hyperset.device import autocast_dtype
+    from hyperset.models import HyperSETModel
+
+    torch.manual_seed(0)
+    cfg = preset_config(preset)
+    model = HyperSETModel(cfg).to(device)
+    x = example_inputs(cfg, batch=8).to(device)
+    shape = (8,) if cfg.task == "classify" else (8, cfg.seq_len)
+    y = torch.randint(0, cfg.num_classes, shape, device=device)
+    dtype = autocast_dtype(device)
+    scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    losses = []
+    for _ in range(steps):
+        with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+            loss = F.cross_entropy(model(x).float().flatten(0, -2), y.flatten())
+        opt.zero_grad()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        losses.append(loss.item())
+    finite = all(map(lambda v: v == v and abs(v) != float("inf"), losses))
+    if not finite or losses[-1] >= losses[0]:
+        raise RuntimeError(f"{preset}: losses {losses} under {dtype} did not stay finite and fall")
+    return {"preset": preset, "dtype": str(dtype), "losses": losses}
+
+
+def sudoku_data(folder: Path, n_train: int = 64, n_valid: int = 16) -> Path:
+    """Generated puzzles in the RRN layout the trainer reads (train.csv.gz, valid.csv)."""
+    import gzip
+
+    from hyperset.sudoku.exact import generate
+
+    rows = generate(n_train + n_valid, 30, 36, seed=0)
+    with gzip.open(folder / "train.csv.gz", "wt") as f:
+        f.writelines(f"{p},{s}\n" for p, s in rows[:n_train])
+    (folder / "valid.csv").write_text("".join(f"{p},{s}\n" for p, s in rows[n_train:]))
+    return folder
+
+
+TRAIN_ARGS = ["sudoku", "--recipe", "sudoku-cpu", "--steps", "3", "--quiet", "--json", "--set", "model.dim=64",
+              "--set", "model.heads=2", "--set", "model.ff_hidden=128", "--set", "data.n_val=8",
+              "--set", "data.n_select=8", "--set", "train.batch_size=8", "--set", "train.eval_every=1000",
+              "--set", "train.warmup_steps=1", "--set", "train.amp=auto"]
+
+
+def trainer_run(data: Path, out: Path, nproc: int = 1, device: str = "cuda") -> dict[str, Any]:
+    """`hyperset-train sudoku` on the GPU(s), as a subprocess (under torchrun when nproc > 1)."""
+    launcher = [sys.executable] + (["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+                                   if nproc > 1 else [])
+    cmd = [*launcher, "-m", "training", *TRAIN_ARGS, "--data", str(data), "--out", str(out), "--device", device]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT)
+    if proc.returncode:
+        raise RuntimeError(f"exit {proc.returncode}: {proc.stderr[-2000:]}")
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return {"processes": nproc, "command": " ".join(cmd[1:]), "log": [m for m in metrics if "loss" in m]}
+
+
+def nccl_run(data: Path, out: Path) -> dict[str, Any]:
+    gpus = torch.cuda.device_count()
+    if gpus < 2:
+        return {"skipped": f"needs 2 GPUs, this machine has {gpus} (NCCL refuses two ranks on one device)"}
+    return trainer_run(data, out, nproc=2)
+
+
+def solver_check(devices: tuple[str, str] = ("cuda", "cpu")) -> dict[str, Any]:
+    """The shipped model solves the example puzzles on CUDA as on the CPU."""
+    from hyperset.solve import Solver, timed_solve
+    from hyperset.sudoku.board import parse_file
+
+    puzzles = [p.givens for f in sorted((ROOT / "examples").glob("*.txt")) for p in parse_file(f)]
+    out = {}
+    for device in devices:
+        results, seconds = timed_solve(Solver.load(device=device), puzzles)
+        out[device] = {"seconds": seconds, "boards": [r.prediction for r in results],
+                       "valid": sum(r.valid for r in results)}
+    same = out[devices[0]]["boards"] == out[devices[1]]["boards"]
+    if not same:
+        raise RuntimeError(f"CUDA and CPU solved {len(puzzles)} puzzles differently")
+    return {"puzzles": len(puzzles), "same_boards_as_cpu": same,
+            **{f"{d}_{k}": out[d][k] for d in devices for k in ("seconds", "valid")}}
+
+
+def _median_seconds(fn: Callable[[], Any], repeats: int = 5) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def onnx_check(folder: Path, batch: int = 256, devices: tuple[str, str] = ("cuda", "cpu")) -> dict[str, Any]:
+    """The unrolled graph on ONNX Runtime's CUDA and CPU providers: parity with torch and boards/s."""
+    from exports import export as E
+    from exports.runtime import OrtSession
+    from hyperset.checkpoint import load_checkpoint
+    from hyperset.solve import bundled_checkpoint
+
+    model, info = load_checkpoint(bundled_checkpoint(), task="sudoku")
+    iters = E.trained_iterations(model, info)
+    path = E.export_unrolled(model, iters, folder / "sudoku.onnx", info=info).path
+    boards = E.example_inputs(model.cfg, batch=batch)
+    reference = E.torch_outputs(model, boards, iters)
+    out: dict[str, Any] = {"iters": iters, "batch": batch}
+    for device in devices:
+        session = OrtSession(path, device)
+        if device == "cuda" and session.device != "cuda":
+            raise RuntimeError(f"ONNX Runtime came up on {session.provider}: {session.reason}")
+        out[device] = {"provider": session.provider,
+                       "parity": E.compare(reference, E.onnx_outputs(session, boards)),
+                       "boards_per_s": batch / _median_seconds(lambda s=session: E.onnx_outputs(s, boards))}
+    out[f"{devices[0]}_over_{devices[1]}"] = out[devices[0]]["boards_per_s"] / out[devices[1]]["boards_per_s"]
+    return out
+
+
+def run() -> dict[str, Any]:
+    device = torch.device("cuda")
+    report: dict[str, Any] = {"gpu": torch.cuda.get_device_name(device), "gpus": torch.cuda.device_count(),
+                              "torch": torch.__version__, "cuda": torch.version.cuda,
+                              "bf16_supported": torch.cuda.is_bf16_supported()}
+    report["training_amp"] = {p: _guarded(lambda p=p: amp_steps(p, device)) for p in TRAIN_PRESETS}
+    with tempfile.TemporaryDirectory(prefix="hyperset-gpu-") as tmp:
+        folder = Path(tmp)
+        data = sudoku_data(folder)
+        report["trainer_amp"] = _guarded(lambda: trainer_run(data, folder / "one"))
+        report["nccl"] = _guarded(lambda: nccl_run(data, folder / "two"))
+        report["solver"] = _guarded(solver_check)
+        report["onnx_cuda"] = _guarded(lambda: onnx_check(folder))
+    return report
+
+
+def failed(report: dict[str, Any]) -> list[str]:
+    checks = {**{f"training_amp/{k}": v for k, v in report["training_amp"].items()},
+              **{k: report[k] for k in ("trainer_amp", "nccl", "solver", "onnx_cuda")}}
+    return [name for name, r in checks.items() if not r["ok"]]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=RESULTS / "gpu_check.json")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print(f"gpu_check: PyTorch sees no CUDA device (torch {torch.__version__}, built with CUDA "
+              f"{torch.version.cuda or 'none'}): nothing to check here, {args.out} left as it is")
+        return 0
+    report = run()
+    report["command"] = "python bench/gpu_check.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    bad = failed(report)
+    print(f"gpu_check on {report['gpu']}: " + (f"FAILED {', '.join(bad)}" if bad else "every check passed"))
+    print(f"wrote {args.out}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,286 @@
+"""Same-work speed: the authors' Sudoku model and ours at one configuration, interleaved in one process.
+
+The authors' code (huyunzhe/hyper-set, MIT) is not part of this repository; get a checkout anywhere and install the
+few packages its Sudoku model's imports need (measured with commit 5e5cc36, einops 0.8.2, hydra-core 1.3.8 with
+omegaconf 2.3.1, loguru 0.7.3):
+
+    git clone https://github.com/huyunzhe/hyper-set /tmp/hyper-set-peer
+    pip install einops==0.8.2 hydra-core==1.3.8 loguru==0.7.3
+    python bench/peer_bench.py --peer /tmp/hyper-set-peer [--rounds 7] [--threads 1] [--bf16]
+
+(`sudoku/models.py` imports einops and `utils.metric_utils`; the `utils` package's `__init__` also imports
+`utils.training_utils`, which imports hydra, omegaconf and loguru. numpy and torch are already here. wandb is
+imported only inside a function and is not needed.)
+
+Configuration, the authors' Sudoku model at d=128: 4 heads, M=4d, 24 iterations, time embedding 512, learned
+positions, X0-conditioned step sizes, embedding dropout 0.1, batch 64, loss on the last iteration (cross-entropy on
+the blank cells), fp32, one thread. Ours is the `sudoku` preset at the same values (`flops.PEER_D128`). Both take
+the authors' training step: AdamW (lr 1e-4, betas 0.9/0.95, weight decay 0.1), gradient clipping at 1.0. Inference
+is one forward pass without the energy trace, in eval mode, under torch.no_grad.
+
+Before timing, the script checks that the two compute the same function: our randomised weights copied into the
+authors' model give the same logits (`parity_max_abs_diff`), and torch's FLOP counter counts the same FLOPs for
+both (`flops_counted`), equal to bench/flops.py's model. Then rounds alternate: a training step of each and an
+inference pass of each, the order swapped every round; medians are reported, with boards/s, the ratio, and each as
+a share of the fp32 matmul roofline measured at the model's shapes (bench/flops.py) before and after the rounds
+(the better of the two, the one with less contention, is used; both are in the JSON with the load average).
+Writes bench/results/peer_bench.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import importlib.metadata
+import json
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import flops
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hyperset.models import HyperSETModel
+
+RESULTS = Path(__file__).resolve().parent / "results"
+PEER_PACKAGES = ("einops", "hydra-core", "omegaconf", "loguru")
+BATCH = 64
+
+
+def our_config() -> Any:
+    return flops.config_from_args("sudoku", flops.PEER_D128)
+
+
+def load_peer(peer_dir: Path, cfg: Any) -> nn.Module:
+    """The authors' Sudoku `Model` at `cfg`'s values, as their `sudoku/utils.py` builds it (training.dropout 0)."""
+    if not (peer_dir / "sudoku" / "models.py").is_file():
+        raise SystemExit(f"{peer_dir} is not a checkout of huyunzhe/hyper-set (no sudoku/models.py); see --help")
+    sys.path.insert(0, str(peer_dir))
+    try:
+        models = importlib.import_module("sudoku.models")
+    except ModuleNotFoundError as e:
+        raise SystemExit(f"the authors' model needs {e.name!r}: pip install einops==0.8.2 hydra-core==1.3.8 "
+                         "loguru==0.7.3") from None
+    peer_cfg = models.ModelConfig(
+        vocab_size=cfg.vocab_size, block_size=cfg.seq_len, n_layer=cfg.n_layers, n_head=cfg.heads, n_embd=cfg.dim,
+        time_emb=cfg.time_dim, multiplier=cfg.ff_hidden // cfg.dim, num_classes=cfg.num_classes, n_recur=cfg.iters,
+        model_type="hyper-set", resid_pdrop=0.0, attn_pdrop=0.0, adaptive_mode="gd_with_learnable_step_size",
+        phi_func=None, pos_emb="learnable", input_cond=cfg.step_cond == "x0")
+    return models.Model(peer_cfg)
+
+
+@torch.no_grad()
+def copy_ours_into_peer(ours: HyperSETModel, peer: nn.Module) -> None:
+    """The same function in their layout: Z = X W is their qkv(X) (weight W^T), U = X D their mlp(X) (weight D^T)."""
+    layer, steps = ours.core.layers[0], ours.core.step_sizes
+    block = peer.blocks[0]
+    pairs = [(peer.tok_emb.weight, ours.stem.tok.weight), (peer.pos_emb[0], ours.stem.pos),
+             (block.attn.qkv.weight, layer.W.t()), (block.attn.ln1.weight, layer.norm_attn.weight),
+             (block.mlp.weight, layer.D.t()), (block.ln2.weight, layer.norm_ff.weight),
+             (peer.ln_f.weight, ours.head_norm.weight), (peer.head.weight, ours.head.weight)]
+    for theirs, mine in zip((peer.time_mlp[0][1], peer.time_mlp[0][3], peer.time_mlp[1][1]),
+                            (steps.L1, steps.L2, steps.L3)):
+        pairs += [(theirs.weight, mine.weight), (theirs.bias, mine.bias)]
+    for theirs, mine in pairs:
+        theirs.copy_(mine)
+
+
+def parity(cfg: Any, peer: nn.Module, boards: torch.Tensor) -> float:
+    """Max |logits difference| of our model with random weights (every parameter non-zero) and the authors' model
+    given the same weights, in eval mode. A fresh model of ours is used, so the timed ones keep their init. It takes
+    the RMSNorm epsilon of the authors' nn.RMSNorm (float32 eps; ours is 1e-6, which moves logits by ~4e-3 here)."""
+    torch.manual_seed(1)
+    ours = HyperSETModel(cfg.replace(norm_eps=torch.finfo(torch.float32).eps)).eval()
+    with torch.no_grad():
+        for p in ours.parameters():
+            p.copy_(p + 0.05 * torch.randn_like(p))
+    state = {k: v.clone() for k, v in peer.state_dict().items()}
+    copy_ours_into_peer(ours, peer)
+    peer.eval()
+    with torch.no_grad():
+        diff = (ours(boards) - peer(boards)[0]).abs().max().item()
+    peer.load_state_dict(state)
+    return diff
+
+
+def batch(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Boards with blanks (0) and their targets (-100 on givens, as the authors' dataset writes them)."""
+    g = torch.Generator().manual_seed(seed)
+    boards = torch.randint(0, 10, (BATCH, 81), generator=g)
+    targets = torch.where(boards == 0, torch.randint(0, 9, (BATCH, 81), generator=g), -100)
+    return boards, targets
+
+
+def loss_fn(kind: str, model: nn.Module) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """The last-iteration cross-entropy; the authors' model computes it inside its forward."""
+    if kind == "peer":
+        return lambda x, y: model(x, y)[1]
+    return lambda x, y: F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+
+
+class Runner:
+    """A model with the authors' optimizer; `train` is one training step, `infer` one forward pass."""
+
+    def __init__(self, kind: str, model: nn.Module, bf16: bool):
+        self.model, self.loss = model, loss_fn(kind, model)
+        self.opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
+        self.autocast = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+
+    def train(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        self.model.train()
+        with self.autocast:
+            loss = self.loss(x, y)
+        self.opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.opt.step()
+
+    def infer(self, x: torch.Tensor) -> None:
+        self.model.eval()
+        with torch.no_grad(), self.autocast:
+            self.model(x)
+
+
+def counted_flops(runner: Runner, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
+    """FLOPs per board that torch's FLOP counter sees in one inference pass and one training step."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    out = {}
+    for name, fn in (("inference", lambda: runner.infer(x)), ("training", lambda: runner.train(x, y))):
+        with FlopCounterMode(display=False) as counter:
+            fn()
+        out[name] = counter.get_total_flops() / len(x)
+    return out
+
+
+def interleaved(runners: dict[str, Runner], x: torch.Tensor, y: torch.Tensor, rounds: int) -> dict[str, Any]:
+    """Seconds per training step and per inference pass, each runner in turn, the order reversed every round."""
+    times: dict[str, list[float]] = {f"{n}_{w}": [] for n in runners for w in ("train", "inference")}
+    for r in range(rounds + 1):  # round 0 warms up
+        order = list(runners) if r % 2 == 0 else list(reversed(runners))
+        for work in ("train", "inference"):
+            for name in order:
+                t0 = time.perf_counter()
+                runners[name].train(x, y) if work == "train" else runners[name].infer(x)
+                if r:
+                    times[f"{name}_{work}"].append(time.perf_counter() - t0)
+    return times
+
+
+def versions(peer_dir: Path) -> dict[str, str]:
+    out = {"torch": torch.__version__}
+    for pkg in PEER_PACKAGES:
+        try:
+            out[pkg] = importlib.metadata.version(pkg)
+        except importlib.metadata.PackageNotFoundError:
+            out[pkg] = "not installed"
+    try:
+        out["peer_commit"] = subprocess.run(["git", "-C", str(peer_dir), "rev-parse", "HEAD"], capture_output=True,
+                                            text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        out["peer_commit"] = "unknown (not a git checkout)"
+    return out
+
+
+def summarise(times: dict[str, list[float]], roof: dict[str, Any], fpb: dict[str, float]) -> dict[str, Any]:
+    """Boards/s from the medians, the ratio ours / authors', and shares of the roofline; also from the fastest
+    round of each (`best_*`), which other processes on a shared machine disturb least."""
+    out: dict[str, Any] = {}
+    for work, key in (("train", "training"), ("inference", "inference")):
+        rates = {n: BATCH / statistics.median(times[f"{n}_{work}"]) for n in ("ours", "peer")}
+        best = {n: BATCH / min(times[f"{n}_{work}"]) for n in ("ours", "peer")}
+        out[key] = {f"{n}_boards_per_s": v for n, v in rates.items()}
+        out[key]["ratio_ours_to_peer"] = rates["ours"] / rates["peer"]
+        out[key].update({f"best_{n}_boards_per_s": v for n, v in best.items()})
+        out[key]["best_ratio_ours_to_peer"] = best["ours"] / best["peer"]
+        out[key].update({f"best_{n}_share_of_roofline": flops.share(v, roof[key]) for n, v in best.items()})
+        out[key]["roofline_boards_per_s"] = roof[key]["roofline_boards_per_s"]
+        out[key].update({f"{n}_share_of_roofline": flops.share(v, roof[key]) for n, v in rates.items()})
+        out[key].update({f"{n}_gflop_per_s": v * fpb[key] / 1e9 for n, v in rates.items()})
+    return out
+
+
+def best_roofline(before: dict[str, Any], after: dict[str, Any], dtype: str) -> dict[str, Any]:
+    return {k: max(before[dtype][k], after[dtype][k], key=lambda r: r["roofline_boards_per_s"])
+            for k in ("inference", "training")}
+
+
+def run(peer_dir: Path, rounds: int, threads: int, bf16: bool) -> dict[str, Any]:
+    torch.set_num_threads(threads)
+    info = flops.machine(threads)
+    cfg = our_config()
+    if bf16 and not info["native_bf16"]:
+        raise SystemExit("--bf16: this CPU has no native bf16 (avx512_bf16 / amx_bf16)")
+    torch.manual_seed(0)
+    peer = load_peer(peer_dir, cfg)
+    x, y = batch()
+    diff = parity(cfg, peer, x)
+    print(f"parity: max |logits ours - authors'| = {diff:.2e} (same weights, eval)", flush=True)
+    dtypes = ["float32"] + (["bfloat16"] if bf16 else [])
+    roof_before = flops.measure_rooflines(cfg, BATCH)
+    model_count = flops.count(cfg, BATCH)
+    fpb = {"inference": model_count["forward_flops"], "training": model_count["training_flops"]}
+    rep: dict[str, Any] = {
+        "machine": info, "versions": versions(peer_dir), "config": cfg.to_dict(), "batch": BATCH,
+        "rounds": rounds, "parity_max_abs_diff": diff, "flops_per_board_model": fpb, "flops_counted": {},
+        "results": {}, "times_s": {},
+    }
+    for dtype in dtypes:
+        torch.manual_seed(0)
+        runners = {"ours": Runner("ours", HyperSETModel(cfg), dtype == "bfloat16"),
+                   "peer": Runner("peer", load_peer(peer_dir, cfg), dtype == "bfloat16")}
+        if dtype == "float32":
+            rep["flops_counted"] = {n: counted_flops(r, x, y) for n, r in runners.items()}
+        print(f"{dtype}: {rounds} interleaved rounds ...", flush=True)
+        rep["times_s"][dtype] = interleaved(runners, x, y, rounds)
+    roof_after = flops.measure_rooflines(cfg, BATCH)
+    for dtype in dtypes:
+        rep["results"][dtype] = summarise(rep["times_s"][dtype], best_roofline(roof_before, roof_after, dtype), fpb)
+    rep["roofline"] = {"before": roof_before, "after": roof_after}
+    info["load_average_1min_at_end"] = flops.load_average()
+    return rep
+
+
+def print_summary(rep: dict[str, Any]) -> None:
+    m = rep["machine"]
+    print(f"{m['cpu']}, {m['threads']} thread(s), native bf16 {m['native_bf16']}; load "
+          f"{m['load_average_1min_at_start']:.2f} -> {m['load_average_1min_at_end']:.2f}")
+    fpb = rep["flops_per_board_model"]
+    print(f"FLOPs per board: inference {fpb['inference'] / 1e9:.3f} G, training step {fpb['training'] / 1e9:.3f} G")
+    for dtype, res in rep["results"].items():
+        for work in ("training", "inference"):
+            r = res[work]
+            print(f"  {dtype} {work:9s} ours {r['ours_boards_per_s']:6.1f} boards/s "
+                  f"({100 * r['ours_share_of_roofline']:.0f}%)  authors' {r['peer_boards_per_s']:6.1f} boards/s "
+                  f"({100 * r['peer_share_of_roofline']:.0f}%)  ratio {r['ratio_ours_to_peer']:.2f}x  "
+                  f"roofline {r['roofline_boards_per_s']:.1f}; fastest rounds: ours {r['best_ours_boards_per_s']:.1f}, "
+                  f"authors' {r['best_peer_boards_per_s']:.1f}, {r['best_ratio_ours_to_peer']:.2f}x")
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--peer", type=Path, required=True, help="a checkout of huyunzhe/hyper-set")
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--bf16", action="store_true", help="also bf16 autocast rows (CPUs with native bf16)")
+    ap.add_argument("--out", type=Path, default=RESULTS / "peer_bench.json")
+    args = ap.parse_args(argv)
+    rep = run(args.peer.resolve(), args.rounds, args.threads, args.bf16)
+    rep["command"] = "python bench/peer_bench.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    print_summary(rep)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = args.out.with_name(f".{args.out.name}.tmp")
+    tmp.write_text(json.dumps(rep, indent=2) + "\n")
+    tmp.replace(args.out)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

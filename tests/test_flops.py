@@ -1,0 +1,100 @@
+"""The FLOP model of bench/flops.py against PyTorch's own FLOP counter, and its roofline arithmetic."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from hyperset.config import ModelConfig, preset_config
+from hyperset.models import HyperSETModel
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import flops  # noqa: E402
+
+SMALL = dict(dim=32, heads=4, iters=3)
+CONFIGS = {
+    "authors-sudoku": flops.config_from_args("sudoku", flops.PEER_D128).replace(**SMALL, ff_hidden=64, time_dim=16),
+    "classify": preset_config("cifar10-small", **SMALL, ff_hidden=32, time_dim=16),
+    "transformer": preset_config("sudoku-cpu-transformer", **SMALL, ff_hidden=64),
+    "crate": preset_config("cifar10-crate", **SMALL),
+    "lora-linear-gated": preset_config("sudoku", **SMALL, ff_hidden=64, time_dim=16, lora_rank=2,
+                                       attention="linear", feedforward="gated", n_layers=2),
+}
+
+
+def _inputs(cfg: ModelConfig, batch: int) -> torch.Tensor:
+    if cfg.task == "classify":
+        return torch.randn(batch, cfg.channels, cfg.img_size, cfg.img_size)
+    return torch.randint(0, cfg.vocab_size, (batch, cfg.seq_len))
+
+
+def _counted(fn) -> int:
+    with FlopCounterMode(display=False) as counter:
+        fn()
+    return counter.get_total_flops()
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_flop_model_equals_pytorch_flop_counter_forward_and_training(name: str) -> None:
+    cfg, batch = CONFIGS[name], 3
+    torch.manual_seed(0)
+    model = HyperSETModel(cfg)
+    x = _inputs(cfg, batch)
+    trace = cfg.layer == "hyperset"
+    with torch.no_grad():
+        forward = _counted(lambda: model.run(x, trace=trace))
+    training = _counted(lambda: model(x).float().square().mean().backward())
+    assert flops.count(cfg, batch, energies=trace)["forward_flops"] * batch == forward
+    assert flops.count(cfg, batch)["training_flops"] * batch == training
+
+
+def test_flop_model_scales_with_iterations_past_training() -> None:
+    cfg = CONFIGS["authors-sudoku"]
+    model = HyperSETModel(cfg)
+    with torch.no_grad():
+        counted = _counted(lambda: model.run(_inputs(cfg, 2), iters=7))
+    assert flops.count(cfg, 2, iters=7)["forward_flops"] * 2 == counted
+
+
+def test_components_of_the_authors_configuration_match_the_hand_count() -> None:
+    """d=128, M=4d, 81 tokens: feedforward 4 N d M, projections 4 N d^2, attention maps 4 N^2 d, L3 4 N d^2."""
+    cfg = flops.config_from_args("sudoku", flops.PEER_D128)
+    per_it = flops.count(cfg, 64)["forward_flops_per_iteration"]
+    N, d, M = 81, 128, 512
+    assert per_it["feedforward"] == 4 * N * d * M
+    assert per_it["projections"] == 4 * N * d * d
+    assert per_it["attention_maps"] == 4 * N * N * d
+    assert per_it["step_sizes"] == pytest.approx(4 * N * d * d + 2 * (512 * d + d * d) / 64)
+
+
+def test_roofline_is_batch_over_the_matmul_time_at_the_given_rates() -> None:
+    cfg, batch = CONFIGS["authors-sudoku"], 4
+    mms = flops.training_matmuls(cfg, batch)
+    rates = {flops._shape_key(mm): 1e9 for mm in mms}  # every shape at 1 GFLOP/s: no timing
+    roof = flops.roofline(mms, cfg.iters, batch, rates=rates)
+    assert roof["roofline_boards_per_s"] == pytest.approx(1e9 / flops.count(cfg, batch)["training_flops"])
+    assert flops.share(roof["roofline_boards_per_s"] / 2, roof) == pytest.approx(0.5)
+
+
+def test_backward_matmuls_transpose_the_right_operand() -> None:
+    mm = flops.MatMul("feedforward", "X D", 10, 3, 7)
+    da, db = mm.backward()
+    assert (da.m, da.k, da.n, da.layout) == (10, 7, 3, "nt")
+    assert (db.m, db.k, db.n, db.layout) == (3, 10, 7, "tn")
+    for m in (da, db):
+        a, b = flops._operands(m, torch.float32)
+        assert torch.matmul(a, b).shape == (m.m, m.n)
+
+
+def test_flops_script_writes_counts_and_a_measured_roofline(tmp_path: Path) -> None:
+    out = tmp_path / "flops.json"
+    flops.main(["--set", "dim=32", "--set", "heads=4", "--set", "ff_hidden=64", "--set", "time_dim=16",
+                "--iters", "2", "--batch", "2", "--out", str(out)])
+    rep = json.loads(out.read_text())
+    assert rep["config"]["dim"] == 32 and rep["counts"]["inference"]["iterations"] == 2
+    fp32 = rep["roofline"]["float32"]
+    assert fp32["inference"]["roofline_boards_per_s"] > fp32["training"]["roofline_boards_per_s"] > 0
+    assert rep["machine"]["load_average_1min_at_end"] is not None

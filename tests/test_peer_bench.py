@@ -1,0 +1,27 @@
+"""bench/peer_bench.py without the authors' code: it names what is missing, and its summary is the medians."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import peer_bench  # noqa: E402
+
+
+def test_a_folder_that_is_not_the_authors_checkout_is_named(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="not a checkout of huyunzhe/hyper-set"):
+        peer_bench.load_peer(tmp_path, peer_bench.our_config())
+
+
+def test_summary_takes_medians_ratios_and_shares_of_the_roofline() -> None:
+    times = {"ours_train": [2.0, 4.0, 3.0], "peer_train": [4.0, 4.0, 8.0],
+             "ours_inference": [1.0, 1.0, 1.0], "peer_inference": [0.5, 0.5, 2.0]}
+    roof = {"training": {"roofline_boards_per_s": 64.0}, "inference": {"roofline_boards_per_s": 128.0}}
+    out = peer_bench.summarise(times, roof, {"training": 3e9, "inference": 1e9})
+    train, infer = out["training"], out["inference"]
+    assert train["ours_boards_per_s"] == 64 / 3 and train["peer_boards_per_s"] == 16
+    assert train["ratio_ours_to_peer"] == pytest.approx(4 / 3)
+    assert train["best_ratio_ours_to_peer"] == pytest.approx(2.0)
+    assert train["ours_share_of_roofline"] == pytest.approx(1 / 3)
+    assert infer["ratio_ours_to_peer"] == pytest.approx(0.5) and infer["peer_gflop_per_s"] == pytest.approx(128)
