@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import click
+
+from hyperset.cli import check_output_file
+from hyperset.config import MAX_ITERS
 
 EXIT_OK, EXIT_PARITY, EXIT_BAD_INPUT = 0, 1, 2
 SHIPPED = ("sudoku", "classifier", "mim")  # shorthands for the models shipped in the package
@@ -44,7 +47,7 @@ def _export(model: Any, info: dict[str, Any], out: str, n: int, loop: bool, opse
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("checkpoint", type=str)
-@click.option("--iters", type=click.IntRange(min=1), default=None,
+@click.option("--iters", type=click.IntRange(1, MAX_ITERS), default=None,
               help="unrolled iterations per layer (may exceed the trained depth); with --loop only the default "
                    "recorded in the metadata [default: trained depth]")
 @click.option("--out", "-o", "out", type=click.Path(dir_okay=False), required=True, help="output .onnx file")
@@ -78,6 +81,10 @@ def main(checkpoint: str, iters: int | None, out: str, loop: bool, opset: int, c
     from .runtime import OnnxModelError, ProviderError
 
     try:
+        check_output_file("--out", out)
+    except click.UsageError as e:
+        _fail(e.message)
+    try:
         model, info = load_checkpoint(resolve_checkpoint(checkpoint), map_location="cpu")
         trained = E.trained_iterations(model, info)
         n = iters or trained
@@ -90,8 +97,7 @@ def main(checkpoint: str, iters: int | None, out: str, loop: bool, opset: int, c
             for k in ([n, 2 * n] if loop else [n]):
                 reports.append(E.parity(model, result.path, k, batch=parity_batch, session=session).to_json())
     except (CheckpointError, OnnxModelError, ProviderError, OSError, ValueError) as e:
-        click.echo(f"hyperset-export: error: {e}", err=True)
-        sys.exit(EXIT_BAD_INPUT)
+        _fail(str(e))
 
     payload = result.to_json()
     payload.update(checkpoint=checkpoint, task=model.cfg.task, layer=model.cfg.layer, trained_iterations=trained,
@@ -111,6 +117,11 @@ def main(checkpoint: str, iters: int | None, out: str, loop: bool, opset: int, c
             for p in reports:
                 click.echo(f"    {_fmt_parity(p)}")
     sys.exit(EXIT_OK if all(p["ok"] for p in reports) else EXIT_PARITY)
+
+
+def _fail(message: str) -> NoReturn:
+    click.echo(f"hyperset-export: error: {message}", err=True)
+    sys.exit(EXIT_BAD_INPUT)
 
 
 if __name__ == "__main__":

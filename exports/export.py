@@ -103,8 +103,7 @@ def model_fingerprint(model: HyperSETModel) -> str:
 
 
 def trained_iterations(model: HyperSETModel, info: Mapping[str, Any] | None) -> int:
-    value = (info or {}).get("trained_iterations")
-    return int(value) if value is not None else int(model.cfg.iters)
+    return hyperset.checkpoint.trained_iterations(model.cfg, dict(info or {}))
 
 
 def _zeros_b(x: Tensor) -> Tensor:

@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
-from .config import ModelConfig
+from .config import ModelConfig, check_iterations
 from .models import HyperSETModel
 
 FORMAT = "hyperset-checkpoint"
@@ -92,21 +92,38 @@ def save_module(directory: str | os.PathLike, module: torch.nn.Module, kind: str
     return directory
 
 
-def load_weights_into(module: torch.nn.Module, directory: Path, what: str) -> None:
-    """Load model.safetensors into `module`, with a one-line error for missing/unexpected keys or shapes."""
-    state = load_tensors(directory / "model.safetensors", what)
-    expected = module.state_dict()
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
+def stored_shapes(path: Path, what: str) -> dict[str, tuple[int, ...]]:
+    """The tensor shapes in a safetensors file, read from its header alone."""
+    if not path.is_file():
+        raise CheckpointError(f"{path}: file not found (expected the {what} as a .safetensors file)")
+    try:
+        with safe_open(str(path), "pt") as f:
+            return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    except (SafetensorError, OSError, ValueError) as e:
+        raise CheckpointError(f"{path}: not a readable safetensors file ({e}); expected the {what}") from None
+
+
+def check_weights_fit(module: torch.nn.Module, directory: Path, what: str) -> None:
+    """The names and shapes of `module` (which may live on the meta device) against the header of
+    model.safetensors: a one-line error for missing/unexpected keys or shapes, before any weight is read."""
+    path = directory / "model.safetensors"
+    stored = stored_shapes(path, what)
+    expected = {k: tuple(v.shape) for k, v in module.state_dict().items()}
+    missing = sorted(set(expected) - set(stored))
+    unexpected = sorted(set(stored) - set(expected))
     if missing or unexpected:
         raise CheckpointError(
-            f"{directory / 'model.safetensors'}: weights do not match config.json "
+            f"{path}: weights do not match config.json "
             f"(missing: {', '.join(missing[:4]) or '-'}; unexpected: {', '.join(unexpected[:4]) or '-'})")
-    for k, v in state.items():
-        if v.shape != expected[k].shape:
-            raise CheckpointError(f"{directory / 'model.safetensors'}: {k} has shape {tuple(v.shape)}, "
-                                  f"config.json expects {tuple(expected[k].shape)}")
-    module.load_state_dict(state)
+    for k, shape in stored.items():
+        if shape != expected[k]:
+            raise CheckpointError(f"{path}: {k} has shape {shape}, config.json expects {expected[k]}")
+
+
+def load_weights_into(module: torch.nn.Module, directory: Path, what: str) -> None:
+    """Load model.safetensors into `module`, with a one-line error for missing/unexpected keys or shapes."""
+    check_weights_fit(module, directory, what)
+    module.load_state_dict(load_tensors(directory / "model.safetensors", what))
 
 
 def save_checkpoint(directory: str | os.PathLike, model: HyperSETModel, info: dict[str, Any] | None = None) -> Path:
@@ -138,12 +155,24 @@ def read_config(directory: str | os.PathLike, kind: str | None = None) -> dict[s
         meta = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{path}: not valid JSON ({e}); expected a Hyper-SET config.json") from None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT or "model" not in meta:
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT or not isinstance(meta.get("model"), dict):
         raise CheckpointError(f"{path}: not a Hyper-SET checkpoint config (expected \"format\": \"{FORMAT}\")")
     found = meta.get("kind", "hyperset")
     if kind is not None and found != kind:
         raise CheckpointError(f"{directory}: this checkpoint holds a {found!r} model, expected a {kind!r} model")
+    if meta.get("trained_iterations") is not None:
+        try:
+            check_iterations(meta["trained_iterations"], "trained_iterations")
+        except ValueError as e:
+            raise CheckpointError(f"{path}: {e}") from None
     return meta
+
+
+def trained_iterations(cfg: ModelConfig, info: dict[str, Any] | None) -> int:
+    """The depth a model was trained at: its checkpoint's `trained_iterations` (checked by read_config), else the
+    config's iterations."""
+    value = (info or {}).get("trained_iterations")
+    return int(value) if value is not None else int(cfg.iters)
 
 
 def load_checkpoint(directory: str | os.PathLike, task: str | None = None,
@@ -153,21 +182,22 @@ def load_checkpoint(directory: str | os.PathLike, task: str | None = None,
     meta = read_config(directory, kind="hyperset")
     try:
         cfg = ModelConfig.from_dict(meta["model"])
+        with torch.device("meta"):  # shapes only: a config that disagrees with the weights allocates nothing
+            shapes = HyperSETModel(cfg)
     except (TypeError, ValueError) as e:
         raise CheckpointError(f"{directory / 'config.json'}: invalid model config ({e})") from None
     if task is not None and cfg.task != task:
         raise CheckpointError(f"{directory}: this is a {cfg.task!r} model, expected a {task!r} model")
+    what = f"weights of a {cfg.layer} {cfg.task} model"
     try:
-        model = HyperSETModel(cfg)
-    except (TypeError, ValueError) as e:
-        raise CheckpointError(f"{directory / 'config.json'}: invalid model config ({e})") from None
-    try:
-        load_weights_into(model, directory, f"weights of a {cfg.layer} {cfg.task} model")
+        check_weights_fit(shapes, directory, what)
     except CheckpointError as e:
         absent = sorted(set(cfg.to_dict()) - set(meta["model"]))
         if not absent:
             raise
         raise CheckpointError(f"{e}; config.json lacks the model keys {', '.join(absent)} (defaults were "
                               "assumed)") from None
+    model = HyperSETModel(cfg)
+    load_weights_into(model, directory, what)
     model.to(map_location).eval()
     return model, meta

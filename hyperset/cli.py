@@ -12,12 +12,13 @@ from typing import Any, NoReturn
 import click
 
 from .checkpoint import CheckpointError
+from .config import MAX_ITERS
 from .solve import DEFAULT_PASSES, DEFAULT_STRATEGY
 from .sudoku.board import Puzzle, PuzzleError, cell_name, format_grid, parse_file
 
-EXIT_SOLVED, EXIT_UNSOLVED, EXIT_BAD_INPUT = 0, 1, 2
+# exit codes (README, "Exit codes"); 130 is the shell's code for a process stopped by Ctrl-C (128 + SIGINT)
+EXIT_SOLVED, EXIT_UNSOLVED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 MAX_PUZZLES = 1_000_000
-MAX_ITERS = 10_000  # per pass; far past any useful depth, and a typo'd 10**12 fails at once instead of running for days
 
 
 def _iters_option(value: str) -> int | str:
@@ -32,16 +33,21 @@ def _iters_option(value: str) -> int | str:
     return n
 
 
+def check_output_file(option: str, path: str) -> None:
+    """A file an option will write: its folder must exist and be writable (no folder is created for it)."""
+    folder = Path(path).parent
+    if not folder.is_dir():
+        raise click.UsageError(f"{option}: cannot write {path}: folder {folder} does not exist")
+    if not os.access(folder, os.W_OK):
+        raise click.UsageError(f"{option}: cannot write {path}: folder {folder} is not writable")
+
+
 def _check_options(backend: str, onnx_model: str | None, plot: str | None) -> None:
     """Usage errors found before any work is done."""
     if onnx_model is not None and backend != "onnx":
         raise click.UsageError("--onnx-model needs --backend onnx")
     if plot is not None:
-        folder = Path(plot).parent
-        if not folder.is_dir():
-            raise click.UsageError(f"--plot: cannot write {plot}: folder {folder} does not exist")
-        if not os.access(folder, os.W_OK):
-            raise click.UsageError(f"--plot: cannot write {plot}: folder {folder} is not writable")
+        check_output_file("--plot", plot)
 
 
 def side_by_side(puzzle: str, prediction: str, color: bool) -> str:
@@ -149,8 +155,20 @@ def solve_main(files: tuple[str, ...], iters: str | None, strategy: str, passes:
 
     Formats: 81-character lines ('0' or '.' for blanks), 9x9 grids (separators allowed), many puzzles per file,
     and the RRN CSV 'puzzle,solution'. Exit code 0 when every board is solved validly, 1 when some are not,
-    2 on bad input.
+    2 on bad input (or output that cannot be written), 130 when interrupted (Ctrl-C; the boards solved so far are
+    printed).
     """
+    try:
+        _solve(files, iters, strategy, passes, checkpoint, device, backend, onnx_model, batch_size, threads, as_json,
+               trace, plot, color)
+    except KeyboardInterrupt:  # while loading or printing; an interrupted solve keeps its results (_solve)
+        click.echo("hyperset-solve: interrupted", err=True)
+        sys.exit(EXIT_INTERRUPTED)
+
+
+def _solve(files: tuple[str, ...], iters: str | None, strategy: str, passes: int, checkpoint: str | None,
+           device: str, backend: str, onnx_model: str | None, batch_size: int | None, threads: int | None,
+           as_json: bool, trace: bool, plot: str | None, color: bool | None) -> NoReturn:
     from .device import set_cpu_threads
     from .solve import Solver, summarize, timed_solve
 
@@ -173,30 +191,56 @@ def solve_main(files: tuple[str, ...], iters: str | None, strategy: str, passes:
         for p in puzzles:
             for w in p.warnings:
                 click.echo(f"warning: {p.source}, line {p.line}: {w}", err=True)
-    results, seconds = timed_solve(solver, [p.givens for p in puzzles], iters=n_iters, strategy=strategy,
-                                   passes=passes, batch_size=batch_size, solutions=[p.solution for p in puzzles])
+    results, seconds, interrupted = timed_solve(
+        solver, [p.givens for p in puzzles], iters=n_iters, strategy=strategy, passes=passes, batch_size=batch_size,
+        solutions=[p.solution for p in puzzles])
     summary = summarize(results, seconds, solver)
-    if as_json:
-        click.echo(json.dumps({"results": [_result_json(p, r) for p, r in zip(puzzles, results)],
-                               "summary": summary.to_json()}, allow_nan=False))
-    else:
-        use_color = sys.stdout.isatty() if color is None else color
-        for p, r in zip(puzzles, results):
-            _print_result(p, r, solver.trained_iters, use_color, trace)
-        _print_summary(summary, strategy)
-    if plot:
+    if interrupted:
+        summary.extra.update(interrupted=True, requested=len(puzzles))
+    try:
+        _print_results(puzzles, results, summary, solver.trained_iters, strategy, as_json, trace, color)
+    except OSError as e:
+        _output_failed(e)
+    if plot and results:
         try:
             plot_energy(plot, results, solver.trained_iters)
         except OSError as e:
             _fail(f"--plot: cannot write {plot}: {e.strerror or e}")
         if not as_json:
             click.echo(f"energy plot written to {plot}")
+    if interrupted:
+        sys.exit(EXIT_INTERRUPTED)
     sys.exit(EXIT_SOLVED if summary.valid == summary.puzzles else EXIT_UNSOLVED)
+
+
+def _print_results(puzzles: list[Puzzle], results: list[Any], summary: Any, trained: int, strategy: str,
+                   as_json: bool, trace: bool, color: bool | None) -> None:
+    """The results (those of the first len(results) puzzles when interrupted) as text or one JSON object."""
+    if as_json:
+        click.echo(json.dumps({"results": [_result_json(p, r) for p, r in zip(puzzles, results)],
+                               "summary": summary.to_json()}, allow_nan=False))
+        return
+    use_color = sys.stdout.isatty() if color is None else color
+    for p, r in zip(puzzles, results):
+        _print_result(p, r, trained, use_color, trace)
+    _print_summary(summary, strategy)
+    if summary.extra.get("interrupted"):
+        click.echo(f"interrupted after {len(results)} of {len(puzzles)} puzzles")
 
 
 def _fail(message: str) -> NoReturn:
     click.echo(f"hyperset-solve: error: {message}", err=True)
     sys.exit(EXIT_BAD_INPUT)
+
+
+def _output_failed(error: OSError) -> NoReturn:
+    """Standard output cannot be written (a full disk, a closed pipe): say so once. What is still buffered goes
+    to /dev/null, or Python would fail again flushing it at exit."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):  # not a real file (a test runner's capture)
+        pass
+    _fail(f"cannot write the results: {error.strerror or error}")
 
 
 def _result_json(p: Puzzle, r: Any) -> dict[str, Any]:

@@ -15,6 +15,21 @@ FEEDFORWARDS = ("relu", "softmax", "gated")
 TASKS = ("sudoku", "classify", "mim")
 TIME_INITS = ("live", "zero")
 STEP_SIGNS = ("signed", "positive")
+# Iterations per pass, from any source (a checkpoint, a recipe, a command line): far past any useful depth, and a
+# typo'd 10**9 fails at once instead of running for days.
+MAX_ITERS = 10_000
+# sizes that must be >= 1 (checked before anything divides by them or allocates with them)
+POSITIVE_SIZES = ("dim", "heads", "ff_hidden", "iters", "n_layers", "time_dim", "vocab_size", "num_classes",
+                  "seq_len", "img_size", "patch_grid", "channels")
+
+
+def check_iterations(value: Any, name: str) -> int:
+    """An iteration count from any source: an int (not a bool) in 1..MAX_ITERS, else a ValueError naming `name`."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ValueError(f"{name} = {value!r}: expected an integer number of iterations")
+    if not 1 <= value <= MAX_ITERS:
+        raise ValueError(f"{name} = {value}: must be between 1 and {MAX_ITERS:,}")
+    return value
 
 
 def _fits(value: Any, hint: Any) -> bool:
@@ -138,6 +153,10 @@ class ModelConfig:
     head_norm: str = "rms"
 
     def __post_init__(self) -> None:
+        for key in POSITIVE_SIZES:  # first: the checks below divide by them
+            if getattr(self, key) < 1:
+                raise ValueError(f"model.{key} = {getattr(self, key)}: must be >= 1")
+        check_iterations(self.iters, "model.iters")
         checks = [
             (self.task in TASKS, f"task must be one of {TASKS}, got {self.task!r}"),
             (self.layer in LAYERS, f"layer must be one of {LAYERS}, got {self.layer!r}"),
@@ -154,7 +173,7 @@ class ModelConfig:
             (self.step_sign == "signed" or self.step_init > 0,
              f"step_sign 'positive' needs step_init > 0 (softplus never reaches 0), got {self.step_init}"),
             (self.time_max >= 0, f"time_max must be >= 0 (0: no limit), got {self.time_max}"),
-            (self.iters >= 1 and self.n_layers >= 1, "iters and n_layers must be >= 1"),
+            (self.lora_rank >= 0, f"model.lora_rank = {self.lora_rank}: must be >= 0 (0: off)"),
         ]
         for ok, message in checks:
             if not ok:

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from .checkpoint import CheckpointError, load_checkpoint
+from .checkpoint import CheckpointError, load_checkpoint, trained_iterations
 from .device import describe, pick_device
 from .models import HyperSETModel
 from .pretrained import PRETRAINED, weights_root
@@ -110,7 +110,7 @@ class Solver:
 
     @property
     def trained_iters(self) -> int:
-        return int(self.info.get("trained_iterations", self.model.cfg.iters))
+        return trained_iterations(self.model.cfg, self.info)
 
     @property
     def backend_name(self) -> str:
@@ -167,6 +167,13 @@ class Solver:
               max_iters: int | None = None, patience: int = 4, passes: int = DEFAULT_PASSES) -> list[SolveResult]:
         """Solve 81-character puzzles. `iters` defaults to the trained depth; "auto" settles per board;
         `passes` is the most passes of the commit strategy; `batch_size` defaults to `default_batch_size`."""
+        return list(self.solve_iter(puzzles, iters, strategy, batch_size, solutions, max_iters, patience, passes))
+
+    def solve_iter(self, puzzles: Sequence[str], iters: int | str | None = None, strategy: str = DEFAULT_STRATEGY,
+                   batch_size: int | None = None, solutions: Sequence[str | None] | None = None,
+                   max_iters: int | None = None, patience: int = 4, passes: int = DEFAULT_PASSES
+                   ) -> Iterator[SolveResult]:
+        """`solve` one result at a time, in the order of `puzzles`, as each batch of boards is done."""
         if strategy not in STRATEGIES:
             raise ValueError(f"unknown strategy {strategy!r}; choose from {', '.join(STRATEGIES)}")
         self.check_iters("auto" if strategy == "auto" else iters)
@@ -181,21 +188,20 @@ class Solver:
         batch_size = self.default_batch_size if batch_size is None else batch_size
         if batch_size < 1:
             raise ValueError(f"batch size must be >= 1, got {batch_size}")
-        results: list[SolveResult] = []
         for i in range(0, len(puzzles), batch_size):
             chunk = list(puzzles[i: i + batch_size])
             boards = _board_tensor(chunk, self.device)
             if strategy == "single":
-                results += self._single(chunk, boards, n_iters)
+                results = self._single(chunk, boards, n_iters)
             elif strategy == "auto":
-                results += self._auto(chunk, boards, max_iters or 4 * self.trained_iters, patience)
+                results = self._auto(chunk, boards, max_iters or 4 * self.trained_iters, patience)
             else:
-                results += self._commit(chunk, boards, n_iters, passes)
-        for k, r in enumerate(results):
-            sol = solutions[k] if solutions is not None else None
-            if sol:
-                r.solution, r.correct = sol, r.prediction == sol
-        return results
+                results = self._commit(chunk, boards, n_iters, passes)
+            for k, r in enumerate(results, start=i):
+                sol = solutions[k] if solutions is not None else None
+                if sol:
+                    r.solution, r.correct = sol, r.prediction == sol
+                yield r
 
     def _finish(self, puzzle: str, digits: torch.Tensor, conf: torch.Tensor, iterations: int,
                 energy: dict[str, list[float]], passes: int = 1) -> SolveResult:
@@ -345,7 +351,14 @@ def summarize(results: list[SolveResult], seconds: float, solver: Solver) -> Sol
     return summary
 
 
-def timed_solve(solver: Solver, puzzles: Sequence[str], **kw: Any) -> tuple[list[SolveResult], float]:
+def timed_solve(solver: Solver, puzzles: Sequence[str], **kw: Any) -> tuple[list[SolveResult], float, bool]:
+    """`solver.solve` timed; a Ctrl-C stops it and keeps the results of the boards done so far (then the flag
+    is True)."""
     t0 = time.perf_counter()
-    results = solver.solve(puzzles, **kw)
-    return results, time.perf_counter() - t0
+    results: list[SolveResult] = []
+    try:
+        for r in solver.solve_iter(puzzles, **kw):
+            results.append(r)
+    except KeyboardInterrupt:
+        return results, time.perf_counter() - t0, True
+    return results, time.perf_counter() - t0, False

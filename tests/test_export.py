@@ -252,6 +252,7 @@ def test_hyperset_solve_onnx_backend_matches_torch(tiny_checkpoint: Path, tmp_pa
     from exports.cli import main as export_main
 
     out = tmp_path / "exp" / "model.onnx"
+    out.parent.mkdir()  # hyperset-export creates no folders
     result = CliRunner().invoke(export_main, [str(tiny_checkpoint), "--out", str(out), "--loop", "--json"])
     assert result.exit_code == 0, result.output
     _, explicit = _solve([*common, "--iters", "5", "--backend", "onnx", "--onnx-model", str(out)])

@@ -166,7 +166,7 @@ def test_a_kill_while_saving_leaves_the_previous_state_whole(data_dir: Path, tmp
     # killed between the two renames: the previous state is put back
     (tmp_path / "run" / "last").rename(tmp_path / "run" / "last.old")
     assert Trainer(tiny_task(data_dir), train_cfg(3), tmp_path / "run", resume=True, quiet=True).fit()["step"] == 3
-    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["best", "last", "metrics.jsonl"]
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [".lock", "best", "last", "metrics.jsonl"]
 
 
 def test_best_checkpoint_is_chosen_on_the_selection_split_and_records_its_metrics(data_dir: Path,

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+import torch
 
 from hyperset.checkpoint import CheckpointError
 from hyperset.config import ModelConfig, check_table, preset_config
@@ -17,7 +18,7 @@ from hyperset.download import DownloadError
 from hyperset.extras import MissingExtra, require
 
 from .recipes import apply_overrides, load_recipe, recipe_names
-from .trainer import TrainConfig, Trainer, parse_schedule
+from .trainer import DivergedError, TrainConfig, Trainer, parse_schedule
 
 
 def model_config(recipe: dict[str, Any]) -> ModelConfig:
@@ -107,8 +108,13 @@ def _run(task: str, recipe_name: str, data: str, out: str, resume: bool, device:
         trainer = Trainer(built, train, Path(out), device=device, resume=resume, recipe_name=name,
                           quiet=quiet or as_json, plan=plan, init_from=init_from)
         result = trainer.fit()
-    except (ValueError, CheckpointError, DownloadError, OSError, MissingExtra) as e:
+    except (ValueError, CheckpointError, DownloadError, DivergedError, OSError, MissingExtra) as e:
         click.echo(f"hyperset-train: error: {e}", err=True)
+        sys.exit(2)
+    except (MemoryError, torch.cuda.OutOfMemoryError) as e:
+        reason = (str(e) or type(e).__name__).splitlines()[0]
+        click.echo(f"hyperset-train: error: out of memory ({reason}); lower train.batch_size or raise --accum-steps",
+                   err=True)
         sys.exit(2)
     if as_json:
         click.echo(json.dumps(result))

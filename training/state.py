@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import shutil
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -50,20 +52,14 @@ def _sibling(directory: Path, suffix: str) -> Path:
     return directory.with_name(f"{directory.name}.{suffix}")
 
 
-def save_training_state(directory: Path, model: torch.nn.Module, opt: torch.optim.Optimizer,
-                        progress: dict[str, Any], info: dict[str, Any], save_model: Any = None) -> None:
-    """directory/ holds model.safetensors + config.json (a loadable checkpoint), optimizer.safetensors and
-    trainer.json (step, best metric, RNG). trainer.json is written last: it marks a complete state. The state is
-    written into DIR.tmp, which then takes the place of DIR (the previous state waits in DIR.old meanwhile), so
-    a kill at any moment leaves one complete state, never the files of two (see recover_training_state)."""
+def replace_folder(directory: Path, write: Callable[[Path], None]) -> None:
+    """Write a folder as one unit: `write` fills DIR.tmp, which then takes the place of DIR (the previous DIR waits
+    in DIR.old meanwhile), so a kill at any moment leaves one complete folder, never the files of two (see
+    recover_folder). A folder named DIR exists only once it is complete."""
     directory = Path(directory)
     tmp, old = _sibling(directory, "tmp"), _sibling(directory, "old")
     shutil.rmtree(tmp, ignore_errors=True)
-    (save_model or save_checkpoint)(tmp, model, info)
-    opt_t, opt_plain = optimizer_tensors(opt)
-    opt_t["rng.torch"] = torch.get_rng_state()
-    save_tensors(tmp / "optimizer.safetensors", opt_t)
-    atomic_write_json(tmp / "trainer.json", {**progress, "optimizer": opt_plain})
+    write(tmp)
     if directory.exists():
         shutil.rmtree(old, ignore_errors=True)
         os.replace(directory, old)
@@ -71,13 +67,60 @@ def save_training_state(directory: Path, model: torch.nn.Module, opt: torch.opti
     shutil.rmtree(old, ignore_errors=True)
 
 
-def recover_training_state(directory: Path) -> None:
-    """After a kill between the two renames of save_training_state, put the previous state back in place."""
+def recover_folder(directory: Path) -> None:
+    """After a kill inside replace_folder: the previous folder goes back in place if the new one had not taken it
+    yet, and the leftovers (a half-written DIR.tmp, DIR.old) are removed."""
     directory = Path(directory)
-    old = _sibling(directory, "old")
-    if not (directory / "trainer.json").is_file() and (old / "trainer.json").is_file():
-        shutil.rmtree(directory, ignore_errors=True)
+    tmp, old = _sibling(directory, "tmp"), _sibling(directory, "old")
+    if not directory.exists() and old.exists():
         os.replace(old, directory)
+    for leftover in (tmp, old):
+        if leftover.exists():
+            shutil.rmtree(leftover)
+
+
+def save_training_state(directory: Path, model: torch.nn.Module, opt: torch.optim.Optimizer,
+                        progress: dict[str, Any], info: dict[str, Any], save_model: Any = None) -> None:
+    """directory/ holds model.safetensors + config.json (a loadable checkpoint), optimizer.safetensors and
+    trainer.json (step, best metric, RNG), written as one unit (replace_folder)."""
+
+    def write(folder: Path) -> None:
+        (save_model or save_checkpoint)(folder, model, info)
+        opt_t, opt_plain = optimizer_tensors(opt)
+        opt_t["rng.torch"] = torch.get_rng_state()
+        save_tensors(folder / "optimizer.safetensors", opt_t)
+        atomic_write_json(folder / "trainer.json", {**progress, "optimizer": opt_plain})
+
+    replace_folder(directory, write)
+
+
+class RunLocked(ValueError):
+    """Another live trainer holds the run folder."""
+
+
+@contextlib.contextmanager
+def run_lock(directory: Path) -> Iterator[None]:
+    """Hold DIR/.lock while training into DIR: a second trainer on the folder gets RunLocked. The lock is an flock,
+    which the kernel drops when its process ends, so a crashed or killed trainer never leaves the folder locked
+    (the file stays, with the pid of its last holder). Where the OS has no flock (Windows), nothing is locked."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    with open(Path(directory) / ".lock", "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip() or "unknown"
+            raise RunLocked(f"{directory} is in use by another trainer (pid {holder}); wait for it to end or "
+                            "choose another --out") from None
+        f.seek(0)
+        f.truncate()
+        f.write(f"{os.getpid()}\n")
+        f.flush()
+        yield
 
 
 def check_run(directory: Path, task: str, recipe: str) -> None:
@@ -92,12 +135,40 @@ def check_run(directory: Path, task: str, recipe: str) -> None:
                                   "another --out")
 
 
+# trainer.json: the keys a resume needs, and the JSON types of those it reads
+PROGRESS_REQUIRED = ("step", "optimizer")
+PROGRESS_TYPES: dict[str, Any] = {"step": int, "optimizer": dict, "best": (int, float), "best_metrics": dict,
+                                  "elapsed": (int, float), "schedule": list, "saved_steps": (int, type(None))}
+
+
+def read_progress(directory: Path) -> dict[str, Any]:
+    """trainer.json of a training state, checked: a one-line CheckpointError naming the file and what is wrong."""
+    path = Path(directory) / "trainer.json"
+    expected = "expected a training state written by hyperset-train"
+    if not path.is_file():
+        raise CheckpointError(f"{directory}: no trainer.json ({expected})")
+    try:
+        progress = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path}: not valid JSON ({e}); {expected}") from None
+    if not isinstance(progress, dict):
+        raise CheckpointError(f"{path}: not a JSON object; {expected}")
+    missing = [k for k in PROGRESS_REQUIRED if k not in progress]
+    if missing:
+        raise CheckpointError(f"{path}: missing {', '.join(missing)}; {expected}")
+    for key, kind in PROGRESS_TYPES.items():
+        if key in progress and (not isinstance(progress[key], kind) or isinstance(progress[key], bool)):
+            raise CheckpointError(f"{path}: {key} = {progress[key]!r} has the wrong type; {expected}")
+    if progress["step"] < 0:
+        raise CheckpointError(f"{path}: step = {progress['step']}: must be >= 0; {expected}")
+    if not isinstance(progress["optimizer"].get("param_groups"), list):
+        raise CheckpointError(f"{path}: optimizer has no param_groups list; {expected}")
+    return progress
+
+
 def load_training_state(directory: Path, model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict[str, Any]:
     directory = Path(directory)
-    path = directory / "trainer.json"
-    if not path.is_file():
-        raise CheckpointError(f"{directory}: no trainer.json (expected a training state written by hyperset-train)")
-    progress = json.loads(path.read_text())
+    progress = read_progress(directory)
     meta = read_config(directory)
     # the step budget the state was trained towards (its lr schedule), for runs resumed with another --steps
     progress.setdefault("saved_steps", (meta.get("train") or {}).get("steps"))
@@ -109,7 +180,10 @@ def load_training_state(directory: Path, model: torch.nn.Module, opt: torch.opti
     opt_t = load_tensors(directory / "optimizer.safetensors", "optimizer state")
     rng = opt_t.pop("rng.torch", None)
     device = next(model.parameters()).device
-    load_optimizer(opt, {k: v.to(device) for k, v in opt_t.items()}, progress.pop("optimizer"))
+    try:
+        load_optimizer(opt, {k: v.to(device) for k, v in opt_t.items()}, progress.pop("optimizer"))
+    except (KeyError, TypeError, ValueError) as e:
+        raise CheckpointError(f"{directory}: the optimizer state does not fit this run's optimizer ({e})") from None
     if rng is not None:
         torch.set_rng_state(rng)
     return progress

@@ -15,6 +15,7 @@ import signal
 import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -27,8 +28,10 @@ from hyperset.config import ModelConfig, check_table
 from hyperset.device import autocast_dtype, describe, pick_device
 from hyperset.models import HyperSETModel
 
-from .state import check_run, load_training_state, recover_training_state, save_training_state
+from .state import check_run, load_training_state, recover_folder, replace_folder, run_lock, save_training_state
 
+# the largest global batch a recipe may ask for: far past what fits in memory at once (accum_steps splits a batch)
+MAX_BATCH = 65_536
 # the values a recipe's [train] table may give these keys
 CHOICES = {"optimizer": ("adamw", "adam"), "schedule": ("cosine", "constant"), "amp": ("auto", "off", "bf16", "fp16")}
 
@@ -61,6 +64,8 @@ class TrainConfig:
             (self.steps >= 1 and self.batch_size >= 1 and self.accum_steps >= 1,
              f"train.steps, batch_size and accum_steps must be >= 1, got {self.steps}, {self.batch_size} and "
              f"{self.accum_steps}"),
+            (self.batch_size <= MAX_BATCH, f"train.batch_size = {self.batch_size}: must be at most {MAX_BATCH:,} "
+                                           "(the global batch; it has to fit in memory in accum_steps parts)"),
             (self.eval_every >= 1 and self.log_every >= 1,
              f"train.eval_every and log_every must be >= 1, got {self.eval_every} and {self.log_every}"),
             (self.warmup_steps >= 0 and self.threads >= 0, "train.warmup_steps and threads must be >= 0"),
@@ -77,6 +82,10 @@ class TrainConfig:
         if "betas" in data:
             data["betas"] = tuple(data["betas"])
         return cls(**data)
+
+
+class DivergedError(RuntimeError):
+    """The loss or the weights stopped being finite; nothing of the diverged steps was saved."""
 
 
 class Task(Protocol):
@@ -245,6 +254,9 @@ class Trainer:
     # the lr schedules this run has followed: [{"from_step": s, "steps": n}, ...]; a resume with another --steps
     # adds an entry (the cosine is then recomputed over the new budget from that step on)
     _schedule: list[dict[str, int]] = field(default_factory=list, init=False)
+    # the step of the state in last/ (None: nothing saved yet), named when a run diverges
+    _saved_step: int | None = field(default=None, init=False)
+    _checked_step: int | None = field(default=None, init=False)  # the step whose weights _check_finite passed
 
     def _amp_dtype(self, device: torch.device) -> torch.dtype | None:
         if self.cfg.amp == "off":
@@ -276,18 +288,25 @@ class Trainer:
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         dist_env = DistEnv.setup(self.device)
-        device = dist_env.device
         self.quiet = self.quiet or not dist_env.is_main
+        with contextlib.ExitStack() as held:
+            if dist_env.is_main:
+                self.out.mkdir(parents=True, exist_ok=True)
+                held.enter_context(run_lock(self.out))  # before anything in the folder is read or changed
+                for folder in ("last", "best"):
+                    recover_folder(self.out / folder)
+            dist_env.barrier()
+            return self._train(dist_env)
+
+    def _train(self, dist_env: DistEnv) -> dict[str, Any]:
+        cfg, device = self.cfg, dist_env.device
         torch.manual_seed(cfg.seed)
-        if dist_env.is_main:
-            self.out.mkdir(parents=True, exist_ok=True)
-            recover_training_state(self.out / "last")
-        dist_env.barrier()
         build = getattr(self.task, "build_model", None)  # tasks that train another module (VQ tokenizer)
         model = (build() if build else HyperSETModel(self.task.model_config())).to(device)
         self.model = model  # the trained module (this process's replica), for callers that inspect it
         opt = make_optimizer(model, cfg)
         start, best, best_metrics, elapsed = 0, -math.inf, {}, 0.0
+        self._saved_step = self._checked_step = None
         self._schedule = [{"from_step": 0, "steps": segment_budget(self.plan, 0) if self.plan else cfg.steps}]
         last_dir = self.out / "last"
         if self.resume and (last_dir / "trainer.json").is_file():
@@ -295,13 +314,15 @@ class Trainer:
             check_run(last_dir, self.task.name, self.recipe_name)
             progress = load_training_state(last_dir, model, opt)
             start, best = progress["step"], progress.get("best", -math.inf)
+            self._saved_step = start
             if cfg.steps < start:
                 raise ValueError(f"the run in {self.out} is at step {start}; --steps {cfg.steps} would end it before "
                                  "that (give at least the steps it has done)")
             best_metrics, elapsed = progress.get("best_metrics", {}), progress.get("elapsed", 0.0)
             self._say(f"resumed from {last_dir} at step {start} (best {self.task.select_metric} = {best})")
-            self._schedule = progress.get("schedule") or [
-                {"from_step": 0, "steps": progress.get("saved_steps") or cfg.steps}]
+            self._schedule = (check_schedule(progress["schedule"], str(last_dir / "trainer.json"))
+                              if progress.get("schedule") else
+                              [{"from_step": 0, "steps": progress.get("saved_steps") or cfg.steps}])
             before = self._schedule[-1]["steps"]
             if self.plan:
                 for boundary in sorted({p["from_step"] for p in self._schedule + self.plan if p["from_step"] < start}):
@@ -338,10 +359,12 @@ class Trainer:
 
         def save_state(step: int) -> None:
             if dist_env.is_main:
+                self._check_finite(model, step, device, autocast, micro)
                 progress = {"step": step, "best": best, "best_metrics": best_metrics, "elapsed": time.time() - t0,
                             "world_size": dist_env.world, "schedule": self._schedule}
                 save_training_state(last_dir, model, opt, progress, self._info(device, step, best_metrics),
                                     self._save)
+                self._saved_step = step
 
         bar = tqdm(total=cfg.steps, initial=start, disable=self.quiet, dynamic_ncols=True,
                    mininterval=1.0 if sys.stderr.isatty() else 60.0, desc=self.task.name)
@@ -373,8 +396,7 @@ class Trainer:
                     with dist_env.maybe_no_sync(net, sync), autocast():
                         loss, logs = self.task.loss(step_model, pieces[i])
                     if not torch.isfinite(loss):
-                        raise FloatingPointError(f"loss became {loss.item()} at step {step}; "
-                                                 f"last good state in {last_dir}")
+                        raise self._diverged(step + 1, f"the loss became {loss.item()}")
                     # weighted so that micro-batches and processes add up to the mean over the global batch;
                     # DDP averages gradients over processes, hence the factor world
                     scale = weights[i] / total * dist_env.world
@@ -404,8 +426,10 @@ class Trainer:
                         self._say(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
                         score = metrics[self.task.select_metric]
                         if score > best:
+                            self._check_finite(model, step, device, autocast, micro)
                             best, best_metrics = score, metrics
-                            self._save(self.out / "best", model, self._info(device, step, metrics))
+                            info = self._info(device, step, metrics)
+                            replace_folder(self.out / "best", partial(self._save, model=model, info=info))
                         save_state(step)
                     dist_env.barrier()
                     last_save = time.time()
@@ -433,6 +457,36 @@ class Trainer:
             revived = core.step_sizes.revive_time_network()
         self._say(f"weights from {directory}" + ("; its dead time network revived (L1 re-initialised)"
                                                   if revived else ""))
+
+    def _check_finite(self, model: torch.nn.Module, step: int, device: torch.device, autocast: Any,
+                      micro: int) -> None:
+        """Before any save: the weights are finite and give a finite loss on the next batch. A step can leave
+        weights finite but useless (1e30 after lr=1e30); only the next forward pass shows it, so it runs here
+        (eval mode, no gradient, the random state untouched: the run goes on exactly as without it)."""
+        if step == self._checked_step:  # best/ and last/ saved at one evaluation: checked once
+            return
+        bad = [name for name, p in model.named_parameters() if not bool(p.isfinite().all())]
+        if bad:
+            raise self._diverged(step, f"non-finite weights after the optimizer step ({', '.join(bad[:3])})")
+        batch = split_batch(self.task.batch(step, self.cfg.batch_size, self.cfg.seed, device), micro)[0]
+        was_training = model.training
+        devices = [device.index or 0] if device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices), torch.no_grad(), autocast():
+            model.eval()
+            try:
+                loss, _ = self.task.loss(model, batch)
+            finally:
+                model.train(was_training)
+        if not torch.isfinite(loss):
+            raise self._diverged(step, f"its weights give a loss of {loss.item()} on the next batch")
+        self._checked_step = step
+
+    def _diverged(self, step: int, what: str) -> DivergedError:
+        last = self.out / "last"
+        kept = (f"no state was saved yet ({last} holds nothing)" if self._saved_step is None
+                else f"last good state (step {self._saved_step}) in {last}")
+        return DivergedError(f"training diverged at step {step}: {what}; nothing of it was saved, {kept}; "
+                             "resume with --resume and a smaller train.lr")
 
     def _weight(self, batch: dict[str, torch.Tensor]) -> float:
         """How many supervised units a micro-batch holds (tasks may say; default: its rows)."""

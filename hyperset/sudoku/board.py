@@ -8,11 +8,13 @@ Cells are numbered ``0..80`` row-major; messages name them ``r<row>c<col>`` with
 from __future__ import annotations
 
 import gzip
+import io
 import os
 import sys
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -468,12 +470,30 @@ def parse_puzzles(text: str, source: str = "<text>") -> list[Puzzle]:
     return parser.puzzles
 
 
+#: The most bytes a puzzle input may hold, read or decompressed (1,000,000 puzzles as RRN CSV lines with their
+#: solutions are 164 MB): /dev/zero, an endless pipe or a gzip bomb stop here instead of filling the memory.
+MAX_INPUT_BYTES = 256 * 2**20
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**20:g} MiB" if n >= 2**20 else f"{n / 2**10:g} KiB"
+
+
+def _read_limited(stream: BinaryIO, source: str, what: str) -> bytes:
+    """At most MAX_INPUT_BYTES from `stream`; a PuzzleError saying so when there is more."""
+    data = stream.read(MAX_INPUT_BYTES + 1)
+    if len(data) > MAX_INPUT_BYTES:
+        raise PuzzleError(source, None, f"{what} {_size(MAX_INPUT_BYTES)} (the most a puzzle input may hold); "
+                                        "split it into smaller files")
+    return data
+
+
 def _read_bytes(path: str) -> tuple[bytes, str]:
     if path == "-":
-        return sys.stdin.buffer.read(), "<stdin>"
-    p = Path(path)
+        return _read_limited(sys.stdin.buffer, "<stdin>", "input larger than"), "<stdin>"
     try:
-        return p.read_bytes(), path
+        with open(path, "rb") as f:
+            return _read_limited(f, path, "input larger than"), path
     except FileNotFoundError:
         raise PuzzleError(path, None, "file not found") from None
     except IsADirectoryError:
@@ -484,14 +504,20 @@ def _read_bytes(path: str) -> tuple[bytes, str]:
         raise PuzzleError(path, None, f"cannot read file ({err.strerror or err})") from None
 
 
+def _gunzip(data: bytes, source: str) -> bytes:
+    """Decompress at most MAX_INPUT_BYTES: a small gzip that expands to gigabytes is refused on the way."""
+    try:
+        return _read_limited(gzip.GzipFile(fileobj=io.BytesIO(data)), source, "gzip data that expands to more than")
+    except (OSError, EOFError, zlib.error) as err:
+        raise PuzzleError(source, None, f"damaged gzip file ({err})") from None
+
+
 def parse_file(path: str | os.PathLike) -> list[Puzzle]:
-    """Parse a puzzle file (see :func:`parse_puzzles`); ``-`` reads stdin, ``.gz`` files are decompressed."""
+    """Parse a puzzle file (see :func:`parse_puzzles`); ``-`` reads stdin, ``.gz`` files are decompressed. Inputs
+    larger than MAX_INPUT_BYTES (read or decompressed) are refused."""
     data, source = _read_bytes(str(path))
     if data[:2] == b"\x1f\x8b":
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError) as err:
-            raise PuzzleError(source, None, f"damaged gzip file ({err})") from None
+        data = _gunzip(data, source)
     elif str(path).endswith(".gz"):
         raise PuzzleError(source, None, "named .gz but is not a gzip file")
     if data[:2] in (b"\xff\xfe", b"\xfe\xff"):  # UTF-16 with a BOM (Windows Notepad, PowerShell redirection)

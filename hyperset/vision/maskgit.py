@@ -112,8 +112,9 @@ def decode(
     """
     shape = codes.shape
     b = shape[0]
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    for name, value in (("temperature", temperature), ("randomize-temp", randomize_temp)):
+        if not (math.isfinite(value) and value >= 0):
+            raise ValueError(f"{name} must be a finite number >= 0, got {value}")
     unknown = mask.reshape(b, -1).bool()
     cur = codes.reshape(b, -1).clone()
     cur[unknown] = mask_id
