@@ -13,6 +13,7 @@ import click
 
 from .checkpoint import CheckpointError
 from .config import MAX_ITERS
+from .extras import require
 from .solve import DEFAULT_PASSES, DEFAULT_STRATEGY
 from .sudoku.board import Puzzle, PuzzleError, cell_name, format_grid, parse_file
 
@@ -46,6 +47,10 @@ def _check_options(backend: str, onnx_model: str | None, plot: str | None) -> No
     """Usage errors found before any work is done."""
     if onnx_model is not None and backend != "onnx":
         raise click.UsageError("--onnx-model needs --backend onnx")
+    if backend == "onnx":
+        require("onnx", "onnx", "onnxruntime", what="--backend onnx")
+    if plot is not None:
+        require("app", "matplotlib", what="--plot")
     if plot is not None:
         check_output_file("--plot", plot)
 
