@@ -313,3 +313,24 @@ def test_load_keeps_memory_bounded_and_the_app_serving(server_process, huge_png:
     assert [event for event, _ in results] == ["complete"] * 6
     assert all(len(data[3]["prediction"]) == 81 for _, data in results)
     assert _memory_mb(pid, "VmRSS") - start < MEMORY_CAP_MB
+
+
+# ---- command line ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--port", "PORT"], "--port PORT is in use on 127.0.0.1"),
+    (["--host", "x" * 64 + ".example"], "not an address or a known host name"),  # refused without a name server
+    (["--host", "192.0.2.1"], "--host 192.0.2.1: cannot listen there"),  # an address of no machine here
+])
+def test_cli_port_in_use_and_bad_host_are_one_line_errors(args: list[str], words: str):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        args, words = [a.replace("PORT", port) for a in args], words.replace("PORT", port)
+        done = subprocess.run([sys.executable, "-m", "apps.cli", *args, "--threads", "1", "--device", "cpu"],
+                              cwd=Path(__file__).parents[1], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "Traceback" not in done.stderr + done.stdout
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("hyperset-app: error: ") and words in lines[0]
