@@ -49,6 +49,8 @@ from PIL import Image
 from hyperset.solve import DEFAULT_PASSES, DEFAULT_STRATEGY, commit_cells
 from hyperset.sudoku.board import PuzzleError, cell_name, conflicts, parse_puzzles, validate
 
+from .limits import MAX_IMAGE_PIXELS, MAX_UPLOAD_BYTES, RequestLimits, RunGuard, limit_pixels, pixel_problem
+
 __all__ = [
     "EXAMPLES",
     "HyperSETApp",
@@ -63,14 +65,13 @@ __all__ = [
 # ----------------------------------------------------------------------------------------------------------
 # limits
 
-MAX_TEXT_CHARS = 20_000  # pasted puzzle text
-MAX_UPLOAD_BYTES = 8 * 1024 * 1024  # uploaded image file (also passed to launch() as max_file_size)
-MAX_IMAGE_PIXELS = 4096 * 4096  # uploaded image size, checked before decoding the pixels
+MAX_TEXT_CHARS = 20_000  # pasted puzzle text (request and image limits: apps.limits)
 MAX_ITER_FACTOR = 4  # iteration sliders go up to 4x the trained depth
 MAX_DECODE_STEPS = 64
 QUEUE_SIZE = 16  # requests waiting in the queue beyond the one running
 MODEL_QUEUE = "models"  # solve and reconstruct share one slot: one model computation at a time
-SOLVE_TIME_LIMIT = 300  # seconds, per request (a slow shared CPU can need minutes for 16 passes of 4T iterations)
+SOLVE_TIME_LIMIT = 120  # seconds per solve: then it stops with the board so far (the slowest seen here took 40 s)
+CACHE_CLEANUP = (600, 3600)  # every 10 minutes, delete uploaded and generated files older than an hour
 AUTO_PATIENCE = 4  # as Solver.solve(iters="auto")
 PLOT_FRAMES = 8  # while streaming, redraw the energy plot about this many times per pass (and at the end)
 DISPLAY_SIDE = 256  # images are shown upscaled to about this many pixels
@@ -453,8 +454,10 @@ class HyperSETApp:
     def solve(self, grid: Any, iterations: Any = None, strategy: Any = DEFAULT_STRATEGY) -> Iterator[tuple[Any, ...]]:
         """Generator: one (board HTML, energy plot, verdict, details) per iteration; the last one has the verdict.
 
-        Bad input yields a single update with the message (and no exception)."""
-        t0 = time.perf_counter()
+        Bad input yields a single update with the message (and no exception). A solve stops with the board so far
+        after ``SOLVE_TIME_LIMIT`` seconds, and without a word when no client has asked for its result."""
+        guard = RunGuard.for_request(SOLVE_TIME_LIMIT)
+        t0 = guard.started
         try:
             if self.solver is None:
                 raise InputError(f"no Sudoku model is loaded. {self.sudoku_note}".strip())
@@ -470,6 +473,7 @@ class HyperSETApp:
             return
         label = {"single": f"{iters}", "auto": f"at most {iters}", "commit": f"{iters} per pass"}[strategy]
         pending: _Frame | None = None
+        stopped = ""
         every = max(1, iters // PLOT_FRAMES)  # a plot costs far more than a board: draw it every few frames
         for frame in self._frames(puzzle, iters, strategy):
             if pending is not None:
@@ -480,9 +484,14 @@ class HyperSETApp:
                 verdict = f"**Solving...** {where}iteration {pending.t} ({label}; {strategy}). Stop cancels."
                 yield self._board(pending, puzzle), plot, verdict, gr.skip()
             pending = pending_copy(frame)
+            if guard.abandoned():
+                return
+            if guard.over_time():
+                stopped = f"the time limit of {SOLVE_TIME_LIMIT} s"
+                break
         if pending is None:  # a full grid: nothing to iterate (only the commit strategy stops before starting)
             pending = _Frame(0, 0, 0, puzzle, [1.0] * 81, [])
-        yield self._final(puzzle, pending, iters, strategy, t0)
+        yield self._final(puzzle, pending, iters, strategy, t0, stopped)
 
     def _board(self, frame: _Frame, puzzle: str, caption: str = "") -> str:
         bad = sorted({c for pair in conflicts(frame.digits) for c in pair})
@@ -491,11 +500,13 @@ class HyperSETApp:
     def _sudoku_plot(self, passes: list[dict[str, list[float]]], iters: int) -> Figure:
         return energy_figure(passes, self.trained_iters, x_max=iters)
 
-    def _final(self, puzzle: str, frame: _Frame, iters: int, strategy: str, t0: float) -> tuple[Any, ...]:
+    def _final(self, puzzle: str, frame: _Frame, iters: int, strategy: str, t0: float,
+               stopped: str = "") -> tuple[Any, ...]:
+        """The last update of a solve; ``stopped`` names what cut it short (the board is then the last frame's)."""
         solver = self.solver
         prediction, confidence, passes = frame.digits, frame.confidence, frame.passes
         backend: dict[str, Any] = {"frames": "torch", "final": "torch", "device": solver.device_name()}
-        if solver.backend is not None and strategy in ("single", "commit") and frame.step > 0:
+        if solver.backend is not None and strategy in ("single", "commit") and frame.step > 0 and not stopped:
             result = solver.solve([puzzle], iters=iters, strategy=strategy)[0]
             backend.update(final=solver.backend_name, agrees_with_torch_frames=result.prediction == prediction)
             prediction = result.prediction
@@ -520,6 +531,8 @@ class HyperSETApp:
             cells = (f"\n\nConflicting cells: {_cells_list(verdict.conflicting_cells)}"
                      if verdict.conflicting_cells else "")
             text = f"### ✗ Verdict: not solved\n{verdict.reason}.{cells}\n\n{tail}"
+        if stopped:
+            text += f"\n\nStopped at {stopped}: this is the board after the last iteration run."
         if backend["final"] != "torch":
             agree = "the same board" if backend["agrees_with_torch_frames"] else "a different board"
             text += (f"\n\nThe frames above came from the torch model (the ONNX graph only returns the final "
@@ -533,6 +546,8 @@ class HyperSETApp:
             "trained_depth": self.trained_iters, "confidence": round(mean_conf, 4), "seconds": round(seconds, 3),
             "energy": passes[-1] if passes else {}, "backend": backend,
         }
+        if stopped:
+            details["stopped"] = stopped
         if strategy == "commit":
             details["energy_per_pass"] = passes
         return (self._board(final_frame, puzzle, caption), self._sudoku_plot(passes, iters), text, details)
@@ -567,9 +582,8 @@ class HyperSETApp:
             try:
                 with Image.open(path) as img:
                     w, h = img.size
-                    if w * h > MAX_IMAGE_PIXELS:
-                        raise InputError(f"the image is too large ({w}x{h} pixels; at most "
-                                         f"{MAX_IMAGE_PIXELS:,} pixels)")
+                    if problem := pixel_problem(w, h):
+                        raise InputError(problem)
                     rgb = img.convert("RGB")
             except InputError:
                 raise
@@ -713,7 +727,7 @@ class HyperSETApp:
         return "\n\n".join(parts[:1]) + ("\n\n" + " ".join(parts[1:]) if len(parts) > 1 else "")
 
     def build(self) -> gr.Blocks:
-        with gr.Blocks(title="Hyper-SET", fill_height=False) as demo:
+        with gr.Blocks(title="Hyper-SET", fill_height=False, delete_cache=CACHE_CLEANUP) as demo:
             gr.Markdown(self.header())
             with gr.Tabs():
                 with gr.Tab("Sudoku", id="sudoku", elem_id="tab-sudoku"):
@@ -772,7 +786,7 @@ class HyperSETApp:
         clear_btn.click(self.clear, None, [grid, board, verdict, text, plot, details], api_visibility="private",
                         concurrency_limit=None)
         solve_ev = solve_btn.click(self.solve, [grid, iters, strategy], [board, plot, verdict, details],
-                                   api_name="solve", time_limit=SOLVE_TIME_LIMIT, show_progress="minimal",
+                                   api_name="solve", show_progress="minimal",
                                    concurrency_id=MODEL_QUEUE)
         stop_btn.click(None, None, None, cancels=[solve_ev], api_visibility="private")
 
@@ -795,6 +809,8 @@ class HyperSETApp:
                                         brush=gr.Brush(colors=["#ff00ff"], default_size=24, color_mode="fixed"),
                                         format="png", label="Image (paint here for the 'drawn' mask)",
                                         elem_id="mim-editor")
+                for image_input in (upload, editor):
+                    limit_pixels(image_input)  # a picture too large is refused from its header, before decoding
                 mask_mode = gr.Radio(["random", "drawn"], value="random", label="Mask", elem_id="mim-mask-mode",
                                      info="random: a share of the tokens (seeded) · drawn: the tokens you paint")
                 ratio = gr.Slider(0.05, 1.0, value=0.5, step=0.05, label="Masked share of tokens (random mask)")
@@ -818,7 +834,7 @@ class HyperSETApp:
         upload.upload(self.upload_image, [upload], [editor, metrics], api_name="upload", concurrency_limit=None)
         recon_btn.click(self.reconstruct, [editor, mask_mode, ratio, seed, iters, steps, temperature],
                         [original, masked, recon, metrics, plot, details], api_name="reconstruct",
-                        time_limit=SOLVE_TIME_LIMIT, concurrency_id=MODEL_QUEUE)
+                        concurrency_id=MODEL_QUEUE)
 
 
 def pending_copy(frame: _Frame) -> _Frame:
@@ -829,10 +845,14 @@ def pending_copy(frame: _Frame) -> _Frame:
 
 def build_demo(solver: Any = None, mim: Any = None, sudoku_note: str = "", mim_note: str = "") -> gr.Blocks:
     """The Gradio Blocks app around a loaded ``hyperset.solve.Solver`` and ``MIMPipeline`` (either may be None).
-    Requests are queued and run one at a time; launch it with ``launch_kwargs()`` for the upload limit."""
+    Requests are queued and run one at a time; launch it with ``launch_kwargs()`` for the request limits."""
     return HyperSETApp(solver, mim, sudoku_note, mim_note).build()
 
 
 def launch_kwargs() -> dict[str, Any]:
-    """Options for ``demo.launch`` that belong to the app: the upload size limit and no server-side rendering."""
-    return {"max_file_size": MAX_UPLOAD_BYTES, "ssr_mode": False}
+    """Options for ``demo.launch`` that belong to the app: the upload and request size limits (the middleware
+    refuses an oversized body before Gradio reads it) and no server-side rendering."""
+    from starlette.middleware import Middleware
+
+    return {"max_file_size": MAX_UPLOAD_BYTES, "ssr_mode": False,
+            "app_kwargs": {"middleware": [Middleware(RequestLimits)]}}

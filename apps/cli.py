@@ -6,17 +6,20 @@
 
 Listens on the loopback interface unless ``--host`` says otherwise; a public share link only with ``--share``.
 Both models are loaded once at start-up and shared by every visitor; requests are queued and run one at a time.
+Request bodies, image sizes and the time per solve are capped, and a solve nobody listens to stops (``apps.limits``).
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import ipaddress
+import socket
 import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["main", "parser"]
+__all__ = ["listen_problem", "main", "parser"]
 
 
 def parser() -> argparse.ArgumentParser:
@@ -48,6 +51,23 @@ def _is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def listen_problem(host: str, port: int | None) -> str | None:
+    """Why the app cannot listen on ``host``:``port`` (None if it can); without a port, checks the host only."""
+    try:
+        family, _, _, _, address = socket.getaddrinfo(host, port or 0, type=socket.SOCK_STREAM)[0]
+    except (socket.gaierror, UnicodeError) as err:
+        return f"--host {host}: not an address or a known host name ({getattr(err, 'strerror', None) or err})"
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds: a closing port is free
+        try:
+            s.bind(address)
+        except OSError as err:
+            if err.errno == errno.EADDRINUSE:
+                return f"--port {port} is in use on {host} (choose another, or leave --port out for a free one)"
+            return f"--host {host}: cannot listen there ({err.strerror})"
+    return None
 
 
 def _fail(message: str) -> int:
@@ -104,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.port is not None and not 0 < args.port < 65536:
         return _fail(f"--port must be 1-65535 (got {args.port})")
+    if problem := listen_problem(args.host, args.port):
+        return _fail(problem)
     for name in ("checkpoint", "mim_checkpoint", "onnx_model"):
         value = getattr(args, name)
         if value and not Path(value).exists():
@@ -137,8 +159,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"Note: listening on {args.host}, reachable from other machines.")
     if args.share:
         print("Note: --share creates a public link that anyone with the address can use.")
-    demo.launch(server_name=args.host, server_port=args.port, share=args.share, prevent_thread_lock=True,
-                quiet=True, **launch_kwargs())
+    try:
+        demo.launch(server_name=args.host, server_port=args.port, share=args.share, prevent_thread_lock=True,
+                    quiet=True, **launch_kwargs())
+    except OSError as err:  # the port was taken meanwhile, or no free port from 7860
+        return _fail(f"cannot start the server: {err}")
     print(f"Running on {demo.local_url}", flush=True)
     if args.share and getattr(demo, "share_url", None):
         print(f"Public link: {demo.share_url}", flush=True)
