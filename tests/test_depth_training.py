@@ -3,6 +3,7 @@ random depth, deep supervision over detached segments and the no-grad prefix."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -244,3 +245,11 @@ def test_init_from_starts_a_new_run_from_a_checkpoint_and_revives_its_time_netwo
     assert trainer.model.core.step_sizes.L1.weight.any()  # revived
     moved = (trainer.model.core.layers[0].W - src.core.layers[0].W).abs().max()
     assert moved < 5e-3  # one Adam step from the source weights, not a new initialisation (std 0.02)
+
+
+def test_the_best_checkpoint_can_be_chosen_at_another_depth(data_dir: Path) -> None:
+    t = task(data_dir, select_iters=6)
+    assert t.select_metric == "select/board_acc@6"
+    metrics = t.evaluate(HyperSETModel(t.model_config()), torch.device("cpu"), contextlib.nullcontext)
+    assert "select/board_acc@6" in metrics and "select/board_acc@2" not in metrics
+    assert task(data_dir).select_metric == "select/board_acc@2"

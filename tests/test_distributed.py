@@ -93,8 +93,8 @@ def test_two_processes_match_one_process_and_write_one_checkpoint(data_dir: Path
     r0 = load_file(tmp_path / "dump-ddp-rank0.safetensors")
     r1 = load_file(tmp_path / "dump-ddp-rank1.safetensors")
     assert all(torch.equal(r0[k], r1[k]) for k in r0)
-    # only rank 0 wrote checkpoints and logs: one set of files
-    assert sorted(p.name for p in (tmp_path / "ddp").iterdir()) == ["best", "last", "metrics.jsonl"]
+    # only rank 0 wrote checkpoints, logs and the run folder's lock: one set of files
+    assert sorted(p.name for p in (tmp_path / "ddp").iterdir()) == [".lock", "best", "last", "metrics.jsonl"]
     assert json.loads((tmp_path / "dump-ddp-rank1.json").read_text())["world_size"] == 2
     assert len(losses(tmp_path / "ddp")) == 3  # rank 0 alone logged each step once
 

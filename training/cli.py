@@ -41,7 +41,7 @@ def build_sudoku_task(model_cfg: ModelConfig, recipe: dict[str, Any], data_dir: 
     data_table, objective = recipe.get("data", {}), recipe.get("objective", {})
     check_table(SudokuData, data_table, "data", [f.name for f in fields(SudokuData) if f.name != "data_dir"])
     check_table(SudokuTask, objective, "objective", ("supervise", "constraint_weight", "eval_iters", "eval_batch",
-                                                       "train_iters", "segments", "skip_iters"))
+                                                       "train_iters", "segments", "skip_iters", "select_iters"))
     return SudokuTask(model=model_cfg, data=SudokuData(data_dir=data_dir, **data_table), **objective)
 
 

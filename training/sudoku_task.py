@@ -67,6 +67,7 @@ class SudokuTask:
     train_iters: list[int] = field(default_factory=list)  # [lo, hi]: iterations per segment ~ U{lo..hi}
     segments: int = 1  # deep supervision: segments x iterations, the state carried on detached between segments
     skip_iters: list[int] = field(default_factory=list)  # [lo, hi]: a no-grad prefix (progressive loss)
+    select_iters: int = 0  # the depth at which the best checkpoint is chosen on the selection split (0: trained)
     eval_iters: list[int] = field(default_factory=list)
     eval_batch: int = 500
     name: str = "sudoku"
@@ -101,7 +102,10 @@ class SudokuTask:
             raise ValueError(f"objective.supervise must be 'all' or 'last', got {self.supervise!r}")
         if self.segments < 1:
             raise ValueError(f"objective.segments must be >= 1, got {self.segments}")
-        self.select_metric = f"select/board_acc@{self.model.iters}"
+        if self.select_iters < 0:
+            raise ValueError(f"objective.select_iters must be >= 0 (0: the trained depth), got {self.select_iters}")
+        self.select_iters = self.select_iters or self.model.iters
+        self.select_metric = f"select/board_acc@{self.select_iters}"
 
     def model_config(self) -> ModelConfig:
         return self.model
@@ -167,7 +171,8 @@ class SudokuTask:
     def evaluate(self, model: HyperSETModel, device: torch.device, autocast: Any) -> dict[str, float]:
         model.eval()
         out: dict[str, float] = {}
-        sets = [("val", self.val, self.eval_iters), ("select", self.select, [self.model.iters])]
+        val_iters = self.eval_iters if len(self.select[0]) else sorted({*self.eval_iters, self.select_iters})
+        sets = [("val", self.val, val_iters), ("select", self.select, [self.select_iters])]
         for name, (p, s), iters_list in sets:
             if len(p) == 0:
                 continue
@@ -181,5 +186,5 @@ class SudokuTask:
                 m = board_metrics(torch.cat(preds), torch.from_numpy(p).long(), torch.from_numpy(s).long())
                 out.update({f"{name}/{k}@{iters}": v for k, v in m.items()})
         if not self.select[0].size:
-            out[self.select_metric] = out[f"val/board_acc@{self.model.iters}"]
+            out[self.select_metric] = out[f"val/board_acc@{self.select_iters}"]
         return out
