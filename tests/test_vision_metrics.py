@@ -315,3 +315,15 @@ def test_fid_inception_has_inception_v3_size_and_loads_both_key_layouts(tmp_path
     save_file(state, tmp_path / "broken.safetensors")
     with pytest.raises(ValueError, match=r"missing 1 keys.*Mixed_7c.branch_pool.conv.weight"):
         vm.InceptionV3Features.from_file(tmp_path / "broken.safetensors")
+
+
+@pytest.mark.parametrize("content, name", [(b"not weights at all" * 10, "w.safetensors"), (b"\x80\x04garbage", "w.pth"),
+                                           (b"PK\x03\x04garbage", "w.pt")])
+def test_a_garbage_weight_file_is_a_one_line_value_error(tmp_path, content: bytes, name: str) -> None:
+    from hyperset.vision.metrics import load_state_dict
+
+    path = tmp_path / name
+    path.write_bytes(content)
+    with pytest.raises(ValueError, match="not a safetensors or weights-only torch weight file") as info:
+        load_state_dict(path)
+    assert "\n" not in str(info.value)

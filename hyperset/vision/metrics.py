@@ -239,13 +239,17 @@ def load_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     with open(path, "rb") as f:
         head = f.read(16)
     is_zip_or_pickle = head.startswith(b"PK") or head[:1] == b"\x80"
-    if path.suffix == ".safetensors" or not is_zip_or_pickle:
-        state = load_file(str(path))
-    else:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-        for key in ("state_dict", "model"):
-            if isinstance(state, dict) and isinstance(state.get(key), dict):
-                state = state[key]
+    try:
+        if path.suffix == ".safetensors" or not is_zip_or_pickle:
+            state = load_file(str(path))
+        else:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # safetensors and torch raise their own types for a file that is not theirs
+        reason = (str(e) or type(e).__name__).splitlines()[0]
+        raise ValueError(f"{path}: not a safetensors or weights-only torch weight file ({reason})") from None
+    for key in ("state_dict", "model"):  # a torch file may nest the state dict
+        if isinstance(state, dict) and isinstance(state.get(key), dict):
+            state = state[key]
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise ValueError(f"{path} does not hold a flat dict of tensors")
     return {k.removeprefix("module."): v for k, v in state.items()}
