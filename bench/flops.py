@@ -41,6 +41,7 @@ from typing import Any
 
 import torch
 
+from hyperset.checkpoint import atomic_write_json
 from hyperset.config import ModelConfig, preset_config
 from hyperset.device import cpu_has_native_bf16
 
@@ -392,9 +393,7 @@ def main(argv: list[str] | None = None) -> None:
     rep["command"] = "python bench/flops.py " + " ".join(argv if argv is not None else sys.argv[1:])
     print_report(rep)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_name(f".{args.out.name}.tmp")
-    tmp.write_text(json.dumps(rep, indent=2) + "\n")
-    tmp.replace(args.out)
+    atomic_write_json(args.out, rep)
     print(f"wrote {args.out}")
 
 if __name__ == "__main__":

@@ -33,7 +33,6 @@ import argparse
 import contextlib
 import importlib
 import importlib.metadata
-import json
 import statistics
 import subprocess
 import sys
@@ -47,6 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hyperset.checkpoint import atomic_write_json
 from hyperset.models import HyperSETModel
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -276,9 +276,7 @@ def main(argv: list[str] | None = None) -> None:
     rep["command"] = "python bench/peer_bench.py " + " ".join(argv if argv is not None else sys.argv[1:])
     print_summary(rep)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_name(f".{args.out.name}.tmp")
-    tmp.write_text(json.dumps(rep, indent=2) + "\n")
-    tmp.replace(args.out)
+    atomic_write_json(args.out, rep)
     print(f"wrote {args.out}")
 
 
