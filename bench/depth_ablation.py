@@ -29,8 +29,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from hyperset.checkpoint import atomic_write_json, load_checkpoint
-from hyperset.device import cpu_has_native_bf16
+from hyperset.checkpoint import atomic_write_json
+from hyperset.device import cpu_has_native_bf16, cpu_model
+from hyperset.models import HyperSETModel
 from hyperset.solve import DEFAULT_PASSES, DEFAULT_STRATEGY, Solver, bundled_checkpoint
 from hyperset.sudoku.data import find_split, givens_count, load_csv, protocol_split
 from training.cli import build_task
@@ -74,16 +75,6 @@ ARMS: dict[str, dict[str, Any]] = {
 }
 
 
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "cpu"
-
-
 def cpu_seconds() -> float:
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
@@ -94,12 +85,13 @@ def arm_recipe(arm: str) -> tuple[str, dict[str, Any]]:
     return name, apply_overrides(recipe, list(ARMS[arm]["set"]))
 
 
-def calibrate(task: Any, train: TrainConfig, init_from: str | None, steps: int = 6) -> float:
-    """CPU-seconds per optimizer step of this arm, measured in this process on one thread (two warm-up steps)."""
-    trainer = Trainer(task, train, Path("/nonexistent"), quiet=True)
-    model = trainer_model(task, init_from)
+def calibrate(task: Any, train: TrainConfig, steps: int = 6) -> float:
+    """CPU-seconds per optimizer step of this arm, measured in this process on one thread (two warm-up steps).
+
+    The cost depends on the arm's shapes and iterations, not on the weights, so a new model is timed."""
+    model = HyperSETModel(task.model_config()).train()
     opt = make_optimizer(model, train)
-    autocast = trainer._autocast(torch.device("cpu"))
+    autocast = Trainer(task, train, Path("/nonexistent"), quiet=True)._autocast(torch.device("cpu"))
     times = []
     for step in range(steps + 2):
         t0 = cpu_seconds()
@@ -111,16 +103,6 @@ def calibrate(task: Any, train: TrainConfig, init_from: str | None, steps: int =
         opt.step()
         times.append(cpu_seconds() - t0)
     return float(np.mean(times[2:]))
-
-
-def trainer_model(task: Any, init_from: str | None) -> torch.nn.Module:
-    from hyperset.models import HyperSETModel
-
-    model = HyperSETModel(task.model_config())
-    if init_from:
-        src, _ = load_checkpoint(init_from)
-        model.load_state_dict(src.state_dict())
-    return model.train()
 
 
 def run_arm(arm: str, data: str, budget: float, threads: int) -> Path:
@@ -135,7 +117,7 @@ def run_arm(arm: str, data: str, budget: float, threads: int) -> Path:
     plan_file = out / "arm.json"
     plan = json.loads(plan_file.read_text()) if plan_file.is_file() else None
     if plan is None:
-        per_step = calibrate(task, train, init_from)
+        per_step = calibrate(task, train)
         steps = max(50, int(budget / per_step))
         plan = {"arm": arm, **spec, "budget_cpu_seconds": budget, "calibrated_seconds_per_step": per_step,
                 "steps": steps, "cpu_seconds": 0.0, "init_from": init_from}
@@ -274,7 +256,7 @@ def main() -> None:
     plan = json.loads((out / "arm.json").read_text())
     amp = TrainConfig.from_dict(arm_recipe(args.arm)[1]["train"]).amp
     result = {**plan, "eval": evaluate_arm(out / "last", args.data, args.n, args.n17, args.threads),
-              "device": f"{cpu_name()}, {args.threads} thread(s); training amp={amp} (native bf16: "
+              "device": f"{cpu_model()}, {args.threads} thread(s); training amp={amp} (native bf16: "
                         f"{'yes' if cpu_has_native_bf16() else 'no'})"}
     (RESULTS / "depth_ablation").mkdir(parents=True, exist_ok=True)
     atomic_write_json(RESULTS / "depth_ablation" / f"{args.arm}.json", result)

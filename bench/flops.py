@@ -43,7 +43,7 @@ import torch
 
 from hyperset.checkpoint import atomic_write_json
 from hyperset.config import ModelConfig, preset_config
-from hyperset.device import cpu_has_native_bf16
+from hyperset.device import cpu_has_native_bf16, cpu_model
 
 RESULTS = Path(__file__).resolve().parent / "results"
 COMPONENTS = ("projections", "attention_maps", "feedforward", "step_sizes", "lora", "readout", "stem", "energies")
@@ -318,13 +318,9 @@ def load_average() -> float | None:
 
 def machine(threads: int) -> dict[str, Any]:
     """Facts about this machine: CPU model, cores, native bf16, versions, the 1-minute load average now."""
-    cpu, flags = platform.processor() or platform.machine(), ""
+    cpu, flags = cpu_model(), ""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and cpu in ("", platform.machine(), platform.processor()):
-                cpu = line.split(":", 1)[1].strip()
-            if line.startswith("flags"):
-                flags = line
+        flags = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), "")
     except OSError:
         pass
     native = [f for f in ("avx512_bf16", "amx_bf16") if f in flags.split()]

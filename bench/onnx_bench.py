@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -115,16 +114,9 @@ def bench_boards(batch: int) -> torch.Tensor:
 
 def machine_info(threads: int) -> dict[str, Any]:
     from exports.runtime import describe_runtime
-    from hyperset.device import cpu_has_native_bf16
+    from hyperset.device import cpu_has_native_bf16, cpu_model
 
-    cpu = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = cpu_model()
     rt = describe_runtime()
     return {"cpu": cpu, "logical_cpus": os.cpu_count(), "threads_used": threads, "python": sys.version.split()[0],
             "torch": torch.__version__, "onnxruntime": rt.get("onnxruntime_version"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import platform
 
 import torch
 
@@ -41,6 +42,18 @@ def autocast_dtype(device: torch.device) -> torch.dtype | None:
     if device.type == "cpu" and cpu_has_native_bf16():
         return torch.bfloat16
     return None
+
+
+def cpu_model() -> str:
+    """The CPU's model name as the OS reports it (/proc/cpuinfo), else what the platform module knows."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "cpu"
 
 
 def cpu_has_native_bf16() -> bool:

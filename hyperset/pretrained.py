@@ -16,7 +16,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from .checkpoint import CheckpointError
+from .checkpoint import CheckpointError, load_checkpoint
 
 # name -> folder under hyperset/weights
 PRETRAINED = {"sudoku": "sudoku", "classifier": "classifier", "mim": "mim/model", "mim-tokenizer": "mim/tokenizer"}
@@ -65,7 +65,5 @@ def _from_hub(repo_id: str) -> Path:
 
 def load_pretrained(name_or_path: str | os.PathLike, device: Any = "cpu") -> Any:
     """A Hyper-SET model (eval mode) by shipped name ("sudoku", "classifier", "mim"), folder or Hub id."""
-    from .checkpoint import load_checkpoint
-
     model, _ = load_checkpoint(resolve(name_or_path), map_location=device)
     return model
