@@ -29,10 +29,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from hyperset.checkpoint import atomic_write_json
+from hyperset.checkpoint import atomic_write_json, load_checkpoint
 from hyperset.device import cpu_has_native_bf16, cpu_model
 from hyperset.models import HyperSETModel
-from hyperset.solve import DEFAULT_PASSES, DEFAULT_STRATEGY, Solver, bundled_checkpoint
+from hyperset.pretrained import pretrained_dir
+from hyperset.solve import DEFAULT_PASSES, DEFAULT_STRATEGY, Solver
 from hyperset.sudoku.data import find_split, givens_count, load_csv, protocol_split
 from training.cli import build_task
 from training.recipes import apply_overrides, load_recipe
@@ -41,9 +42,10 @@ from training.trainer import TrainConfig, Trainer, make_optimizer
 ROOT = Path(__file__).resolve().parent
 RESULTS = ROOT / "results"
 RUNS = ROOT.parent / "runs" / "ablations"
-RECIPE = "sudoku-cpu"
 DEAD = ["model.time_init=\"zero\""]  # the shipped recipe's (and the authors') dead time network
 FINETUNE = ["train.lr=3e-4", "train.min_lr=1e-5"]
+# torch.compile is off in the classifier arms: its first-step compile time would land in one arm's calibration
+CLS_FINETUNE = FINETUNE + ["train.compile=false"]
 
 # name -> family, --set overrides on the sudoku-cpu recipe, what it tests
 ARMS: dict[str, dict[str, Any]] = {
@@ -72,7 +74,15 @@ ARMS: dict[str, dict[str, Any]] = {
                       "note": "revived time network + 4 segments of deep supervision"},
     "ft-live-deep4-tmax": {"family": "finetune", "set": FINETUNE + ["objective.segments=4", "model.time_max=16"],
                            "note": "revived time network, 4 segments, t clamped at T"},
+    # The shipped CIFAR-10 classifier (d=192, T=12) trained on with its own recipe at a fine-tuning lr: does a
+    # live time network change its drop from T to 2T? Measured as validation top-1 at 12 and 24 iterations.
+    "cls-ft-dead": {"family": "classify", "set": DEAD + CLS_FINETUNE,
+                    "note": "control: the shipped classifier trained on with its dead time network"},
+    "cls-ft-live": {"family": "classify", "set": CLS_FINETUNE,
+                    "note": "the shipped classifier with its time network revived (outputs unchanged at start)"},
 }
+RECIPES = {"finetune": ("sudoku", "sudoku-cpu", "sudoku"), "scratch": ("sudoku", "sudoku-cpu", None),
+           "classify": ("classify", "cifar10-cpu", "classifier")}  # family -> task, recipe, shipped start
 
 
 def cpu_seconds() -> float:
@@ -81,7 +91,7 @@ def cpu_seconds() -> float:
 
 
 def arm_recipe(arm: str) -> tuple[str, dict[str, Any]]:
-    name, recipe = load_recipe(RECIPE)
+    name, recipe = load_recipe(RECIPES[ARMS[arm]["family"]][1])
     return name, apply_overrides(recipe, list(ARMS[arm]["set"]))
 
 
@@ -111,9 +121,10 @@ def run_arm(arm: str, data: str, budget: float, threads: int) -> Path:
     out = RUNS / arm
     out.mkdir(parents=True, exist_ok=True)
     name, recipe = arm_recipe(arm)
-    task = build_task("sudoku", recipe, data)
+    task_name, _, start = RECIPES[spec["family"]]
+    task = build_task(task_name, recipe, data)
     train = TrainConfig.from_dict({**recipe.get("train", {}), "threads": threads})
-    init_from = str(bundled_checkpoint()) if spec["family"] == "finetune" else None
+    init_from = str(pretrained_dir(start)) if start else None
     plan_file = out / "arm.json"
     plan = json.loads(plan_file.read_text()) if plan_file.is_file() else None
     if plan is None:
@@ -124,7 +135,7 @@ def run_arm(arm: str, data: str, budget: float, threads: int) -> Path:
         atomic_write_json(plan_file, plan)
         print(f"{arm}: {per_step:.3f} CPU-s/step -> {steps} steps for {budget:.0f} CPU-s", file=sys.stderr)
     steps = plan["steps"]
-    warmup = min(train.warmup_steps, steps // 10) if spec["family"] == "scratch" else steps // 20
+    warmup = min(train.warmup_steps, steps // 10) if init_from is None else steps // 20
     train = TrainConfig.from_dict({**recipe.get("train", {}), "threads": threads, "steps": steps,
                                    "warmup_steps": warmup, "eval_every": steps, "save_every_seconds": 120.0})
     resume = (out / "last" / "trainer.json").is_file()
@@ -188,14 +199,31 @@ def evaluate_arm(checkpoint: Path | str, data: str, n: int, n17: int, threads: i
     }
 
 
+def evaluate_classifier_arm(out: Path, data: str, threads: int) -> dict[str, Any]:
+    """Validation top-1 (the held-out 10% of the training set) at T and 2T, before and after the arm's training."""
+    torch.set_num_threads(threads)
+    arm = json.loads((out / "arm.json").read_text())["arm"]
+    name, recipe = arm_recipe(arm)
+    task = build_task("classify", recipe, data)
+    autocast = Trainer(task, TrainConfig.from_dict(recipe["train"]), Path("/nonexistent"), quiet=True)._autocast(
+        torch.device("cpu"))
+    result: dict[str, Any] = {"trained_iterations": task.model.iters, "val_images": len(task.val)}
+    for label, ckpt in (("start", pretrained_dir(RECIPES["classify"][2])), ("end", out / "last")):
+        model, _ = load_checkpoint(ckpt, map_location="cpu")
+        model.eval()
+        result[label] = task.evaluate(model, torch.device("cpu"), autocast)
+    return result
+
+
 def table(out_json: Path) -> dict[str, Any]:
-    rows = []
+    rows, classifier = [], []
     for f in sorted((RESULTS / "depth_ablation").glob("*.json")):
         r = json.loads(f.read_text())
-        rows.append(r)
-    result = {"recipe": RECIPE, "arms": rows,
+        (classifier if r["family"] == "classify" else rows).append(r)
+    result = {"recipe": RECIPES["finetune"][1], "arms": rows,
               "columns": "single-pass board accuracy at T/2T/4T/8T, default strategy (all, 17 givens), "
-                         "share of boards whose energy never rises to 8T, CPU-seconds of training"}
+                         "share of boards whose energy never rises to 8T, CPU-seconds of training",
+              "classifier_recipe": RECIPES["classify"][1], "classifier_arms": classifier}
     atomic_write_json(out_json, result)
     plot(rows, out_json.with_suffix(".png"))
     for r in rows:
@@ -204,7 +232,35 @@ def table(out_json: Path) -> dict[str, Any]:
         print(f"{r['arm']:24s} " + " ".join(f"{k} {100 * v['board_acc']:5.1f}" for k, v in sp.items())
               + f" | default {100 * d['all']['board_acc']:5.1f} 17g {100 * d['givens17']['board_acc']:5.1f}"
               + f" | mono {100 * r['eval']['energy_monotone_8T']:5.1f}% | {r['cpu_seconds']:6.0f} CPU-s")
+    for r in classifier:
+        e = r["eval"]
+        print(f"{r['arm']:24s} " + " ".join(f"{k} " + " ".join(f"{m.split('/')[-1]} {100 * v:5.2f}" for m, v in
+                                                               e[k].items()) + " |" for k in ("start", "end"))
+              + f" {r['cpu_seconds']:6.0f} CPU-s")
     return result
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """The tables of docs/sudoku.md and docs/step-sizes.md, from the gathered results."""
+    start = {"finetune": "shipped model", "scratch": "scratch", "classify": "shipped classifier"}
+    lines = ["| arm | start | what changes | CPU-s | one pass T / 2T / 4T / 8T (board %) | cell % at 4T "
+             "| energy never rises to 8T | default strategy (all / 17 givens) |", "|---|---|---|---|---|---|---|---|"]
+    for r in result["arms"]:
+        e = r["eval"]
+        sp, d = e["single_pass"], e["default_strategy"]
+        lines.append(f"| {r['arm']} | {start[r['family']]} | {r['note']} | {r['cpu_seconds']:.0f} | "
+                     + " / ".join(f"{100 * v['board_acc']:.1f}" for v in sp.values())
+                     + f" | {100 * sp['4T']['cell_acc']:.1f} | {100 * e['energy_monotone_8T']:.1f}% | "
+                     f"{100 * d['all']['board_acc']:.1f} / {100 * d['givens17']['board_acc']:.1f} |")
+    if result["classifier_arms"]:
+        lines += ["", "| arm | what changes | CPU-s | validation top-1 at T / 2T, before | after |",
+                  "|---|---|---|---|---|"]
+        for r in result["classifier_arms"]:
+            e, T = r["eval"], r["eval"]["trained_iterations"]
+            pair = [f"{100 * e[k][f'val/top1@{T}']:.2f} / {100 * e[k][f'val/top1@{2 * T}']:.2f}"
+                    for k in ("start", "end")]
+            lines.append(f"| {r['arm']} | {r['note']} | {r['cpu_seconds']:.0f} | {pair[0]} | {pair[1]} |")
+    return "\n".join(lines)
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
@@ -243,23 +299,31 @@ def main() -> None:
     run.add_argument("--n", type=int, default=500, help="validation puzzles for the measurements")
     run.add_argument("--n17", type=int, default=300, help="17-given validation puzzles for the default strategy")
     run.add_argument("--threads", type=int, default=1)
-    sub.add_parser("table")
+    tab = sub.add_parser("table")
+    tab.add_argument("--markdown", action="store_true", help="also print the tables as Markdown")
     args = ap.parse_args()
     if args.cmd == "list":
         for name, spec in ARMS.items():
             print(f"{name:24s} {spec['family']:9s} {spec['note']}  [{' '.join(spec['set'])}]")
         return
     if args.cmd == "table":
-        table(RESULTS / "depth_ablation.json")
+        result = table(RESULTS / "depth_ablation.json")
+        if args.markdown:
+            print(markdown(result))
         return
     out = run_arm(args.arm, args.data, args.budget, args.threads)
     plan = json.loads((out / "arm.json").read_text())
     amp = TrainConfig.from_dict(arm_recipe(args.arm)[1]["train"]).amp
-    result = {**plan, "eval": evaluate_arm(out / "last", args.data, args.n, args.n17, args.threads),
+    measure = (evaluate_classifier_arm(out, args.data, args.threads) if plan["family"] == "classify"
+               else evaluate_arm(out / "last", args.data, args.n, args.n17, args.threads))
+    result = {**plan, "eval": measure,
               "device": f"{cpu_model()}, {args.threads} thread(s); training amp={amp} (native bf16: "
                         f"{'yes' if cpu_has_native_bf16() else 'no'})"}
     (RESULTS / "depth_ablation").mkdir(parents=True, exist_ok=True)
     atomic_write_json(RESULTS / "depth_ablation" / f"{args.arm}.json", result)
+    if plan["family"] == "classify":
+        print(json.dumps({"arm": args.arm, **measure}, indent=1))
+        return
     print(json.dumps({"arm": args.arm, "single_pass": result["eval"]["single_pass"],
                       "default": result["eval"]["default_strategy"],
                       "energy_monotone_8T": result["eval"]["energy_monotone_8T"]}, indent=1))
