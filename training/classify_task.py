@@ -14,13 +14,13 @@ flip on ImageNet. Here:
   selected on it at the trained depth; the test split is never looked at during training (the authors'
   code selected on the test set).
 * Recipes may count in epochs: ``build_classify_task`` rewrites ``[train] epochs / warmup_epochs /
-  eval_every_epochs`` into steps (steps per epoch = ceil(n_train / batch_size)). The paper's scheduler steps
-  once per epoch; ours steps per update, which is the same curve sampled finer.
+  eval_every_epochs`` into steps with ``training.epochs.epochs_to_steps`` (ceil(epochs * n_train / batch_size),
+  the rule of every task). The paper's scheduler steps once per epoch; ours steps per update, which is the same
+  curve sampled finer.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -48,6 +48,8 @@ from hyperset.vision.data import (
     read_class_list,
     train_val_split,
 )
+
+from .epochs import epoch_indices, epochs_to_steps
 
 CIFAR_SIZE = 32
 DATA_KEYS = ("dataset", "val_fraction", "seed", "n_train", "n_val", "image_size", "eval_mode", "classes", "workers")
@@ -321,13 +323,7 @@ class ClassifyTask:
 
     def batch(self, step: int, batch_size: int, seed: int, device: torch.device) -> dict[str, Tensor]:
         """Deterministic in (seed, step): epochs are seeded permutations, augmentation is seeded per step."""
-        n = len(self.train)
-        start = step * batch_size
-        idx: list[int] = []
-        while len(idx) < batch_size:
-            epoch, offset = divmod(start + len(idx), n)
-            perm = np.random.default_rng([seed, epoch]).permutation(n)
-            idx.extend(perm[offset: offset + batch_size - len(idx)].tolist())
+        idx = epoch_indices(step, batch_size, len(self.train), seed)
         images, labels = self.train.batch(idx, seed=[seed, step, 1])
         return {"images": images.to(device), "labels": labels.to(device)}
 
@@ -364,33 +360,6 @@ def fit_model_to_data(model_cfg: ModelConfig, data: ClassifyData, explicit: dict
     if model_cfg.channels != 3:
         raise ValueError(f"model.channels = {model_cfg.channels}, but {data.dataset} images are RGB (3 channels)")
     return model_cfg.replace(num_classes=classes, img_size=size)
-
-
-def epochs_to_steps(train: dict[str, Any], n_train: int) -> tuple[float | None, int]:
-    """Rewrite ``epochs``, ``warmup_epochs`` and ``eval_every_epochs`` of a recipe's [train] table into steps,
-    in place. Returns (epochs or None, steps per epoch)."""
-    for key in ("batch_size", "epochs", "warmup_epochs", "eval_every_epochs"):
-        if key in train and (isinstance(train[key], bool) or not isinstance(train[key], (int, float))):
-            raise ValueError(f"train.{key} = {train[key]!r}: expected a number")
-    batch = int(train.get("batch_size", 32))
-    if batch < 1:
-        raise ValueError(f"train.batch_size must be >= 1, got {batch}")
-    per_epoch = math.ceil(n_train / batch)
-    epochs = train.pop("epochs", None)
-    if epochs is not None:
-        if "steps" in train:
-            raise ValueError("the recipe gives both train.steps and train.epochs; keep one")
-        if epochs <= 0:
-            raise ValueError(f"train.epochs must be > 0, got {epochs}")
-        train["steps"] = max(1, round(epochs * per_epoch))
-        train.setdefault("eval_every", per_epoch)
-    for key, target in (("warmup_epochs", "warmup_steps"), ("eval_every_epochs", "eval_every")):
-        if key in train:
-            value = train.pop(key)
-            if target in train and key == "warmup_epochs":
-                raise ValueError(f"the recipe gives both train.{target} and train.{key}; keep one")
-            train[target] = max(0 if target == "warmup_steps" else 1, round(value * per_epoch))
-    return epochs, per_epoch
 
 
 def build_classify_task(model_cfg: ModelConfig, recipe: dict[str, Any], data_dir: str) -> ClassifyTask:

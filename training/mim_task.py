@@ -36,6 +36,8 @@ from hyperset.vision.metrics import psnr, ssim
 from hyperset.vision.reconstruct import TOKENIZER_KIND, Tokenizer, check_compatible, load_tokenizer
 from hyperset.vision.vq import VQConfig, VQTokenizer
 
+from .epochs import epoch_indices, epochs_to_steps
+
 STAGES = ("tokenizer", "tokens")
 
 
@@ -118,17 +120,6 @@ def load_images(root: str | Path, split: str, image_size: int = 32) -> ImageSet:
                                     "with a val/ (or test/) folder for the test split")
     samples, _ = list_image_folder(folder)
     return ImageSet(files=[p for p, _ in samples], size=image_size, source=f"image folder {folder}")
-
-
-def epoch_indices(step: int, batch_size: int, n: int, seed: int) -> np.ndarray:
-    """Indices of batch ``step``: consecutive slices of seeded per-epoch permutations of range(n)."""
-    start = step * batch_size
-    out: list[int] = []
-    while len(out) < batch_size:
-        epoch, offset = divmod(start + len(out), n)
-        perm = np.random.default_rng([seed, epoch]).permutation(n)
-        out.extend(perm[offset: offset + batch_size - len(out)].tolist())
-    return np.asarray(out, dtype=np.int64)
 
 
 def _generator(*keys: int) -> torch.Generator:
@@ -416,22 +407,12 @@ class _ProbeModel:
 # Recipe -> task
 
 
-def _epochs_to_steps(train: dict[str, Any], n_images: int) -> None:
-    """Rewrite ``epochs`` (passes over the training images) as optimizer ``steps``, in place."""
-    epochs = train.pop("epochs", None)
-    if epochs is None:
-        return
-    if "steps" in train:
-        raise ValueError("the recipe's [train] gives both epochs and steps; keep one")
-    batch = int(train.get("batch_size", 32))
-    train["steps"] = max(1, math.ceil(float(epochs) * n_images / batch))
-
-
 def build_mim_task(model_cfg: ModelConfig, recipe: dict[str, Any], data_dir: str) -> TokenizerTask | TokensTask:
     """The task of a MIM recipe: ``[objective] stage`` = "tokenizer" or "tokens" (default).
 
     Tables: ``[data]`` -> MIMData; ``[objective]`` -> TokensTask options (stage tokens) or ``eval_batch``;
-    ``[tokenizer]`` -> VQConfig (stage tokenizer); ``[train] epochs`` is converted to steps here.
+    ``[tokenizer]`` -> VQConfig (stage tokenizer); ``[train] epochs`` (passes over the training images) are
+    converted to steps here (``training.epochs.epochs_to_steps``).
     """
     objective = dict(recipe.get("objective", {}))
     stage = objective.pop("stage", "tokens")
@@ -462,5 +443,5 @@ def build_mim_task(model_cfg: ModelConfig, recipe: dict[str, Any], data_dir: str
             task = TokensTask(model=model_cfg, data=data, **objective)
         except TypeError as e:
             raise ValueError(f"[objective] table: {e}") from None
-    _epochs_to_steps(recipe.setdefault("train", {}), len(task.train))
+    epochs_to_steps(recipe.setdefault("train", {}), len(task.train))
     return task
