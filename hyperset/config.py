@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from collections.abc import Sequence
@@ -15,6 +16,38 @@ FEEDFORWARDS = ("relu", "softmax", "gated")
 TASKS = ("sudoku", "classify", "mim")
 TIME_INITS = ("live", "zero")
 STEP_SIGNS = ("signed", "positive")
+# Every string-valued choice of a ModelConfig, in one table: any other value is a ValueError naming the key and
+# these choices (never a silent fallback). What each value means is documented on ModelConfig.
+CHOICES: dict[str, tuple[str, ...]] = {
+    "task": TASKS,
+    "layer": LAYERS,
+    "attention": ATTENTIONS,
+    "feedforward": FEEDFORWARDS,
+    "phi": ("sigmoid", "relu", "softplus", "elu1"),  # the keys of hyperset.energies.PHI
+    "step": ("adaptive", "fixed"),
+    "step_cond": ("x0", "xt"),
+    "step_norm": ("none", "cond", "sum"),
+    "time_init": TIME_INITS,
+    "step_sign": STEP_SIGNS,
+    "pos": ("learned", "grid", "sincos1d", "sincos2d"),
+    "stem": ("ln-linear-ln", "linear"),
+    "head_norm": ("rms", "layer"),
+}
+# The position codes each task's stem implements: the patch stem of "classify" has fixed 1-D sinusoidal positions
+# (over CLS + patches) and nothing else.
+TASK_POS: dict[str, tuple[str, ...]] = {
+    "sudoku": CHOICES["pos"],
+    "mim": CHOICES["pos"],
+    "classify": ("sincos1d",),
+}
+
+
+def check_choice(section: str, key: str, value: Any, choices: Sequence[str], why: str = "") -> None:
+    """A ValueError like ``model.stem='conv': expected one of 'ln-linear-ln', 'linear'`` unless value is a choice."""
+    if value not in choices:
+        raise ValueError(f"{section}.{key}={value!r}: expected one of {', '.join(repr(c) for c in choices)}{why}")
+
+
 # Iterations per pass, from any source (a checkpoint, a recipe, a command line): far past any useful depth, and a
 # typo'd 10**9 fails at once instead of running for days.
 MAX_ITERS = 10_000
@@ -108,12 +141,17 @@ class ModelConfig:
         vocab_size: token vocabulary (Sudoku 10, MIM codebook + 1).
         num_classes: output classes (Sudoku 9, classification C, MIM codebook size).
         seq_len: tokens for "sudoku" and "mim" (grid side squared for mim).
-        pos: position code: "learned", "grid" (learned + row/column/box embeddings, Sudoku), "sincos1d", "sincos2d".
+        pos: position code: "learned", "grid" (learned + row/column/box embeddings, Sudoku), "sincos1d", "sincos2d"
+            (a square token grid); a "classify" model's patch stem has fixed 1-D positions: "sincos1d" only.
         emb_dropout: dropout on the embedded input (the authors' Sudoku code keeps 0.1).
         img_size, patch_grid, channels: classification stem (patch_grid patches per side).
-        stem: classification stem: "ln-linear-ln" (Hyper-SET) or "linear" (baselines).
+        stem: classification stem: "ln-linear-ln" (LayerNorm, Linear, LayerNorm: Hyper-SET) or "linear" (one
+            Linear: baselines); other tasks embed tokens and do not read it.
         head_bias: bias in the output Linear.
-        head_norm: "rms" or "layer" norm before the head.
+        head_norm: "rms" (RMSNorm) or "layer" (LayerNorm) before the head.
+
+    Every string-valued key takes one of the values in ``CHOICES``; anything else is a ValueError naming the key
+    and the choices.
     """
 
     task: str = "sudoku"
@@ -157,19 +195,16 @@ class ModelConfig:
             if getattr(self, key) < 1:
                 raise ValueError(f"model.{key} = {getattr(self, key)}: must be >= 1")
         check_iterations(self.iters, "model.iters")
+        for key, choices in CHOICES.items():
+            check_choice("model", key, getattr(self, key), choices)
+        check_choice("model", "pos", self.pos, TASK_POS[self.task], f" (the positions of a {self.task!r} model)")
         checks = [
-            (self.task in TASKS, f"task must be one of {TASKS}, got {self.task!r}"),
-            (self.layer in LAYERS, f"layer must be one of {LAYERS}, got {self.layer!r}"),
-            (self.attention in ATTENTIONS, f"attention must be one of {ATTENTIONS}, got {self.attention!r}"),
-            (self.feedforward in FEEDFORWARDS, f"feedforward must be one of {FEEDFORWARDS}, got {self.feedforward!r}"),
             (self.dim % self.heads == 0, f"dim {self.dim} is not divisible by heads {self.heads}"),
-            (self.step in ("adaptive", "fixed"), f"step must be 'adaptive' or 'fixed', got {self.step!r}"),
-            (self.step_cond in ("x0", "xt"), f"step_cond must be 'x0' or 'xt', got {self.step_cond!r}"),
-            (self.step_norm in ("none", "cond", "sum"), f"step_norm must be none/cond/sum, got {self.step_norm!r}"),
+            (self.pos != "grid" or self.seq_len == 81, "model.pos='grid' is for 9x9 Sudoku boards (seq_len 81)"),
+            (self.pos != "sincos2d" or math.isqrt(self.seq_len) ** 2 == self.seq_len,
+             f"model.pos='sincos2d' needs a square token grid, but seq_len = {self.seq_len}"),
             (self.time_mlp or self.time_dim == self.dim, "without time_mlp, time_dim must equal dim"),
             (self.time_dim % 2 == 0, "time_dim must be even"),
-            (self.time_init in TIME_INITS, f"time_init must be one of {TIME_INITS}, got {self.time_init!r}"),
-            (self.step_sign in STEP_SIGNS, f"step_sign must be one of {STEP_SIGNS}, got {self.step_sign!r}"),
             (self.step_sign == "signed" or self.step_init > 0,
              f"step_sign 'positive' needs step_init > 0 (softplus never reaches 0), got {self.step_init}"),
             (self.time_max >= 0, f"time_max must be >= 0 (0: no limit), got {self.time_max}"),

@@ -157,11 +157,13 @@ def test_imagefolder_batches(imagefolder: Path) -> None:
 
 
 def test_epochs_become_steps() -> None:
+    # batches run on across epochs (no short last batch): an epoch of 100 images in batches of 16 is 6.25 steps,
+    # every count is rounded up (3 epochs: 18.75 -> 19 steps, not 3 x ceil(6.25) = 21)
     train = {"epochs": 3, "warmup_epochs": 0.5, "eval_every_epochs": 2, "batch_size": 16}
     epochs, per_epoch = epochs_to_steps(train, 100)
     assert (epochs, per_epoch) == (3, 7)
-    assert train == {"steps": 21, "warmup_steps": 4, "eval_every": 14, "batch_size": 16}
-    assert TrainConfig.from_dict(train).steps == 21
+    assert train == {"steps": 19, "warmup_steps": 4, "eval_every": 13, "batch_size": 16}
+    assert TrainConfig.from_dict(train).steps == 19
     with pytest.raises(ValueError, match="both"):
         epochs_to_steps({"epochs": 1, "steps": 5}, 100)
 

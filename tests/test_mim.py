@@ -274,7 +274,8 @@ def test_sample_images_are_shipped_with_their_sources():
 
 
 def test_shipped_recipes_build(cifar: Path):
-    from training.mim_task import TokenizerTask, _epochs_to_steps
+    from training.epochs import epochs_to_steps
+    from training.mim_task import TokenizerTask
     from training.recipes import load_recipe
 
     _, recipe = load_recipe("mim-cpu-tokenizer")
@@ -287,8 +288,8 @@ def test_shipped_recipes_build(cifar: Path):
     with pytest.raises(ValueError, match="VQGAN"):
         build_mim_task(preset_config(paper["preset"]), paper, str(cifar))
     train = {"epochs": 300, "batch_size": 256}
-    _epochs_to_steps(train, 126689)
-    assert train == {"steps": 148464, "batch_size": 256}
+    epochs_to_steps(train, 126689)
+    assert train == {"steps": 148464, "batch_size": 256, "eval_every": 495}  # eval_every: one epoch by default
     _, cpu = load_recipe("mim-cpu")
     cfg = preset_config(cpu["preset"], **cpu["model"])
     assert (cfg.dim, cfg.vocab_size, cfg.num_classes, cfg.seq_len, cfg.iters) == (128, 513, 512, 64, 12)

@@ -260,22 +260,53 @@ def test_train_val_split_is_disjoint_complete_and_seeded() -> None:
         vd.train_val_split(10, 1.0)
 
 
-def test_random_resized_crop_falls_back_to_a_central_crop_with_clamped_ratio() -> None:
-    img = Image.fromarray(np.random.default_rng(0).integers(0, 256, (10, 100, 3), dtype=np.uint8))
-    out = vd.random_resized_crop(img, 16, scale=(1.0, 1.0), generator=torch.Generator().manual_seed(0))
-    # No 3/4..4/3 crop of the full area fits a 100x10 image: central 13x10 crop (ratio 4/3), resized.
-    expected = img.resize((16, 16), Image.BILINEAR, box=(43, 0, 56, 10))
-    assert np.array_equal(np.asarray(out), np.asarray(expected))
-    whole = Image.fromarray(np.zeros((20, 20, 3), dtype=np.uint8))
-    assert vd.random_resized_crop(whole, 224).size == (224, 224)
+def test_random_resized_box_falls_back_to_a_central_crop_with_clamped_ratio() -> None:
+    # No 3/4..4/3 crop of the full area fits a 100x10 image: central 13x10 crop (ratio 4/3).
+    box = vd.random_resized_box(10, 100, scale=(1.0, 1.0), generator=torch.Generator().manual_seed(0))
+    assert box == (43, 0, 13, 10)
+    img = torch.from_numpy(np.random.default_rng(0).integers(0, 256, (3, 10, 100), dtype=np.uint8))
+    out = vd.resize_crop(img, 16, box)
+    expected = vd.resize_crop(img[:, :, 43:56], 16, "full")
+    assert out.shape == (3, 16, 16) and torch.equal(out, expected)
+    left, top, w, h = vd.random_resized_box(20, 30, generator=torch.Generator().manual_seed(1))
+    assert 0 <= left and left + w <= 30 and 0 <= top and top + h <= 20
 
 
-def test_resize_center_crop_and_resize_sizes() -> None:
-    img = Image.new("RGB", (300, 200))
-    assert vd.resize(img, 256).size == (384, 256)  # shorter side -> 256
-    assert vd.resize(img, (224, 224)).size == (224, 224)  # the authors' test-time squash
-    assert vd.resize_center_crop(img, 256, 224).size == (224, 224)
-    assert vd.center_crop(Image.new("RGB", (5, 7)), 5).size == (5, 5)
+def test_resize_crop_is_the_filter_of_pil_bilinear() -> None:
+    """One resize for every image path: antialiased bilinear, within a grey level of PIL's BILINEAR on the crop."""
+    arr = np.random.default_rng(0).integers(0, 256, (40, 60, 3), dtype=np.uint8)
+    img = Image.fromarray(arr)
+    ours = vd.to_uint8(vd.resize_crop(vd.decode_image(img), 16, (5, 3, 30, 30)))
+    crop = img.crop((5, 3, 35, 33)).resize((16, 16), Image.BILINEAR)
+    pil = torch.from_numpy(np.array(crop)).permute(2, 0, 1)
+    assert (ours.int() - pil.int()).abs().max() <= 1
+
+
+def test_resize_crop_regions() -> None:
+    x = torch.rand(2, 3, 30, 20)
+    assert vd.center_box(30, 20) == (0, 5, 20, 20) and vd.center_box(256, 300, 224 / 256) == (38, 16, 224, 224)
+    assert torch.equal(vd.resize_crop(x, 20), x[..., 5:25, :])  # central square, already at size: as it is
+    assert vd.resize_crop(x, 8, "full").shape == (2, 3, 8, 8)  # the authors' test-time squash
+    assert vd.resize_crop(x[0], 8, 0.5).shape == (3, 8, 8)
+    assert torch.equal(vd.resize_crop((x * 255).round().to(torch.uint8), 20), (x[..., 5:25, :] * 255).round() / 255)
+    with pytest.raises(ValueError, match="does not fit"):
+        vd.resize_crop(x, 8, (10, 0, 20, 20))
+    with pytest.raises(ValueError, match="crop"):
+        vd.resize_crop(x, 8, "middle")
+
+
+def test_one_image_source_for_arrays_folders_and_files(tmp_path: Path) -> None:
+    _save_image(tmp_path / "a" / "wide.png", (40, 20))
+    _save_image(tmp_path / "b" / "small.png", (8, 8))
+    folder = vd.ImageSource.folder(tmp_path)
+    assert len(folder) == 2 and folder.labels.tolist() == [0, 1] and folder.raw(0).shape == (3, 20, 40)
+    wide = vd.decode_image(tmp_path / "a" / "wide.png")
+    assert torch.equal(folder.floats([0], 8)[0], vd.resize_crop(wide, 8))
+    assert torch.equal(folder.get([1], 8)[0], vd.decode_image(tmp_path / "b" / "small.png"))
+    files = vd.ImageSource(files=[tmp_path / "b" / "small.png"])
+    assert files.labels.tolist() == [-1] and files.subset([0]).get([0], 4).shape == (1, 3, 4, 4)
+    arrays = vd.ImageSource(arrays=torch.zeros(3, 3, 8, 8, dtype=torch.uint8), labels=[1, 2, 3])
+    assert arrays.subset(np.array([2, 0])).labels.tolist() == [3, 1] and arrays.get([0, 1], 8).dtype == torch.uint8
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -8,19 +8,19 @@ flip on ImageNet. Here:
 * CIFAR is held in memory as uint8 tensors; a batch is drawn from a seeded permutation of the training images
   and augmented as a whole (``random_crop_flip``), so ``batch(step)`` is a pure function of (seed, step) and a
   resumed run sees exactly the batches it would have seen.
-* ImageNet-100 is an ImageFolder tree decoded per item (``ImageNetTransform``), each item with its own
-  generator seeded from (seed, step, position in the batch).
+* ImageNet-100 is an ImageFolder tree decoded per item (``ImageSource`` + ``ImageNetTransform``, whose every
+  resize is ``resize_crop``), each item with its own generator seeded from (seed, step, position in the batch).
 * "val" is held out from the training set (``val_fraction``, drawn with ``seed``). The best checkpoint is
   selected on it at the trained depth; the test split is never looked at during training (the authors'
   code selected on the test set).
 * Recipes may count in epochs: ``build_classify_task`` rewrites ``[train] epochs / warmup_epochs /
-  eval_every_epochs`` into steps (steps per epoch = ceil(n_train / batch_size)). The paper's scheduler steps
-  once per epoch; ours steps per update, which is the same curve sampled finer.
+  eval_every_epochs`` into steps with ``training.epochs.epochs_to_steps`` (ceil(epochs * n_train / batch_size),
+  the rule of every task). The paper's scheduler steps once per epoch; ours steps per update, which is the same
+  curve sampled finer.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -30,7 +30,6 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from PIL import Image
 from torch import Tensor
 from tqdm.auto import tqdm
 
@@ -38,16 +37,18 @@ from hyperset.config import ModelConfig, check_table
 from hyperset.models import HyperSETModel
 from hyperset.vision.data import (
     DATASETS,
+    EVAL_MODES,
     IMAGENET100_WNIDS,
     NORMALIZATION,
-    ImageFolderDataset,
     ImageNetTransform,
+    ImageSource,
     normalize,
     random_crop_flip,
-    read_cifar,
     read_class_list,
     train_val_split,
 )
+
+from .epochs import epoch_indices, epochs_to_steps
 
 CIFAR_SIZE = 32
 DATA_KEYS = ("dataset", "val_fraction", "seed", "n_train", "n_val", "image_size", "eval_mode", "classes", "workers")
@@ -93,6 +94,9 @@ class ClassifyData:
         if not 0.0 < self.val_fraction < 1.0:
             raise ValueError(f"data.val_fraction must be in (0, 1), got {self.val_fraction}: a held-out part of "
                              "the training set selects the best checkpoint (the test split is never used for it)")
+        if self.eval_mode not in EVAL_MODES:
+            raise ValueError(f"data.eval_mode={self.eval_mode!r}: expected one of "
+                             f"{', '.join(repr(m) for m in EVAL_MODES)}")
         if self.n_train < 0 or self.n_val < 0:
             raise ValueError("data.n_train and data.n_val must be >= 0 (0 means all)")
 
@@ -122,47 +126,42 @@ def _generator(seed: Sequence[int] | None) -> torch.Generator | None:
 
 
 class ImageSplit:
-    """The images of one split: CIFAR uint8 (N, 3, 32, 32) in memory, or ImageNet files decoded on demand.
+    """The images of one split for classification: an ``ImageSource`` (CIFAR uint8 (N, 3, 32, 32) in memory, or
+    ImageNet files decoded on demand) with normalization and the paper's augmentation.
 
     ``batch(indices, seed)`` returns normalized float images and labels; with ``augment`` the paper's
     augmentation is applied (CIFAR: pad-4 crop + flip for the whole batch; ImageNet: RandomResizedCrop + flip).
+    ``images`` may be an ``ImageSource`` or uint8 arrays; ``labels`` replace the source's labels.
     """
 
-    def __init__(self, data: ClassifyData, augment: bool, images: Tensor | None = None,
-                 labels: Tensor | None = None, folder: ImageFolderDataset | None = None) -> None:
-        self.data, self.augment = data, augment
-        self.images, self.folder = images, folder
+    def __init__(self, data: ClassifyData, augment: bool, images: ImageSource | Tensor,
+                 labels: Tensor | None = None) -> None:
+        if not isinstance(images, ImageSource):
+            images = ImageSource(arrays=images, labels=labels)
+        elif labels is not None:
+            images = ImageSource(arrays=images.arrays, files=images.files, labels=labels, name=images.name)
+        self.data, self.augment, self.images = data, augment, images
+        self.labels = images.labels
         self.mean, self.std = NORMALIZATION[data.dataset]
-        if folder is not None:
-            labels = torch.as_tensor(folder.targets, dtype=torch.int64)
-            self.transform = ImageNetTransform(train=augment, size=data.size, eval_mode=data.eval_mode,
-                                               mean=self.mean, std=self.std)
-        assert labels is not None
-        self.labels = labels
+        self.transform = ImageNetTransform(train=augment, size=data.size, eval_mode=data.eval_mode,
+                                           mean=self.mean, std=self.std)
         self._pool: ThreadPoolExecutor | None = None
 
     def __len__(self) -> int:
         return len(self.labels)
 
     def subset(self, indices: np.ndarray) -> ImageSplit:
-        idx = torch.from_numpy(np.asarray(indices, dtype=np.int64))
-        if self.images is not None:
-            return ImageSplit(self.data, self.augment, self.images[idx], self.labels[idx])
-        assert self.folder is not None
-        return ImageSplit(self.data, self.augment, folder=self.folder.select(idx.numpy()))
+        return ImageSplit(self.data, self.augment, self.images.subset(indices))
 
     def _decode(self, index: int, seed: Sequence[int] | None) -> Tensor:
-        assert self.folder is not None
-        path, _ = self.folder.samples[index]
-        with Image.open(path) as img:
-            return self.transform(img.convert("RGB"), generator=_generator(seed))
+        return self.transform(self.images.raw(index), generator=_generator(seed))
 
     def batch(self, indices: Sequence[int] | np.ndarray, seed: Sequence[int] | None = None) -> tuple[Tensor, Tensor]:
         """(images (n, 3, S, S) normalized float32, labels (n,)); augmentation drawn from ``seed`` if given."""
         idx = np.asarray(indices, dtype=np.int64)
         labels = self.labels[torch.from_numpy(idx)]
-        if self.images is not None:
-            x = self.images[torch.from_numpy(idx)]
+        if self.images.arrays is not None:
+            x = self.images.arrays[torch.from_numpy(idx)]
             if self.augment:
                 x = random_crop_flip(x, pad=4, generator=_generator(seed))
             return normalize(x.float().div_(255.0), self.mean, self.std), labels
@@ -200,9 +199,7 @@ def load_split(data: ClassifyData, split: str) -> ImageSplit:
         raise FileNotFoundError(f"data folder {root} does not exist{hint}")
     augment = split == "train"
     if data.is_cifar:
-        arrays = read_cifar(data.dataset, root, "test" if split == "test" else "train")
-        images = torch.from_numpy(arrays.images).permute(0, 3, 1, 2).contiguous()
-        full = ImageSplit(data, augment, images, torch.from_numpy(arrays.labels))
+        full = ImageSplit(data, augment, ImageSource.cifar(data.dataset, root, "test" if split == "test" else "train"))
         if split == "test":
             return full
         train_idx, val_idx = train_val_split(len(full), data.val_fraction, data.seed)
@@ -212,9 +209,9 @@ def load_split(data: ClassifyData, split: str) -> ImageSplit:
         folder = root / "val"
         if not folder.is_dir():
             raise FileNotFoundError(f"{root} has no val/ folder; the ImageNet test split is root/val/<wnid>/<images>")
-        return ImageSplit(data, augment, folder=ImageFolderDataset(folder, classes))
+        return ImageSplit(data, augment, ImageSource.folder(folder, classes))
     folder = root / "train" if (root / "train").is_dir() else root
-    full = ImageSplit(data, augment, folder=ImageFolderDataset(folder, classes))
+    full = ImageSplit(data, augment, ImageSource.folder(folder, classes))
     train_idx, val_idx = train_val_split(len(full), data.val_fraction, data.seed)
     return full.subset(train_idx if split == "train" else val_idx)
 
@@ -321,13 +318,7 @@ class ClassifyTask:
 
     def batch(self, step: int, batch_size: int, seed: int, device: torch.device) -> dict[str, Tensor]:
         """Deterministic in (seed, step): epochs are seeded permutations, augmentation is seeded per step."""
-        n = len(self.train)
-        start = step * batch_size
-        idx: list[int] = []
-        while len(idx) < batch_size:
-            epoch, offset = divmod(start + len(idx), n)
-            perm = np.random.default_rng([seed, epoch]).permutation(n)
-            idx.extend(perm[offset: offset + batch_size - len(idx)].tolist())
+        idx = epoch_indices(step, batch_size, len(self.train), seed)
         images, labels = self.train.batch(idx, seed=[seed, step, 1])
         return {"images": images.to(device), "labels": labels.to(device)}
 
@@ -364,33 +355,6 @@ def fit_model_to_data(model_cfg: ModelConfig, data: ClassifyData, explicit: dict
     if model_cfg.channels != 3:
         raise ValueError(f"model.channels = {model_cfg.channels}, but {data.dataset} images are RGB (3 channels)")
     return model_cfg.replace(num_classes=classes, img_size=size)
-
-
-def epochs_to_steps(train: dict[str, Any], n_train: int) -> tuple[float | None, int]:
-    """Rewrite ``epochs``, ``warmup_epochs`` and ``eval_every_epochs`` of a recipe's [train] table into steps,
-    in place. Returns (epochs or None, steps per epoch)."""
-    for key in ("batch_size", "epochs", "warmup_epochs", "eval_every_epochs"):
-        if key in train and (isinstance(train[key], bool) or not isinstance(train[key], (int, float))):
-            raise ValueError(f"train.{key} = {train[key]!r}: expected a number")
-    batch = int(train.get("batch_size", 32))
-    if batch < 1:
-        raise ValueError(f"train.batch_size must be >= 1, got {batch}")
-    per_epoch = math.ceil(n_train / batch)
-    epochs = train.pop("epochs", None)
-    if epochs is not None:
-        if "steps" in train:
-            raise ValueError("the recipe gives both train.steps and train.epochs; keep one")
-        if epochs <= 0:
-            raise ValueError(f"train.epochs must be > 0, got {epochs}")
-        train["steps"] = max(1, round(epochs * per_epoch))
-        train.setdefault("eval_every", per_epoch)
-    for key, target in (("warmup_epochs", "warmup_steps"), ("eval_every_epochs", "eval_every")):
-        if key in train:
-            value = train.pop(key)
-            if target in train and key == "warmup_epochs":
-                raise ValueError(f"the recipe gives both train.{target} and train.{key}; keep one")
-            train[target] = max(0 if target == "warmup_steps" else 1, round(value * per_epoch))
-    return epochs, per_epoch
 
 
 def build_classify_task(model_cfg: ModelConfig, recipe: dict[str, Any], data_dir: str) -> ClassifyTask:

@@ -10,7 +10,8 @@
   the reconstruction PSNR / SSIM at 40% masking after 24-step MaskGIT decoding and the tokenizer's decoder.
 
 Data: CIFAR-10 in its python layout (``DIR/cifar-10-batches-py``) or an ImageFolder tree
-(``DIR/train/<class>/*`` and ``DIR/val/<class>/*``, or ``DIR/<class>/*``), resized to ``image_size``.
+(``DIR/train/<class>/*`` and ``DIR/val/<class>/*``, or ``DIR/<class>/*``): the largest central square of each
+image resized to ``image_size`` (``hyperset.vision.data.resize_crop``, as in reconstruction and the app).
 """
 
 from __future__ import annotations
@@ -24,17 +25,18 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from PIL import Image
 from torch import Tensor
 
 from hyperset.checkpoint import save_module
 from hyperset.config import ModelConfig, check_table
-from hyperset.vision.data import cifar_dir, list_image_folder, read_cifar, train_val_split
+from hyperset.vision.data import ImageSource, cifar_dir, train_val_split
 from hyperset.vision.maskgit import decode as maskgit_decode
 from hyperset.vision.maskgit import mask_by_ratio, random_token_mask
 from hyperset.vision.metrics import psnr, ssim
 from hyperset.vision.reconstruct import TOKENIZER_KIND, Tokenizer, check_compatible, load_tokenizer
 from hyperset.vision.vq import VQConfig, VQTokenizer
+
+from .epochs import epoch_indices, epochs_to_steps
 
 STAGES = ("tokenizer", "tokens")
 
@@ -44,46 +46,30 @@ STAGES = ("tokenizer", "tokens")
 
 
 class ImageSet:
-    """Images of one split as uint8 (3, S, S): CIFAR arrays in memory, or files decoded on demand."""
+    """The images of one split used at one size: an ``ImageSource`` (CIFAR arrays in memory, or image files
+    decoded on demand), every image through ``resize_crop`` to ``size`` (the preprocessing of reconstruction and
+    of the app as well)."""
 
-    def __init__(self, arrays: Tensor | None = None, files: list[Path] | None = None, size: int = 32,
-                 source: str = "") -> None:
-        if (arrays is None) == (files is None):
-            raise ValueError("ImageSet needs either arrays or files")
-        self.arrays, self.files, self.size, self.source = arrays, files, size, source
+    def __init__(self, images: ImageSource, size: int = 32) -> None:
+        self.images, self.size = images, size
+
+    @property
+    def source(self) -> str:
+        return self.images.name
 
     def __len__(self) -> int:
-        return len(self.arrays) if self.arrays is not None else len(self.files or [])
+        return len(self.images)
 
     def subset(self, indices: np.ndarray) -> ImageSet:
-        idx = np.asarray(indices, dtype=np.int64)
-        if self.arrays is not None:
-            return ImageSet(arrays=self.arrays[torch.from_numpy(idx)], size=self.size, source=self.source)
-        return ImageSet(files=[self.files[i] for i in idx], size=self.size, source=self.source)  # type: ignore
+        return ImageSet(self.images.subset(indices), self.size)
 
     def get(self, indices: np.ndarray | list[int] | range) -> Tensor:
         """uint8 (n, 3, S, S)."""
-        idx = np.asarray(list(indices), dtype=np.int64)
-        if self.arrays is not None:
-            return self.arrays[torch.from_numpy(idx)]
-        return torch.stack([_load_file(self.files[i], self.size) for i in idx])  # type: ignore[index]
+        return self.images.get(indices, self.size)
 
     def floats(self, indices: np.ndarray | list[int] | range) -> Tensor:
         """float (n, 3, S, S) in [0, 1]."""
         return self.get(indices).float().div_(255.0)
-
-
-def _load_file(path: Path, size: int) -> Tensor:
-    """An image file -> uint8 (3, size, size): shorter side resized to ``size``, central crop."""
-    with Image.open(path) as img:
-        img = img.convert("RGB")
-        w, h = img.size
-        scale = size / min(w, h)
-        img = img.resize((max(size, round(w * scale)), max(size, round(h * scale))), Image.BICUBIC)
-        w, h = img.size
-        left, top = (w - size) // 2, (h - size) // 2
-        img = img.crop((left, top, left + size, top + size))
-    return torch.from_numpy(np.asarray(img, dtype=np.uint8).copy()).permute(2, 0, 1)
 
 
 def load_images(root: str | Path, split: str, image_size: int = 32) -> ImageSet:
@@ -106,9 +92,7 @@ def load_images(root: str | Path, split: str, image_size: int = 32) -> ImageSet:
     if is_cifar:
         if image_size != 32:
             raise ValueError(f"CIFAR-10 images are 32x32; image_size {image_size} is not supported for them")
-        arrays = read_cifar("cifar10", root, split)
-        images = torch.from_numpy(arrays.images).permute(0, 3, 1, 2).contiguous()
-        return ImageSet(arrays=images, size=32, source=f"cifar10 {split} ({root})")
+        return ImageSet(ImageSource.cifar("cifar10", root, split), size=32)
     if split == "train":
         folder = root / "train" if (root / "train").is_dir() else root
     else:
@@ -116,19 +100,7 @@ def load_images(root: str | Path, split: str, image_size: int = 32) -> ImageSet:
         if folder is None:
             raise FileNotFoundError(f"{root} is neither CIFAR-10 (cifar-10-batches-py/) nor an ImageFolder tree "
                                     "with a val/ (or test/) folder for the test split")
-    samples, _ = list_image_folder(folder)
-    return ImageSet(files=[p for p, _ in samples], size=image_size, source=f"image folder {folder}")
-
-
-def epoch_indices(step: int, batch_size: int, n: int, seed: int) -> np.ndarray:
-    """Indices of batch ``step``: consecutive slices of seeded per-epoch permutations of range(n)."""
-    start = step * batch_size
-    out: list[int] = []
-    while len(out) < batch_size:
-        epoch, offset = divmod(start + len(out), n)
-        perm = np.random.default_rng([seed, epoch]).permutation(n)
-        out.extend(perm[offset: offset + batch_size - len(out)].tolist())
-    return np.asarray(out, dtype=np.int64)
+    return ImageSet(ImageSource.folder(folder), size=image_size)
 
 
 def _generator(*keys: int) -> torch.Generator:
@@ -416,22 +388,12 @@ class _ProbeModel:
 # Recipe -> task
 
 
-def _epochs_to_steps(train: dict[str, Any], n_images: int) -> None:
-    """Rewrite ``epochs`` (passes over the training images) as optimizer ``steps``, in place."""
-    epochs = train.pop("epochs", None)
-    if epochs is None:
-        return
-    if "steps" in train:
-        raise ValueError("the recipe's [train] gives both epochs and steps; keep one")
-    batch = int(train.get("batch_size", 32))
-    train["steps"] = max(1, math.ceil(float(epochs) * n_images / batch))
-
-
 def build_mim_task(model_cfg: ModelConfig, recipe: dict[str, Any], data_dir: str) -> TokenizerTask | TokensTask:
     """The task of a MIM recipe: ``[objective] stage`` = "tokenizer" or "tokens" (default).
 
     Tables: ``[data]`` -> MIMData; ``[objective]`` -> TokensTask options (stage tokens) or ``eval_batch``;
-    ``[tokenizer]`` -> VQConfig (stage tokenizer); ``[train] epochs`` is converted to steps here.
+    ``[tokenizer]`` -> VQConfig (stage tokenizer); ``[train] epochs`` (passes over the training images) are
+    converted to steps here (``training.epochs.epochs_to_steps``).
     """
     objective = dict(recipe.get("objective", {}))
     stage = objective.pop("stage", "tokens")
@@ -462,5 +424,5 @@ def build_mim_task(model_cfg: ModelConfig, recipe: dict[str, Any], data_dir: str
             task = TokensTask(model=model_cfg, data=data, **objective)
         except TypeError as e:
             raise ValueError(f"[objective] table: {e}") from None
-    _epochs_to_steps(recipe.setdefault("train", {}), len(task.train))
+    epochs_to_steps(recipe.setdefault("train", {}), len(task.train))
     return task

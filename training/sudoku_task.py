@@ -15,6 +15,8 @@ from hyperset.models import HyperSETModel
 from hyperset.sudoku.board import UNITS
 from hyperset.sudoku.data import augment, find_split, load_csv, protocol_split
 
+from .epochs import epoch_indices
+
 
 @dataclass
 class SudokuData:
@@ -119,13 +121,7 @@ class SudokuTask:
 
     def batch(self, step: int, batch_size: int, seed: int, device: torch.device) -> dict[str, torch.Tensor]:
         """Deterministic in (seed, step): epochs are seeded permutations, so a resumed run sees the same data."""
-        n = len(self.train_puzzles)
-        start = step * batch_size
-        idx = []
-        while len(idx) < batch_size:
-            epoch, offset = divmod(start + len(idx), n)
-            perm = np.random.default_rng([seed, epoch]).permutation(n)
-            idx.extend(perm[offset: offset + batch_size - len(idx)].tolist())
+        idx = epoch_indices(step, batch_size, len(self.train_puzzles), seed)
         p, s = self.train_puzzles[idx], self.train_solutions[idx]
         if self.data.augment:
             p, s = augment(p, s, np.random.default_rng([seed, step, 1]))

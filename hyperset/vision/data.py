@@ -4,8 +4,12 @@
   restricted unpickler (no arbitrary code runs when a batch file is opened), held in memory as uint8 arrays.
 * ImageNet-100 as an ImageFolder tree (``root/<wnid>/<image>`` or ``root/{train,val}/<wnid>/<image>``),
   decoded lazily with Pillow, restricted to the 100 classes of CMC's ``imagenet100.txt``.
-* The paper's augmentation: pad-4 random crop + horizontal flip on CIFAR (also batched, on any device), and
-  RandomResizedCrop(224) + flip on ImageNet, with per-dataset mean/std normalization.
+* The paper's augmentation: pad-4 random crop + horizontal flip on CIFAR (also batched, on any device, seeded
+  per batch so that a resumed run replays it), and RandomResizedCrop(224) + flip on ImageNet, with per-dataset
+  mean/std normalization.
+* One image source (``ImageSource``: CIFAR arrays, ImageFolder trees, lists of files; ``decode_image`` for a
+  single image) and one resize-and-crop (``resize_crop``: antialiased bilinear on tensors) for every path that
+  resizes an image: classification training and evaluation, MIM training, reconstruction and the app.
 
 ``load_classification(name, root, split)`` is the single entry point. For every dataset "val" is a held-out
 part of the training set (``train_val_split``): model selection never looks at the test split.
@@ -30,6 +34,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from PIL import Image
 from torch.utils.data import Dataset
 
@@ -481,25 +486,87 @@ def random_crop_flip(
     return out.permute(0, 3, 1, 2).contiguous()
 
 
+# ----------------------------------------------------------------------------------------------------
+# Decoding, and the one resize-and-crop of every image path (training, evaluation, reconstruction, the app)
+
+
+def decode_image(source: str | os.PathLike | Image.Image | np.ndarray) -> torch.Tensor:
+    """An image file, a PIL image or an (H, W[, C]) uint8 array -> uint8 RGB tensor (3, H, W)."""
+    if isinstance(source, (str, os.PathLike)):
+        with Image.open(source) as img:
+            return decode_image(img)
+    if isinstance(source, Image.Image):
+        source = np.array(source.convert("RGB"), dtype=np.uint8)  # a writable copy
+    arr = np.asarray(source)
+    if arr.ndim == 2:
+        arr = np.repeat(arr[..., None], 3, axis=2)
+    if arr.ndim != 3 or arr.shape[2] not in (3, 4) or arr.dtype != np.uint8:
+        raise ValueError(f"expected an RGB(A) uint8 image (H, W, 3), got {arr.dtype} {arr.shape}")
+    return torch.from_numpy(np.ascontiguousarray(arr[..., :3])).permute(2, 0, 1)
+
+
 def pil_to_tensor(img: Image.Image) -> torch.Tensor:
     """RGB PIL image -> float tensor (3, H, W) in [0, 1]."""
-    arr = np.asarray(img.convert("RGB"), dtype=np.uint8)
-    return torch.from_numpy(arr.copy()).permute(2, 0, 1).float().div_(255.0)
+    return decode_image(img).float().div_(255.0)
 
 
-def random_resized_crop(
-    img: Image.Image,
-    size: int,
+Box = tuple[int, int, int, int]  # (left, top, width, height) in pixels
+
+
+def center_box(height: int, width: int, fraction: float = 1.0) -> Box:
+    """The central square whose side is ``fraction`` of the shorter side (at least one pixel)."""
+    side = max(1, round(min(height, width) * fraction))
+    return (width - side) // 2, (height - side) // 2, side, side
+
+
+def resize_crop(images: torch.Tensor, size: int, crop: float | str | Box = 1.0) -> torch.Tensor:
+    """Cut a region out of images (..., 3, H, W) (uint8, or float in [0, 1]) and resize it to size x size with
+    antialiased bilinear interpolation (the filter of PIL's BILINEAR and torchvision's Resize): float in [0, 1].
+
+    ``crop``: a float f in (0, 1]: the central square of side f x the shorter side (1: the largest central
+    square, the MIM and app preprocessing; 224/256: ImageNet's Resize(256) + CenterCrop(224)); "full": the whole
+    image, squashed to a square (the authors' ImageNet test-time resize); a (left, top, width, height) box
+    (RandomResizedCrop, see ``random_resized_box``). A region already of size x size is returned as it is.
+    """
+    if images.ndim < 3 or images.shape[-3] != 3:
+        raise ValueError(f"expected RGB images (..., 3, H, W), got shape {tuple(images.shape)}")
+    h, w = images.shape[-2:]
+    if crop == "full":
+        box: Box = (0, 0, w, h)
+    elif isinstance(crop, str):
+        raise ValueError(f"crop must be a fraction in (0, 1], 'full' or a (left, top, width, height) box, not {crop!r}")
+    elif isinstance(crop, (int, float)):
+        if not 0 < crop <= 1:
+            raise ValueError(f"crop fraction must be in (0, 1], got {crop}")
+        box = center_box(h, w, float(crop))
+    else:
+        box = tuple(int(v) for v in crop)  # type: ignore[assignment]
+    left, top, bw, bh = box
+    if bw < 1 or bh < 1 or left < 0 or top < 0 or left + bw > w or top + bh > h:
+        raise ValueError(f"crop box {box} does not fit a {w}x{h} image")
+    x = images[..., top:top + bh, left:left + bw]
+    x = x.float().div(255.0) if x.dtype == torch.uint8 else x.float()
+    if (bh, bw) != (size, size):
+        lead = x.shape[:-3]
+        x = F.interpolate(x.reshape(-1, 3, bh, bw), size=(size, size), mode="bilinear", antialias=True,
+                          align_corners=False).reshape(*lead, 3, size, size)
+    return x.clamp(0, 1)
+
+
+def to_uint8(images: torch.Tensor) -> torch.Tensor:
+    """Float images in [0, 1] -> uint8 (rounded)."""
+    return images.mul(255.0).round_().clamp_(0, 255).to(torch.uint8)
+
+
+def random_resized_box(
+    height: int,
+    width: int,
     scale: tuple[float, float] = (0.08, 1.0),
     ratio: tuple[float, float] = (3 / 4, 4 / 3),
     generator: torch.Generator | None = None,
-) -> Image.Image:
-    """Crop a random area fraction in ``scale`` with aspect ratio in ``ratio``, resized to size x size.
-
-    Inception-style sampling as in torchvision's RandomResizedCrop: 10 tries, then a central crop with the
-    aspect ratio clamped to ``ratio``.
-    """
-    width, height = img.size
+) -> Box:
+    """The region of RandomResizedCrop: a random area fraction in ``scale`` with aspect ratio in ``ratio``
+    (Inception-style sampling as torchvision's: 10 tries, then a central crop with the ratio clamped)."""
     area = width * height
     log_lo, log_hi = math.log(ratio[0]), math.log(ratio[1])
     for _ in range(10):
@@ -509,57 +576,27 @@ def random_resized_crop(
         h = round(math.sqrt(target / aspect))
         if 0 < w <= width and 0 < h <= height:
             top, left = _randint(0, height - h, generator), _randint(0, width - w, generator)
-            break
+            return left, top, w, h
+    in_ratio = width / height
+    if in_ratio < ratio[0]:
+        w, h = width, round(width / ratio[0])
+    elif in_ratio > ratio[1]:
+        w, h = round(height * ratio[1]), height
     else:
-        in_ratio = width / height
-        if in_ratio < ratio[0]:
-            w, h = width, round(width / ratio[0])
-        elif in_ratio > ratio[1]:
-            w, h = round(height * ratio[1]), height
-        else:
-            w, h = width, height
-        top, left = (height - h) // 2, (width - w) // 2
-    return img.resize((size, size), Image.BILINEAR, box=(left, top, left + w, top + h))
+        w, h = width, height
+    return (width - w) // 2, (height - h) // 2, w, h
 
 
-def resize(img: Image.Image, size: int | tuple[int, int]) -> Image.Image:
-    """Bilinear resize: an int sets the shorter side (aspect kept); a (height, width) pair sets both."""
-    width, height = img.size
-    if isinstance(size, int):
-        if width <= height:
-            new_w, new_h = size, int(size * height / width)
-        else:
-            new_w, new_h = int(size * width / height), size
-    else:
-        new_h, new_w = size
-    return img.resize((new_w, new_h), Image.BILINEAR)
-
-
-def center_crop(img: Image.Image, size: int) -> Image.Image:
-    """Central size x size crop (the image must be at least that large)."""
-    width, height = img.size
-    if width < size or height < size:
-        raise ValueError(f"cannot center-crop {size}x{size} from a {width}x{height} image")
-    left, top = round((width - size) / 2), round((height - size) / 2)
-    return img.crop((left, top, left + size, top + size))
-
-
-def resize_center_crop(img: Image.Image, resize_to: int = 256, crop: int = 224) -> Image.Image:
-    """Standard ImageNet evaluation: shorter side to ``resize_to``, then a central ``crop`` square."""
-    return center_crop(resize(img, resize_to), crop)
-
-
-def random_hflip(img: Image.Image, p: float = 0.5, generator: torch.Generator | None = None) -> Image.Image:
-    """Mirror left-right with probability ``p``."""
-    return img.transpose(Image.FLIP_LEFT_RIGHT) if _uniform(0.0, 1.0, generator) < p else img
+EVAL_MODES = {"resize": "full", "resize_center_crop": 224 / 256}  # ImageNet eval_mode -> resize_crop's crop
 
 
 class ImageNetTransform:
-    """PIL image -> normalized float tensor (3, size, size), following the paper's ImageNet recipe.
+    """An image (PIL, or uint8 (3, H, W)) -> normalized float tensor (3, size, size), the paper's ImageNet recipe.
 
     train: RandomResizedCrop(size, scale (0.08, 1), ratio (3/4, 4/3)) + horizontal flip.
     eval: ``eval_mode="resize"`` squashes the image to (size, size), as the authors' code does at test time;
-    ``eval_mode="resize_center_crop"`` is the common Resize(size * 256/224) + CenterCrop(size).
+    ``eval_mode="resize_center_crop"`` is the common Resize(size * 256/224) + CenterCrop(size). Every resize is
+    ``resize_crop``.
     """
 
     def __init__(
@@ -570,20 +607,20 @@ class ImageNetTransform:
         mean: Sequence[float] = IMAGENET_MEAN,
         std: Sequence[float] = IMAGENET_STD,
     ) -> None:
-        if eval_mode not in ("resize", "resize_center_crop"):
+        if eval_mode not in EVAL_MODES:
             raise ValueError(f"eval_mode must be 'resize' or 'resize_center_crop', not {eval_mode!r}")
         self.train, self.size, self.eval_mode = train, size, eval_mode
         self.mean, self.std = tuple(mean), tuple(std)
 
-    def __call__(self, img: Image.Image, generator: torch.Generator | None = None) -> torch.Tensor:
-        img = img.convert("RGB")
+    def __call__(self, img: Image.Image | torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        x = img if isinstance(img, torch.Tensor) else decode_image(img)
         if self.train:
-            img = random_hflip(random_resized_crop(img, self.size, generator=generator), generator=generator)
-        elif self.eval_mode == "resize":
-            img = resize(img, (self.size, self.size))
+            x = resize_crop(x, self.size, random_resized_box(*x.shape[-2:], generator=generator))
+            if _uniform(0.0, 1.0, generator) < 0.5:
+                x = x.flip(-1)
         else:
-            img = resize_center_crop(img, round(self.size * 256 / 224), self.size)
-        return normalize(pil_to_tensor(img), self.mean, self.std)
+            x = resize_crop(x, self.size, EVAL_MODES[self.eval_mode])
+        return normalize(x, self.mean, self.std)
 
 
 def train_val_split(n: int, val_fraction: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -642,7 +679,7 @@ class CIFARDataset(Dataset):
 
 
 class ImageFolderDataset(Dataset):
-    """Lazily decoded ImageFolder tree: items are (transform(RGB PIL image), label).
+    """Lazily decoded ImageFolder tree: items are (transform(uint8 RGB image (3, H, W)), label).
 
     Without a transform, items are float tensors (3, H, W) in [0, 1] at the file's own size.
     """
@@ -651,7 +688,7 @@ class ImageFolderDataset(Dataset):
         self,
         root: str | os.PathLike,
         classes: Sequence[str] | None = None,
-        transform: Callable[[Image.Image], torch.Tensor] | None = None,
+        transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> None:
         self.root = Path(root)
         self.samples, self.classes = list_image_folder(self.root, classes)
@@ -670,10 +707,76 @@ class ImageFolderDataset(Dataset):
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         path, label = self.samples[index]
-        with Image.open(path) as img:
-            img = img.convert("RGB")
-        x = self.transform(img) if self.transform is not None else pil_to_tensor(img)
-        return x, label
+        x = decode_image(path)
+        return (self.transform(x) if self.transform is not None else x.float().div_(255.0)), label
+
+
+class ImageSource:
+    """The images of one split, whatever holds them: a CIFAR split in memory (uint8 (N, 3, H, W)), the files of
+    an ImageFolder tree or any list of image files (decoded on demand), with labels when known (else -1).
+
+    ``raw(i)`` is image i as uint8 (3, H, W) at its own size; ``floats(indices, size)`` is a batch in [0, 1],
+    every image through ``resize_crop`` (largest central square, resized to size x size; images already at that
+    size are taken as they are); ``get`` is the same as uint8.
+    """
+
+    def __init__(self, arrays: torch.Tensor | None = None, files: Sequence[str | os.PathLike] | None = None,
+                 labels: Sequence[int] | np.ndarray | torch.Tensor | None = None, name: str = "") -> None:
+        if (arrays is None) == (files is None):
+            raise ValueError("an ImageSource holds either arrays or files")
+        self.arrays = arrays
+        self.files = None if files is None else [Path(f) for f in files]
+        n = len(arrays) if arrays is not None else len(self.files or [])
+        self.labels = (torch.full((n,), -1, dtype=torch.int64) if labels is None
+                       else torch.as_tensor(np.asarray(labels), dtype=torch.int64))
+        if len(self.labels) != n:
+            raise ValueError(f"{n} images but {len(self.labels)} labels")
+        self.name = name
+
+    @classmethod
+    def cifar(cls, name: str, root: str | os.PathLike, split: str) -> ImageSource:
+        """A CIFAR split ("train" or "test") read with the restricted unpickler, held as uint8 (N, 3, 32, 32)."""
+        arrays = read_cifar(name, root, split)
+        images = torch.from_numpy(arrays.images).permute(0, 3, 1, 2).contiguous()
+        return cls(arrays=images, labels=arrays.labels, name=f"{name} {split} ({root})")
+
+    @classmethod
+    def folder(cls, root: str | os.PathLike, classes: Sequence[str] | None = None) -> ImageSource:
+        """The images of an ImageFolder tree ``root/<class>/<image>``, labelled by sorted class folder."""
+        samples, _ = list_image_folder(root, classes)
+        return cls(files=[p for p, _ in samples], labels=[c for _, c in samples], name=f"image folder {root}")
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def subset(self, indices: Sequence[int] | np.ndarray) -> ImageSource:
+        idx = np.asarray(indices, dtype=np.int64)
+        labels = self.labels[torch.from_numpy(idx)]
+        if self.arrays is not None:
+            return ImageSource(arrays=self.arrays[torch.from_numpy(idx)], labels=labels, name=self.name)
+        assert self.files is not None
+        return ImageSource(files=[self.files[i] for i in idx], labels=labels, name=self.name)
+
+    def raw(self, index: int) -> torch.Tensor:
+        """Image ``index`` as uint8 (3, H, W), at its own size."""
+        if self.arrays is not None:
+            return self.arrays[index]
+        assert self.files is not None
+        return decode_image(self.files[index])
+
+    def floats(self, indices: Sequence[int] | np.ndarray | range, size: int) -> torch.Tensor:
+        """float (n, 3, size, size) in [0, 1] (``resize_crop``: central square, antialiased bilinear)."""
+        idx = [int(i) for i in indices]
+        if self.arrays is not None and self.arrays.shape[-2:] == (size, size):
+            return self.arrays[torch.as_tensor(idx, dtype=torch.int64)].float().div_(255.0)
+        return torch.stack([resize_crop(self.raw(i), size) for i in idx]) if idx else torch.zeros(0, 3, size, size)
+
+    def get(self, indices: Sequence[int] | np.ndarray | range, size: int) -> torch.Tensor:
+        """uint8 (n, 3, size, size): ``floats`` rounded (exact for images already at that size)."""
+        idx = [int(i) for i in indices]
+        if self.arrays is not None and self.arrays.shape[-2:] == (size, size):
+            return self.arrays[torch.as_tensor(idx, dtype=torch.int64)]
+        return to_uint8(self.floats(idx, size))
 
 
 def _imagenet_dirs(root: Path) -> tuple[Path, Path | None]:

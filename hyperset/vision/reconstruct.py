@@ -33,6 +33,7 @@ from torch import Tensor, nn
 from ..checkpoint import CheckpointError, checkpoint_dir, load_checkpoint, load_weights_into, read_config
 from ..models import HyperSETModel
 from ..pretrained import weights_root
+from .data import decode_image, resize_crop
 from .maskgit import decode as maskgit_decode
 from .vq import VQConfig, VQTokenizer
 
@@ -195,24 +196,18 @@ def paint_mask(images: Tensor, mask: Tensor, value: float = 0.5) -> Tensor:
 
 
 def prepare_images(images: Tensor | Image.Image | list[Image.Image], size: int) -> Tensor:
-    """PIL image(s) or a float tensor (B, 3, H, W) in [0, 1] -> (B, 3, size, size): central square crop,
-    then an antialiased resize (no-op when already size x size)."""
+    """PIL image(s) or a float tensor (B, 3, H, W) in [0, 1] -> (B, 3, size, size): the largest central square,
+    resized with antialiased bilinear interpolation (``hyperset.vision.data.resize_crop``, the preprocessing of
+    MIM training too; a no-op when already size x size)."""
     if isinstance(images, Image.Image):
         images = [images]
     if isinstance(images, list):
-        arrays = [np.asarray(im.convert("RGB"), dtype=np.float32) / 255.0 for im in images]
-        return torch.cat([prepare_images(torch.from_numpy(a).permute(2, 0, 1)[None], size) for a in arrays])
+        return torch.cat([prepare_images(decode_image(im)[None], size) for im in images])
     if images.ndim == 3:
         images = images[None]
     if images.ndim != 4 or images.shape[1] != 3:
         raise ValueError(f"expected RGB images (B, 3, H, W), got shape {tuple(images.shape)}")
-    h, w = images.shape[-2:]
-    side = min(h, w)
-    top, left = (h - side) // 2, (w - side) // 2
-    images = images[..., top:top + side, left:left + side].float()
-    if side != size:
-        images = F.interpolate(images, size=(size, size), mode="bilinear", antialias=True, align_corners=False)
-    return images.clamp(0, 1)
+    return resize_crop(images, size)
 
 
 class MIMPipeline:

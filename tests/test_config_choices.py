@@ -1,0 +1,99 @@
+"""Model config choices are validated in one place: an unknown value is a one-line error naming the key and the
+choices, and every shipped config and recipe still validates."""
+
+import json
+from importlib import resources
+from pathlib import Path
+
+import pytest
+
+import hyperset
+from hyperset.config import CHOICES, TASK_POS, ModelConfig, get_preset, list_presets
+from hyperset.models import HyperSETModel
+
+WEIGHTS = Path(hyperset.__file__).parent / "weights"
+
+
+def _base(task: str) -> dict:
+    return {"sudoku": get_preset("sudoku-cpu"), "classify": get_preset("cifar10-cpu"),
+            "mim": get_preset("mim-cpu")}[task].config.to_dict()
+
+
+@pytest.mark.parametrize("key", sorted(CHOICES))
+def test_an_unknown_value_names_the_key_and_every_choice(key):
+    data = {**_base("sudoku"), key: "bogus"}
+    with pytest.raises(ValueError) as info:
+        ModelConfig.from_dict(data)
+    message = str(info.value)
+    assert message.startswith(f"model.{key}='bogus': expected one of ")
+    assert "\n" not in message
+    for choice in CHOICES[key]:
+        assert repr(choice) in message
+
+
+def test_the_error_reads_as_documented():
+    with pytest.raises(ValueError, match=r"^model\.stem='conv': expected one of 'ln-linear-ln', 'linear'$"):
+        ModelConfig(**{**_base("classify"), "stem": "conv"})
+
+
+@pytest.mark.parametrize("pos", [p for p in CHOICES["pos"] if p not in TASK_POS["classify"]])
+def test_a_patch_stem_accepts_only_the_positions_it_implements(pos):
+    with pytest.raises(ValueError, match=r"model\.pos=.*expected one of 'sincos1d'.*classify"):
+        ModelConfig(**{**_base("classify"), "pos": pos})
+
+
+def test_token_positions_that_cannot_fit_the_sequence_are_config_errors():
+    with pytest.raises(ValueError, match="grid"):
+        ModelConfig(**{**_base("mim"), "pos": "grid"})  # seq_len 64: not a Sudoku board
+    with pytest.raises(ValueError, match="square"):
+        ModelConfig(**{**_base("sudoku"), "pos": "sincos2d", "seq_len": 80})
+
+
+def test_every_accepted_stem_and_head_norm_means_what_it_says():
+    import torch.nn as nn
+
+    from hyperset.layers import RMSNorm
+
+    for stem, first in (("ln-linear-ln", nn.Sequential), ("linear", nn.Linear)):
+        model = HyperSETModel(ModelConfig(**{**_base("classify"), "stem": stem}))
+        assert type(model.stem.embed) is first
+    for head_norm, kind in (("rms", RMSNorm), ("layer", nn.LayerNorm)):
+        assert type(HyperSETModel(ModelConfig(**{**_base("sudoku"), "head_norm": head_norm})).head_norm) is kind
+
+
+@pytest.mark.parametrize("name", list_presets())
+def test_every_preset_validates(name):
+    cfg = get_preset(name).config
+    assert ModelConfig.from_dict(cfg.to_dict()) == cfg
+
+
+SHIPPED = sorted([*WEIGHTS.glob("*/config.json"), *WEIGHTS.glob("mim/*/config.json")])
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=[str(p.relative_to(WEIGHTS)) for p in SHIPPED])
+def test_every_shipped_config_validates(path):
+    meta = json.loads(path.read_text())
+    if meta.get("kind", "hyperset") != "hyperset":
+        pytest.skip(f"a {meta.get('kind')} checkpoint has no model config")
+    from hyperset.checkpoint import load_checkpoint
+
+    model, _ = load_checkpoint(path.parent)
+    assert model.cfg == ModelConfig.from_dict(model.cfg.to_dict())
+
+
+RECIPES = sorted(p.name for p in (resources.files("training") / "recipes").iterdir() if p.name.endswith(".toml"))
+
+
+@pytest.mark.parametrize("name", [r[: -len(".toml")] for r in RECIPES])
+def test_every_recipe_validates(name):
+    from training.cli import model_config
+    from training.epochs import epochs_to_steps
+    from training.recipes import load_recipe
+    from training.trainer import TrainConfig
+
+    _, recipe = load_recipe(name)
+    cfg = model_config(recipe)
+    assert ModelConfig.from_dict(cfg.to_dict()) == cfg
+    train = dict(recipe.get("train", {}))
+    epochs_to_steps(train, 50_000)
+    TrainConfig.from_dict(train)
