@@ -9,6 +9,9 @@ Measures, on the paper protocol's seeded draw of the validation file:
   * effective rank and average angle per head vs iteration (the paper's figures 4-5);
   * the inference strategies (single pass at T and 2T, --iters auto, commit) with boards/s;
   * boards/s of a single pass and of the default strategy at several batch sizes (the solver's CPU default).
+
+The measurements are the library's (hyperset.sudoku.evaluate, also behind `hyperset-eval sudoku`); this script
+picks the settings, adds the batch-size sweep and the checks, and draws the figures.
 """
 
 from __future__ import annotations
@@ -23,81 +26,34 @@ import numpy as np
 import torch
 
 from hyperset.checkpoint import atomic_write_json
-from hyperset.energies import average_angle, effective_rank
-from hyperset.solve import DEFAULT_PASSES, DEFAULT_STRATEGY, Solver, bundled_checkpoint, summarize
-from hyperset.sudoku.data import find_split, givens_count, load_csv, protocol_split
+from hyperset.solve import DEFAULT_PASSES, DEFAULT_STRATEGY, Solver, bundled_checkpoint
+from hyperset.sudoku.data import givens_count
+from hyperset.sudoku.evaluate import Boards, iteration_curve, load_boards, per_givens, run_strategy, to_strings
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def to_strings(a: np.ndarray) -> list[str]:
-    return ["".join(map(str, row)) for row in a.tolist()]
-
-
-@torch.no_grad()
-def per_iteration(solver: Solver, puzzles: np.ndarray, solutions: np.ndarray, max_iters: int,
-                  geometry_boards: int, batch: int = 250) -> dict:
-    """One pass to max_iters, reading out predictions, energies and (on a subset) geometry at every t."""
-    T = max_iters
-    board_right = np.zeros((T, len(puzzles)), dtype=bool)
-    cell_right = np.zeros(T)
-    blanks = int((puzzles == 0).sum())
-    energy: dict[str, np.ndarray] = {}  # E_ATTN / E_FF where the layer defines them (baselines do not)
-    rank, angle = [], []
-    model = solver.model
-    for i in range(0, len(puzzles), batch):
-        p = torch.from_numpy(puzzles[i: i + batch]).long()
-        s = torch.from_numpy(solutions[i: i + batch]).long()
-        x0 = model.stem(p)
-        for layer, t, x in model.core.iterate(x0, T):
-            digits = torch.where(p > 0, p, model.readout(x).argmax(-1) + 1)
-            ok = (digits == s)
-            board_right[t - 1, i: i + len(p)] = ok.all(-1).numpy()
-            cell_right[t - 1] += (ok & (p == 0)).sum().item()
-            for k, v in layer.energy(x, t).items():
-                energy.setdefault(k, np.zeros((T, len(puzzles))))[t - 1, i: i + len(p)] = v.float().numpy()
-            if i == 0:
-                Z = layer.projections(x[:geometry_boards], t)
-                rank.append(effective_rank(Z).mean(0).tolist())
-                angle.append(average_angle(Z).mean(0).tolist())
-    return {"board_acc": board_right.mean(1).tolist(), "cell_acc": (cell_right / blanks).tolist(),
-            "board_right": board_right, "energy": {k: {"mean": v.mean(1).tolist(), "std": v.std(1).tolist()}
-                                                   for k, v in energy.items()},
-            "effective_rank": rank, "average_angle": angle}
-
-
-def per_givens(board_right: np.ndarray, givens: np.ndarray) -> dict[int, dict[str, float]]:
-    return {int(g): {"boards": int((givens == g).sum()), "board_acc": float(board_right[givens == g].mean())}
-            for g in np.unique(givens)}
-
-
 def strategy_settings(T: int) -> list[tuple[str, dict]]:
-    """The inference settings the strategy table compares (name, Solver.solve keyword arguments)."""
+    """The inference settings the strategy table compares (name, run_strategy keyword arguments)."""
     return [(f"single@{T}", {"iters": T, "strategy": "single"}),
             (f"single@{2 * T}", {"iters": 2 * T, "strategy": "single"}),
             (f"single@{4 * T}", {"iters": 4 * T, "strategy": "single"}),
-            ("auto", {"iters": "auto"}),
+            ("auto", {"strategy": "auto"}),
             (f"commit@{T}x4", {"iters": T, "strategy": "commit", "passes": 4}),
             (f"commit@{T}x8", {"iters": T, "strategy": "commit", "passes": 8}),
             (f"commit@{T}x{DEFAULT_PASSES}", {"iters": T, "strategy": "commit", "passes": DEFAULT_PASSES}),
             (f"commit@{2 * T}x{DEFAULT_PASSES}", {"iters": 2 * T, "strategy": "commit", "passes": DEFAULT_PASSES})]
 
 
-def strategies(solver: Solver, puzzles: list[str], solutions: list[str], T: int) -> list[dict]:
+def strategies(solver: Solver, boards: Boards, T: int) -> list[dict]:
     rows = []
     default = f"{DEFAULT_STRATEGY}@{T}" + (f"x{DEFAULT_PASSES}" if DEFAULT_STRATEGY == "commit" else "")
     for name, kw in strategy_settings(T):
-        t0 = time.perf_counter()
-        res = solver.solve(puzzles, solutions=solutions, **kw)
-        dt = time.perf_counter() - t0
-        s = summarize(res, dt, solver)
-        rows.append({"strategy": name, "settings": kw, "default": name == default, "board_acc": s.board_accuracy,
-                     "cell_acc": s.cell_accuracy, "valid": s.valid / s.puzzles, "boards_per_s": len(puzzles) / dt,
-                     "seconds_per_board": dt / len(puzzles), "seconds": dt,
-                     "mean_iterations": float(np.mean([r.iterations for r in res])),
-                     "mean_passes": float(np.mean([r.passes for r in res]))})
-        print(f"  {name:14s} board {s.board_accuracy:.3f} cell {s.cell_accuracy:.4f} "
-              f"{len(puzzles) / dt:7.1f} boards/s", file=sys.stderr)
+        row = run_strategy(solver, boards, name=name, **kw)
+        row["default"] = name == default
+        rows.append(row)
+        print(f"  {name:14s} board {row['board_acc']:.3f} cell {row['cell_acc']:.4f} "
+              f"{row['boards_per_s']:7.1f} boards/s", file=sys.stderr)
     for r in rows:  # Pareto frontier of accuracy against solve time: nothing else is both faster and better
         r["frontier"] = not any(o["seconds_per_board"] < r["seconds_per_board"] and o["board_acc"] >= r["board_acc"]
                                 for o in rows if o is not r)
@@ -212,26 +168,26 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     solver = Solver.load(args.checkpoint, "cpu")
     T = solver.trained_iters
-    p, s = load_csv(find_split(args.data, args.split))
-    p, s = protocol_split(p, s, args.n, args.seed)
+    boards = load_boards(args.data, args.split, args.n, args.seed)
     print(f"{args.n} puzzles from {args.data} ({args.split}, seed {args.seed}); trained depth {T}", file=sys.stderr)
-    curve = per_iteration(solver, p, s, args.max_factor * T, args.geometry_boards)
-    board_right = curve.pop("board_right")
-    givens = givens_count(p)
+    curve = iteration_curve(solver, boards, args.max_factor * T, batch_size=250,
+                            geometry_boards=args.geometry_boards, progress=None)
+    givens = givens_count(boards.puzzles)
     out = {
         "checkpoint": str(args.checkpoint or bundled_checkpoint()), "data": str(args.data), "split": args.split,
         "puzzles": args.n, "seed": args.seed, "protocol": "np.random.RandomState(seed).permutation, first n",
         "trained_iterations": T, "parameters": solver.model.num_parameters(),
         "model": solver.model.cfg.to_dict(), "device": solver.device_name(),
-        "per_iteration": curve,
-        "per_givens": {str(k): {str(g): v for g, v in per_givens(board_right[k - 1], givens).items()}
+        "per_iteration": curve.to_json(),
+        "per_givens": {str(k): {str(g): v for g, v in per_givens(curve.board_right[k - 1], givens).items()}
                        for k in (T, 2 * T)},
     }
     if not args.no_strategies:
         k = args.strategies_n or args.n
         out["strategies_puzzles"] = k
         out["strategies_batch_size"] = solver.default_batch_size
-        out["strategies"] = strategies(solver, to_strings(p[:k]), to_strings(s[:k]), T)
+        part = Boards(boards.puzzles[:k], boards.solutions[:k], boards.source, boards.split, boards.seed)
+        out["strategies"] = strategies(solver, part, T)
     if not args.no_strategies:
         by_name = {r["strategy"]: r for r in out["strategies"]}
         tag = f"x{DEFAULT_PASSES}" if DEFAULT_STRATEGY == "commit" else ""
@@ -242,7 +198,8 @@ def main() -> None:
                                      "accuracy_2T_ge_T": at_2t["board_acc"] >= at_t["board_acc"]}
     if args.batch_sizes:
         sizes = [int(b) for b in args.batch_sizes.split(",")]
-        out["batch_sweep"] = batch_sweep(solver, to_strings(p[:256]), T, sizes)
+        out["batch_sweep"] = batch_sweep(solver, to_strings(boards.puzzles[:256]), T, sizes)
+    curve = out["per_iteration"]
     e = curve["energy"]
     total = [a + f for a, f in zip(e["attn"]["mean"], e["ff"]["mean"])] if e else None
     out["checks"] = {

@@ -1,4 +1,4 @@
-"""`hyperset-eval classify|mim [CHECKPOINT] --data DIR --split test [--iters N] [--json]`."""
+"""`hyperset-eval sudoku|classify|mim ...`: evaluate trained (or the shipped) models."""
 
 from __future__ import annotations
 
@@ -6,10 +6,14 @@ import sys
 
 import click
 
+from hyperset.cli_options import version_option
 from hyperset.extras import MissingExtra, require
+
+from .eval_sudoku import sudoku_command
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@version_option("hyperset-eval")
 def main() -> None:
     """Evaluate trained (or the shipped) models at any number of iterations."""
 
@@ -27,6 +31,7 @@ def _needs_extra(name: str, error: MissingExtra) -> click.Command:
 
 
 def _register() -> None:
+    main.add_command(sudoku_command, "sudoku")
     try:
         require("train", "PIL", what="hyperset-eval classify and mim")
     except MissingExtra as e:

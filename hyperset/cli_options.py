@@ -1,0 +1,78 @@
+"""Options that mean one thing in every command (`hyperset-train`, `hyperset-eval`, `hyperset-export`), as in
+`hyperset-solve`:
+
+    --device      auto | cpu | cuda (auto: CUDA when usable, else Apple MPS, else the CPU; cuda:N names a GPU)
+    --threads N   PyTorch CPU threads
+    --batch-size  items per forward pass
+    --json        exactly one JSON document on standard output (messages go to standard error)
+    --version     the installed hyperset version
+
+A renamed option keeps its old name as a hidden alias that still works and says it is deprecated
+(`renamed_option`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+DEVICE_HELP = "auto | cpu | cuda (or cuda:N)"
+
+
+def package_version() -> str:
+    """The installed distribution's version; the source tree's ``hyperset.__version__`` when not installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("hyperset")
+    except PackageNotFoundError:
+        from . import __version__
+
+        return __version__
+
+
+def version_option(prog: str) -> Callable[[Any], Any]:
+    """--version: prints "PROG VERSION" and exits 0."""
+    return click.version_option(package_version(), "--version", prog_name=prog, message="%(prog)s %(version)s")
+
+
+def device_option(default: str = "auto", help: str | None = None) -> Callable[[Any], Any]:
+    """--device, checked by hyperset.device.pick_device where the command starts its work."""
+    return click.option("--device", default=default, show_default=True, help=help or DEVICE_HELP)
+
+
+def threads_option(help: str | None = None) -> Callable[[Any], Any]:
+    """--threads N: PyTorch CPU threads (default: the cores that other work leaves idle, unless `help` says)."""
+    return click.option("--threads", type=click.IntRange(1, 1024), default=None,
+                        help=help or "CPU threads [default: the cores that other work leaves idle]")
+
+
+def json_option(help: str = "print one JSON document") -> Callable[[Any], Any]:
+    return click.option("--json", "as_json", is_flag=True, help=help)
+
+
+def renamed_option(*decls: str, old: str, **kw: Any) -> Callable[[Any], Any]:
+    """A click option plus a hidden ``old`` name for it: ``old VALUE`` still works, warns on standard error that
+    it is deprecated, and gives VALUE to the option (unless the new name is given too, which then wins)."""
+    new = next(d for d in decls if d.startswith("--"))
+    key = f"renamed:{old}"
+
+    def take_old(ctx: click.Context, param: click.Parameter, value: Any) -> None:
+        if value is not None:
+            click.echo(f"warning: {old} is deprecated and will be removed; use {new}", err=True)
+            ctx.meta[key] = value
+
+    def prefer_old(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+        source = ctx.get_parameter_source(param.name) if param.name else None
+        if key in ctx.meta and source in (click.core.ParameterSource.DEFAULT, None):
+            return ctx.meta[key]
+        return value
+
+    def decorator(f: Any) -> Any:
+        f = click.option(*decls, callback=prefer_old, **kw)(f)
+        return click.option(old, f"renamed_{old.lstrip('-').replace('-', '_')}", type=kw.get("type"),
+                            default=None, hidden=True, expose_value=False, callback=take_old)(f)
+
+    return decorator

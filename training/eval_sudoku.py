@@ -1,0 +1,132 @@
+"""`hyperset-eval sudoku [--checkpoint NAME|DIR] --data FILE|DIR [--iters N ...] [--strategy S ...] [--json]`.
+
+Board and cell accuracy of a Sudoku model (default: the one shipped in the package) on puzzles with known
+solutions, by the library's :mod:`hyperset.sudoku.evaluate`: a per-iteration table (one single pass read out at
+each --iters), a per-givens table, and the solver's strategies (single, auto, commit) timed.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, NoReturn
+
+import click
+
+from hyperset.checkpoint import CheckpointError
+from hyperset.cli_options import device_option, json_option, threads_option
+from hyperset.config import MAX_ITERS
+from hyperset.solve import DEFAULT_PASSES, STRATEGIES
+from hyperset.sudoku.board import PuzzleError
+from hyperset.sudoku.data import SPLITS
+
+PROG = "hyperset-eval sudoku"
+
+
+def _fail(message: str) -> NoReturn:
+    click.echo(f"{PROG}: error: {message}", err=True)
+    sys.exit(2)
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f}%"
+
+
+def print_report(report: dict[str, Any]) -> None:
+    """The tables as text: depths, strategies, then board accuracy per givens count."""
+    split = f" ({report['split']})" if report.get("split") else ""
+    click.echo(f"{report['boards']} boards of {report['data']}{split}, seed {report['seed']}; "
+               f"{report['checkpoint']} ({report['layer']}, {report['parameters']:,} parameters, trained depth "
+               f"{report['trained_iterations']}) on {report['device']}")
+    click.echo("")
+    click.echo("single pass, read out at each depth")
+    click.echo("  iters  board acc  cell acc")
+    for row in report["depths"]:
+        mark = "  (trained depth)" if row["iters"] == report["trained_iterations"] else ""
+        click.echo(f"  {row['iters']:5d}  {_pct(row['board_acc']):>9}  {_pct(row['cell_acc']):>8}{mark}")
+    if report["strategies"]:
+        click.echo("")
+        click.echo("strategies")
+        click.echo(f"  {'strategy':<16} board acc  cell acc  valid   boards/s  mean iters  mean passes")
+        for r in report["strategies"]:
+            speed = "n/a" if r["boards_per_s"] is None else f"{r['boards_per_s']:.1f}"
+            click.echo(f"  {r['strategy']:<16} {_pct(r['board_acc']):>9}  {_pct(r['cell_acc']):>8}  "
+                       f"{_pct(r['valid']):>6}  {speed:>8}  {r['mean_iterations']:>10.1f}  {r['mean_passes']:>11.2f}")
+    click.echo("")
+    depths = report["iters"]
+    givens = sorted({int(g) for d in depths for g in report["per_givens"][str(d)]})
+    click.echo("board accuracy per givens count")
+    click.echo("  givens  boards  " + "  ".join(f"{'@' + str(d):>7}" for d in depths))
+    for g in givens:
+        cells = [report["per_givens"][str(d)].get(str(g)) for d in depths]
+        count = next(c["boards"] for c in cells if c)
+        click.echo(f"  {g:6d}  {count:6d}  " + "  ".join(f"{_pct(c['board_acc'] if c else None):>7}" for c in cells))
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--checkpoint", default="sudoku", show_default=True,
+              help="checkpoint folder, or the name of a shipped model")
+@click.option("--data", required=True, type=click.Path(path_type=Path),
+              help="puzzle,solution CSV file (plain, .gz, or a zip member), or a folder holding the --split file")
+@click.option("--split", type=click.Choice(SPLITS), default="valid", show_default=True,
+              help="which file of a --data folder (train.csv, valid.csv, test.csv, ...)")
+@click.option("--boards", type=click.IntRange(min=1), default=None,
+              help="evaluate a seeded draw of N boards (the paper protocol) [default: 1000, or all if fewer]")
+@click.option("--seed", type=int, default=0, show_default=True, help="seed of the draw")
+@click.option("--iters", type=click.IntRange(1, MAX_ITERS), multiple=True,
+              help="depths to read out and to run the strategies at (repeatable; may exceed the trained depth) "
+                   "[default: trained depth]")
+@click.option("--strategy", "strategies", type=click.Choice(STRATEGIES), multiple=True,
+              help="solver strategies to time (repeatable) [default: single]")
+@click.option("--passes", type=click.IntRange(1, 81), default=DEFAULT_PASSES, show_default=True,
+              help="most passes of the commit strategy")
+@click.option("--batch-size", type=click.IntRange(1, 65536), default=None,
+              help="boards per forward pass [default: 16 on a CPU, 256 on a GPU]")
+@threads_option()
+@device_option()
+@json_option()
+@click.option("--out", type=click.Path(dir_okay=False), default=None,
+              help="also write the JSON document to this file (atomically)")
+@click.option("--progress/--no-progress", default=None, help="progress bars on standard error [default: on a terminal]")
+def sudoku_command(checkpoint: str, data: Path, split: str, boards: int | None, seed: int, iters: tuple[int, ...],
+                   strategies: tuple[str, ...], passes: int, batch_size: int | None, threads: int | None, device: str,
+                   as_json: bool, out: str | None, progress: bool | None) -> None:
+    """Board and cell accuracy of a Sudoku model (default: the shipped one) on puzzles with known solutions.
+
+    Exit code 0 when done, 2 on bad input (a malformed line is named by file and line).
+    """
+    from hyperset.checkpoint import atomic_write_json
+    from hyperset.cli import check_output_file
+    from hyperset.device import set_cpu_threads
+    from hyperset.pretrained import resolve
+    from hyperset.solve import Solver
+    from hyperset.sudoku.evaluate import evaluate, load_boards
+
+    try:
+        if out:
+            check_output_file("--out", out)
+        set_cpu_threads(threads)
+        loaded = load_boards(data, split, boards, seed)
+        path = resolve(checkpoint)
+        solver = Solver.load(path, device)
+    except click.UsageError as e:
+        _fail(e.message)
+    except (PuzzleError, CheckpointError, FileNotFoundError, ValueError) as e:
+        _fail(str(e))
+    try:
+        report = evaluate(solver, loaded, iters or None, strategies or ("single",), passes, batch_size,
+                          progress=progress, checkpoint=checkpoint if checkpoint == "sudoku" else str(path))
+    except ValueError as e:
+        _fail(str(e))
+    if out:
+        try:
+            atomic_write_json(out, report)
+        except OSError as e:
+            _fail(f"--out: cannot write {out}: {e.strerror or e}")
+    if as_json:
+        click.echo(json.dumps(report, allow_nan=False))
+    else:
+        print_report(report)
+        if out:
+            click.echo(f"\nwritten to {out}")
