@@ -174,31 +174,6 @@ class _Step(nn.Module):
         return x, energy.get("attn", zeros), energy.get("ff", zeros)
 
 
-@contextmanager
-def _tensor_indexed_lora(model: HyperSETModel) -> Iterator[None]:
-    """Let DepthLoRA take the iteration t as a tensor: the adapter is gathered with min(t, T) - 1 in the graph."""
-    patched = []
-    for layer in model.core.layers:
-        lora = getattr(layer, "lora", None)
-        if lora is None:
-            continue
-
-        def deltas(t: Any, lora: nn.Module = lora) -> tuple[Tensor, Tensor]:
-            if not isinstance(t, Tensor):
-                return type(lora).deltas(lora, int(t))
-            i = (t.reshape(1).to(torch.long).clamp(1, lora.attn_B.shape[0]) - 1)
-            pick = lambda p: p.index_select(0, i)[0]  # noqa: E731
-            return (lora.scale * pick(lora.attn_B) @ pick(lora.attn_A), lora.scale * pick(lora.ff_B) @ pick(lora.ff_A))
-
-        lora.deltas = deltas
-        patched.append(lora)
-    try:
-        yield
-    finally:
-        for lora in patched:
-            del lora.deltas
-
-
 # ----------------------------------------------------------------------------------------------------
 # Tracing and metadata
 # ----------------------------------------------------------------------------------------------------
@@ -422,7 +397,7 @@ def step_proto(model: HyperSETModel, layer: int = 0, opset: int = DEFAULT_OPSET,
     """One iteration of distinct layer ``layer``: ``(x, x0, t) -> (x_next, energy_attn, energy_ff)``."""
     if not 0 <= layer < model.cfg.n_layers:
         raise ValueError(f"layer must be in [0, {model.cfg.n_layers}), got {layer}")
-    with _eval_mode(model), _tensor_indexed_lora(model):
+    with _eval_mode(model), model.core.tensor_t():
         dev = _model_device(model)
         x0 = model.stem(example_inputs(model.cfg, batch=2).to(dev))
         x = x0 + 0.01 * torch.randn(x0.shape, generator=torch.Generator().manual_seed(1)).to(dev)

@@ -1,9 +1,14 @@
-"""Run ``hyperset.solve.Solver`` through ONNX Runtime: ``hyperset-solve --backend onnx``.
+"""The ONNX Runtime implementation of ``hyperset.backends.SolverBackend``: ``hyperset-solve --backend onnx`` and
+``hyperset-app --backend onnx``.
 
-``attach_onnx_backend(solver)`` exports the solver's model as a Loop graph (iterations are a run-time input) to a
-cache file keyed by the SHA-256 of the model's config and weights, opens it with :class:`OrtSession` (honest
-provider choice) and sets ``solver.backend``. With an explicit ``onnx_path`` that file is used instead; it may
-be a Loop graph (any iteration count) or an unrolled graph (only its own iteration count).
+:func:`create_backend` (the ``onnx`` entry of the ``hyperset.backends`` entry-point group) exports the model as
+a Loop graph (iterations are a run-time input) to a cache file keyed by the SHA-256 of the model's config and
+weights and opens it with :class:`OrtSession` (honest provider choice). With an explicit ``path`` that file is
+used instead; it may be a Loop graph (any iteration count) or an unrolled graph (only its own iteration count).
+Whole passes run the Loop (or unrolled) graph; iteration by iteration (``iterate``: the app's frames, the
+``auto`` strategy) runs the exported stem, step and head graphs, so those frames come from ONNX Runtime too.
+The step graphs are the ones ``hyperset-export --loop`` writes next to the Loop graph, or for the cached model
+exported into the cache on first use. ``attach_onnx_backend(solver)`` sets ``solver.backend`` (older API).
 
 Cache folder: ``$HYPERSET_CACHE_DIR`` if set, else ``$XDG_CACHE_HOME/hyperset/onnx`` (``~/.cache/hyperset/onnx``);
 a temporary folder when that is not writable.
@@ -14,15 +19,19 @@ from __future__ import annotations
 import os
 import tempfile
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from hyperset.backends import BackendStep
+
 from .runtime import OnnxModelError, OrtSession, expect_task
 
-__all__ = ["OnnxSolverBackend", "attach_onnx_backend", "cache_dir", "cached_loop_model"]
+__all__ = ["OnnxSolverBackend", "attach_onnx_backend", "cache_dir", "cached_loop_model", "cached_step_models",
+           "create_backend"]
 
 CACHE_VERSION = "loop-v1"  # bump when the exported graph changes for the same weights
 
@@ -56,39 +65,79 @@ def _ort_device(device: str | torch.device | None) -> str:
     return "auto"  # mps and anything else: ORT picks CUDA if really usable, else the CPU
 
 
-def cached_loop_model(model: Any, info: dict[str, Any] | None = None, directory: str | Path | None = None,
-                      opset: int | None = None) -> Path:
-    """Path of the Loop graph of ``model`` in the cache, exporting it first when missing or unreadable."""
-    from .export import DEFAULT_OPSET, export_loop, model_fingerprint, read_metadata
-
-    opset = opset or DEFAULT_OPSET
+def _cache_folder(directory: str | Path | None) -> Path:
     directory = Path(directory) if directory is not None else cache_dir()
     if not _writable(directory):
         directory = Path(tempfile.gettempdir()) / "hyperset-onnx"
         directory.mkdir(parents=True, exist_ok=True)
+    return directory
+
+
+def _cached(path: Path, digest: str) -> bool:
+    if not path.is_file():
+        return False
+    from .export import read_metadata
+
+    try:
+        return read_metadata(path).get("model_sha256") == digest
+    except Exception:  # a truncated or corrupted cache file: export again
+        return False
+
+
+def cached_loop_model(model: Any, info: dict[str, Any] | None = None, directory: str | Path | None = None,
+                      opset: int | None = None) -> Path:
+    """Path of the Loop graph of ``model`` in the cache, exporting it first when missing or unreadable."""
+    from .export import DEFAULT_OPSET, export_loop, model_fingerprint
+
+    opset = opset or DEFAULT_OPSET
+    directory = _cache_folder(directory)
     digest = model_fingerprint(model)
     path = directory / f"{model.cfg.task}-{digest[:20]}-{CACHE_VERSION}-opset{opset}.onnx"
-    if path.is_file():
-        try:
-            if read_metadata(path).get("model_sha256") == digest:
-                return path
-        except Exception:  # a truncated or corrupted cache file: export again
-            pass
-    export_loop(model, path, opset=opset, info=info)
+    if not _cached(path, digest):
+        export_loop(model, path, opset=opset, info=info)
     return path
 
 
-class OnnxSolverBackend:
-    """The callable ``Solver.backend``: ``(boards (B, 81) int64, iters) -> (logits (B, 81, 9), energies)``.
+def cached_step_models(model: Any, info: dict[str, Any] | None = None, directory: str | Path | None = None,
+                       opset: int | None = None) -> dict[str, Any]:
+    """The stem, step (one per distinct layer) and head graphs of ``model`` in the cache (``step_paths`` names
+    for ``steps-<task>-<digest>...onnx``), exporting them first when missing or unreadable."""
+    from .export import DEFAULT_OPSET, export_head, export_stem, export_step, model_fingerprint, step_paths
 
-    Energies are ``{"attn": (T, B), "ff": (T, B)}`` float tensors, or ``{}`` for layers without an energy
-    (Transformer, CRATE), like the torch path. Attributes: ``name`` (e.g. ``"onnxruntime (CPUExecutionProvider)"``),
-    ``device`` (``"cpu"`` or ``"cuda"``), ``device_name``, ``path``, ``session`` (:class:`OrtSession`), ``graph``
-    (``"loop"`` or ``"unrolled"``), ``metadata``.
+    opset = opset or DEFAULT_OPSET
+    digest = model_fingerprint(model)
+    base = _cache_folder(directory) / f"steps-{model.cfg.task}-{digest[:20]}-{CACHE_VERSION}-opset{opset}.onnx"
+    names = step_paths(base, model.cfg.n_layers)
+    if not _cached(names["stem"], digest):
+        export_stem(model, names["stem"], opset, info=info)
+    if not _cached(names["head"], digest):
+        export_head(model, names["head"], opset, info=info)
+    for k, p in enumerate(names["step"]):
+        if not _cached(p, digest):
+            export_step(model, p, opset, layer=k, info=info)
+    return names
+
+
+class OnnxSolverBackend:
+    """A ``hyperset.backends.SolverBackend`` on ONNX Runtime; also the callable
+    ``(boards (B, 81) int64, iters) -> (logits (B, 81, 9), energies)`` (= ``run``).
+
+    ``run`` runs the Loop (or unrolled) graph; ``iterate`` the stem/step/head graphs given as ``steps`` (paths
+    as :func:`exports.export.step_paths` names them), else those next to the graph when they exist, else (when
+    ``model`` is given) those exported into the cache on first use. Energies are ``{"attn": (T, B), "ff": (T, B)}``
+    float tensors, or ``{}`` for layers without an energy (Transformer, CRATE), like the torch path. Attributes:
+    ``name`` (e.g. ``"onnxruntime (CPUExecutionProvider)"``), ``source`` (``"onnxruntime"``), ``device``
+    (``"cpu"`` or ``"cuda"``), ``device_name``, ``path``, ``session`` (:class:`OrtSession`), ``graph`` (``"loop"``
+    or ``"unrolled"``), ``metadata``.
     """
 
-    def __init__(self, session: OrtSession):
+    source = "onnxruntime"
+
+    def __init__(self, session: OrtSession, steps: dict[str, Any] | None = None, model: Any = None,
+                 info: dict[str, Any] | None = None):
         self.session = session
+        self._steps_paths, self._model, self._info = steps, model, info
+        self._step_sessions: tuple[OrtSession, list[OrtSession], OrtSession] | None = None
         self.path = session.path
         self.metadata = dict(session.metadata)
         expect_task(self.metadata, "sudoku", name=self.path.name)
@@ -112,6 +161,64 @@ class OnnxSolverBackend:
         threads = session.session.get_session_options().intra_op_num_threads
         where = f"{threads} threads" if session.device == "cpu" else session.provider
         self.device_name = f"{session.device} (ONNX Runtime {onnxruntime.__version__}, {where})"
+
+    def _step_files(self) -> dict[str, Any] | None:
+        """The stem/step/head files for ``iterate``, or None when there are none to be had."""
+        if self._steps_paths is not None:
+            return self._steps_paths
+        from .export import step_paths
+
+        n_layers = int(self.metadata.get("n_layers", 1) or 1)
+        beside = step_paths(self.path, n_layers)
+        if all(Path(p).is_file() for p in [beside["stem"], beside["head"], *beside["step"]]):
+            return beside
+        if self._model is not None:
+            return cached_step_models(self._model, self._info)
+        return None
+
+    def can_iterate(self) -> bool:
+        return self._step_sessions is not None or self._steps_paths is not None or self._model is not None or (
+            self._step_files() is not None)
+
+    def check(self, iters: int, per_iteration: bool) -> None:
+        """ValueError when this graph cannot run ``iters`` iterations (per iteration: without step graphs)."""
+        if per_iteration and not self.can_iterate():
+            raise ValueError(f"reading the prediction after every iteration (iterations 'auto', the app's frames) "
+                             f"needs the step graphs next to {self.path.name} (hyperset-export --loop writes them); "
+                             "without them it runs on the torch backend only")
+        if not per_iteration and self.unrolled is not None and int(iters) != self.unrolled:
+            raise ValueError(f"{self.path.name} is unrolled for {self.unrolled} iterations and cannot run {iters}; "
+                             f"use {self.unrolled} iterations or export a Loop graph (hyperset-export --loop)")
+
+    def _sessions(self) -> tuple[OrtSession, list[OrtSession], OrtSession]:
+        if self._step_sessions is None:
+            files = self._step_files()
+            if files is None:
+                self.check(1, True)
+            options = {"intra_op_threads": self.session.session.get_session_options().intra_op_num_threads}
+            dev = self.session.device
+            self._step_sessions = (OrtSession(files["stem"], dev, **options),
+                                   [OrtSession(p, dev, **options) for p in files["step"]],
+                                   OrtSession(files["head"], dev, **options))
+        return self._step_sessions
+
+    def iterate(self, boards: torch.Tensor, iters: int) -> Iterator[BackendStep]:
+        """One :class:`~hyperset.backends.BackendStep` per iteration, from the ONNX step graphs."""
+        stem, steps, head = self._sessions()
+        device = boards.device
+        x0 = stem.run({stem.input_names[0]: boards.detach().cpu().numpy().astype(np.int64, copy=False)})["x0"]
+        x, step = x0, 0
+        for s in steps:
+            for t in range(1, int(iters) + 1):
+                out = s.run({"x": x, "x0": x0, "t": np.asarray(t, dtype=np.int64)})
+                x = out["x_next"]
+                step += 1
+                logits = torch.from_numpy(head.run({"x": x})["logits"]).float().to(device)
+                energies = {k: torch.from_numpy(out[f"energy_{k}"]).float().to(device) for k in self.energies}
+                yield BackendStep(step, logits, energies)
+
+    def run(self, boards: torch.Tensor, iters: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        return self(boards, iters)
 
     def __call__(self, boards: torch.Tensor, iters: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         iters = int(iters)
@@ -138,30 +245,46 @@ class OnnxSolverBackend:
         return f"OnnxSolverBackend({str(self.path)!r}, graph={self.graph!r}, provider={self.session.provider!r})"
 
 
+def create_backend(model: Any, *, info: dict[str, Any] | None = None, path: str | Path | None = None,
+                   device: str = "auto", threads: int | None = None, **_: Any) -> OnnxSolverBackend:
+    """The ONNX Runtime backend for ``model`` (the ``onnx`` backend factory of ``hyperset.backends``).
+
+    Without ``path`` the model is exported as a Loop graph into the cache (once per set of weights), and its step
+    graphs on first per-iteration use. Raises :class:`OnnxModelError` for a missing/corrupted file or a model
+    whose metadata task is not "sudoku".
+    """
+    loop = cached_loop_model(model, info) if path is None else Path(path)
+    session = OrtSession(loop, _ort_device(device), intra_op_threads=threads)
+    backend = OnnxSolverBackend(session, model=model if path is None else None, info=info)
+    if path is not None:
+        _warn_if_other_model(model, backend)
+    return backend
+
+
 def attach_onnx_backend(solver: Any, onnx_path: str | Path | None = None, device: str = "auto", *,
                         threads: int | None = None) -> OnnxSolverBackend:
-    """Set ``solver.backend`` to an ONNX Runtime backend and return it.
-
-    Without ``onnx_path`` the solver's model is exported as a Loop graph into the cache (once per set of weights).
-    Raises :class:`OnnxModelError` for a missing/corrupted file or a model whose metadata task is not "sudoku".
-    """
-    if onnx_path is None:
-        path = cached_loop_model(solver.model, solver.info)
-    else:
-        path = Path(onnx_path)
-    session = OrtSession(path, _ort_device(device), intra_op_threads=threads)
-    backend = OnnxSolverBackend(session)
-    if onnx_path is not None:
-        _warn_if_other_model(solver, backend)
+    """Set ``solver.backend`` to :func:`create_backend`'s backend and return it."""
+    backend = create_backend(solver.model, info=solver.info, path=onnx_path, device=device, threads=threads)
     solver.backend = backend
     return backend
 
 
-def _warn_if_other_model(solver: Any, backend: OnnxSolverBackend) -> None:
+def _warn_if_other_model(model: Any, backend: OnnxSolverBackend) -> None:
     """The ONNX file may hold other weights than the solver's checkpoint: allowed, but say so."""
     from .export import model_fingerprint
 
     digest = backend.metadata.get("model_sha256")
-    if digest and digest != model_fingerprint(solver.model):
+    if digest and digest != model_fingerprint(model):
         warnings.warn(f"{backend.path.name} was exported from other weights than the loaded checkpoint; "
                       "the ONNX model's weights are used", stacklevel=3)
+
+
+def _register() -> None:
+    """Importing this module makes ``onnx`` a backend of ``hyperset.backends`` (the entry point does the same
+    for an installed package)."""
+    from hyperset.backends import register_backend
+
+    register_backend("onnx", create_backend)
+
+
+_register()

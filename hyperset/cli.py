@@ -22,6 +22,18 @@ EXIT_SOLVED, EXIT_UNSOLVED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 MAX_PUZZLES = 1_000_000
 
 
+def package_version() -> str:
+    """The installed version of hyperset (importlib.metadata), else the one in the source tree."""
+    try:
+        from importlib.metadata import PackageNotFoundError, version
+
+        return version("hyperset")
+    except (ImportError, PackageNotFoundError):
+        from . import __version__
+
+        return __version__
+
+
 def _iters_option(value: str) -> int | str:
     if value == "auto":
         return value
@@ -90,8 +102,20 @@ def _energy_summary(energy: dict[str, list[float]], trained: int) -> str:
     return "; ".join(parts)
 
 
+def pass_starts(results: list[Any]) -> list[int]:
+    """The iterations (1-based, in the energy lists) where a pass after the first begins, over all results."""
+    starts: set[int] = set()
+    for r in results:
+        at = 0
+        for n in (getattr(r, "pass_lengths", None) or [r.iterations])[:-1]:
+            at += n
+            starts.add(at + 1)
+    return sorted(starts)
+
+
 def plot_energy(path: str, results: list[Any], trained: int) -> None:
-    """Mean E_ATTN and E_FF per iteration over the boards, with the trained depth marked."""
+    """E_ATTN and E_FF per iteration (every pass, one after the other) for the boards and their mean, with the
+    trained depth and the start of every pass marked."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -110,7 +134,13 @@ def plot_energy(path: str, results: list[Any], trained: int) -> None:
             ax.plot(np.arange(1, len(c) + 1), c, color="tab:blue", alpha=0.15, lw=0.8)
         ax.plot(t, mean, color="tab:blue", lw=2, label="mean over boards")
         ax.axvline(trained, color="tab:red", ls="--", lw=1, label=f"trained depth ({trained})")
-        ax.set_xlabel("iteration t")
+        starts = pass_starts(results)
+        for k, start in enumerate(starts):
+            ax.axvline(start - 0.5, color="0.45", ls=":", lw=0.9, label="pass starts" if k == 0 else None)
+            if len(starts) <= 24:
+                ax.text(start - 0.5, 1.0, f" p{k + 2}", transform=ax.get_xaxis_transform(), fontsize=6,
+                        color="0.35", va="top", ha="left")
+        ax.set_xlabel("iteration t (all passes, in order)" if starts else "iteration t")
         ax.set_title(label)
         ax.legend(fontsize=8)
     fig.tight_layout()
@@ -133,6 +163,8 @@ def _load_puzzles(files: tuple[str, ...]) -> list[Puzzle]:
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_version(), "--version", "-V", prog_name="hyperset-solve",
+                      message="%(prog)s %(version)s")
 @click.argument("files", nargs=-1, required=True, type=str)
 @click.option("--iters", default=None,
               help="iterations (may exceed the trained depth) or 'auto' [default: trained depth]")
@@ -149,23 +181,28 @@ def _load_puzzles(files: tuple[str, ...]) -> list[Puzzle]:
               help="boards per forward pass [default: 16 on a CPU, 256 on a GPU]")
 @click.option("--threads", type=click.IntRange(1, 1024), default=None,
               help="CPU threads [default: the cores that other work leaves idle]")
-@click.option("--json", "as_json", is_flag=True, help="print one JSON object")
-@click.option("--trace", is_flag=True, help="print E_ATTN and E_FF at every iteration")
-@click.option("--plot", type=click.Path(dir_okay=False), default=None, help="write the energy curve (PNG)")
+@click.option("--json", "as_json", is_flag=True,
+              help="print one JSON object at the end; each result's energy holds one list per energy covering every "
+                   "reported iteration, the passes one after the other (pass_lengths: the iterations of each)")
+@click.option("--quiet", "-q", is_flag=True, help="print the summary only (with --json: only the summary object)")
+@click.option("--trace", is_flag=True, help="print E_ATTN and E_FF at every iteration (of every pass)")
+@click.option("--plot", type=click.Path(dir_okay=False), default=None,
+              help="write the energy curve (PNG), every pass marked")
 @click.option("--color/--no-color", default=None, help="colour givens and filled cells [default: on a terminal]")
 def solve_main(files: tuple[str, ...], iters: str | None, strategy: str, passes: int, checkpoint: str | None,
                device: str, backend: str, onnx_model: str | None, batch_size: int | None, threads: int | None,
-               as_json: bool, trace: bool, plot: str | None, color: bool | None) -> None:
+               as_json: bool, quiet: bool, trace: bool, plot: str | None, color: bool | None) -> None:
     """Solve the Sudoku puzzles in FILES ('-' reads standard input).
 
     Formats: 81-character lines ('0' or '.' for blanks), 9x9 grids (separators allowed), many puzzles per file,
-    and the RRN CSV 'puzzle,solution'. Exit code 0 when every board is solved validly, 1 when some are not,
-    2 on bad input (or output that cannot be written), 130 when interrupted (Ctrl-C; the boards solved so far are
-    printed).
+    and the RRN CSV 'puzzle,solution'. Results are printed as their batch finishes, with a progress bar on a
+    terminal for several puzzles. Exit code 0 when every board is solved validly, 1 when some are not, 2 on bad
+    input (or output that cannot be written), 130 when interrupted (Ctrl-C; the boards solved so far are
+    printed, and the summary says how many).
     """
     try:
         _solve(files, iters, strategy, passes, checkpoint, device, backend, onnx_model, batch_size, threads, as_json,
-               trace, plot, color)
+               quiet, trace, plot, color)
     except KeyboardInterrupt:  # while loading or printing; an interrupted solve keeps its results (_solve)
         click.echo("hyperset-solve: interrupted", err=True)
         sys.exit(EXIT_INTERRUPTED)
@@ -173,9 +210,9 @@ def solve_main(files: tuple[str, ...], iters: str | None, strategy: str, passes:
 
 def _solve(files: tuple[str, ...], iters: str | None, strategy: str, passes: int, checkpoint: str | None,
            device: str, backend: str, onnx_model: str | None, batch_size: int | None, threads: int | None,
-           as_json: bool, trace: bool, plot: str | None, color: bool | None) -> NoReturn:
+           as_json: bool, quiet: bool, trace: bool, plot: str | None, color: bool | None) -> NoReturn:
     from .device import set_cpu_threads
-    from .solve import Solver, summarize, timed_solve
+    from .solve import Solver, summarize
 
     try:
         n_iters = _iters_option(iters) if iters is not None else None
@@ -183,27 +220,27 @@ def _solve(files: tuple[str, ...], iters: str | None, strategy: str, passes: int
         puzzles = _load_puzzles(files)
         n_threads = set_cpu_threads(threads)
         solver = Solver.load(checkpoint, device)
-        if backend == "onnx":
-            from exports.solver_backend import attach_onnx_backend
-
-            attach_onnx_backend(solver, onnx_model, device, threads=n_threads)
+        if backend != "torch":
+            solver = solver.with_backend(make_backend(backend, solver, onnx_model, device, n_threads))
         solver.check_iters(n_iters)
     except click.UsageError as e:
         _fail(e.message)
-    except (PuzzleError, CheckpointError, RuntimeError, ValueError) as e:
+    except (PuzzleError, CheckpointError, RuntimeError, ValueError, LookupError) as e:
         _fail(str(e))
-    if not as_json:
+    if not as_json and not quiet:
         for p in puzzles:
             for w in p.warnings:
                 click.echo(f"warning: {p.source}, line {p.line}: {w}", err=True)
-    results, seconds, interrupted = timed_solve(
-        solver, [p.givens for p in puzzles], iters=n_iters, strategy=strategy, passes=passes, batch_size=batch_size,
-        solutions=[p.solution for p in puzzles])
+    use_color = sys.stdout.isatty() if color is None else color
+    show = None if as_json or quiet else (
+        lambda p, r: _print_result(p, r, solver.trained_iters, use_color, trace))
+    results, seconds, interrupted = _stream(solver, puzzles, show, iters=n_iters, strategy=strategy, passes=passes,
+                                            batch_size=batch_size)
     summary = summarize(results, seconds, solver)
     if interrupted:
         summary.extra.update(interrupted=True, requested=len(puzzles))
     try:
-        _print_results(puzzles, results, summary, solver.trained_iters, strategy, as_json, trace, color)
+        _print_results(puzzles, results, summary, strategy, as_json, quiet)
     except OSError as e:
         _output_failed(e)
     if plot and results:
@@ -218,16 +255,52 @@ def _solve(files: tuple[str, ...], iters: str | None, strategy: str, passes: int
     sys.exit(EXIT_SOLVED if summary.valid == summary.puzzles else EXIT_UNSOLVED)
 
 
-def _print_results(puzzles: list[Puzzle], results: list[Any], summary: Any, trained: int, strategy: str,
-                   as_json: bool, trace: bool, color: bool | None) -> None:
-    """The results (those of the first len(results) puzzles when interrupted) as text or one JSON object."""
+def make_backend(name: str, solver: Any, path: str | None, device: str, threads: int | None) -> Any:
+    """The backend called `name` for the solver's model, from the ``hyperset.backends`` plugins (entry points)."""
+    from .backends import backend_factory
+
+    return backend_factory(name)(solver.model, info=solver.info, path=path, device=device, threads=threads)
+
+
+def _stream(solver: Any, puzzles: list[Puzzle], show: Any, **kw: Any) -> tuple[list[Any], float, bool]:
+    """Solve, handing each result to `show` as its batch finishes, with a progress bar on a terminal (several
+    puzzles, not --quiet or --json). A Ctrl-C stops and keeps the results so far (then the flag is True)."""
+    import time
+
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=len(puzzles), unit="board", file=sys.stderr, leave=False, dynamic_ncols=True,
+               disable=show is None or len(puzzles) < 2 or not sys.stderr.isatty())
+    t0 = time.perf_counter()
+    results: list[Any] = []
+    interrupted = False
+    try:
+        for r in solver.solve_iter([p.givens for p in puzzles], solutions=[p.solution for p in puzzles], **kw):
+            results.append(r)
+            if show is not None:
+                bar.clear()
+                try:
+                    show(puzzles[len(results) - 1], r)
+                except OSError as e:
+                    bar.close()
+                    _output_failed(e)
+            bar.update(1)
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        bar.close()
+    return results, time.perf_counter() - t0, interrupted
+
+
+def _print_results(puzzles: list[Puzzle], results: list[Any], summary: Any, strategy: str, as_json: bool,
+                   quiet: bool) -> None:
+    """The end of the output: one JSON object (the results, those of the first len(results) puzzles when
+    interrupted, unless quiet) or the summary line (the results were printed as they came)."""
     if as_json:
-        click.echo(json.dumps({"results": [_result_json(p, r) for p, r in zip(puzzles, results)],
-                               "summary": summary.to_json()}, allow_nan=False))
+        payload = {"summary": summary.to_json()} if quiet else {
+            "results": [_result_json(p, r) for p, r in zip(puzzles, results)], "summary": summary.to_json()}
+        click.echo(json.dumps(payload, allow_nan=False))
         return
-    use_color = sys.stdout.isatty() if color is None else color
-    for p, r in zip(puzzles, results):
-        _print_result(p, r, trained, use_color, trace)
     _print_summary(summary, strategy)
     if summary.extra.get("interrupted"):
         click.echo(f"interrupted after {len(results)} of {len(puzzles)} puzzles")
@@ -268,10 +341,17 @@ def _print_result(p: Puzzle, r: Any, trained: int, color: bool, trace: bool) -> 
     click.echo(f"  {_energy_summary(r.energy, trained)}")
     if trace:
         attn, ff = r.energy.get("attn", []), r.energy.get("ff", [])
-        click.echo("    t       E_ATTN         E_FF")
-        for t, (a, f) in enumerate(zip(attn, ff), start=1):
-            mark = "  <- trained depth" if t == trained else ""
-            click.echo(f"  {t:3d}  {a:11.3f}  {f:11.3f}{mark}")
+        lengths = getattr(r, "pass_lengths", None) or [len(attn)]
+        click.echo("  pass    t       E_ATTN         E_FF")
+        step = 0
+        for k, n in enumerate(lengths, start=1):
+            for t in range(1, n + 1):
+                if step >= len(attn):
+                    break
+                a, f = attn[step], ff[step] if step < len(ff) else float("nan")
+                step += 1
+                mark = "  <- trained depth" if t == trained else ""
+                click.echo(f"  {k:4d}  {t:3d}  {a:11.3f}  {f:11.3f}{mark}")
     click.echo("")
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -107,6 +108,23 @@ class ModelOutput:
     all_logits: list[Tensor] | None = None  # one per iteration, when requested
 
 
+@dataclass
+class Frame:
+    """One iteration of the recurrence, as `HyperSETModel.frames` yields it.
+
+    t is the iteration of the current layer (1-based; it restarts for every distinct layer), layer the index of
+    that layer, step the number of updates so far over all layers (1-based). state is x_t (B, N, d), logits the
+    head's readout of x_t, energies {"attn": (B,), "ff": (B,)} when requested (empty for layers without one).
+    """
+
+    t: int
+    layer: int
+    step: int
+    state: Tensor
+    logits: Tensor | None = None
+    energies: dict[str, Tensor] | None = None
+
+
 class HyperSETModel(nn.Module):
     """stem -> RecurrentCore -> head. `iters` is a run-time argument everywhere."""
 
@@ -132,6 +150,17 @@ class HyperSETModel(nn.Module):
                             skip=skip, detach_every=detach_every)
         per_iter = [self.readout(s) for s in out.states] if all_logits else None
         return ModelOutput(self.readout(out.x), out.trace, per_iter)
+
+    def frames(self, inputs: Tensor, iters: int | None = None, energies: bool = False,
+               logits: bool = True) -> Iterator[Frame]:
+        """The forward pass one iteration at a time, in the spirit of timm's ``forward_intermediates``: a
+        :class:`Frame` after every update of the core (state, readout, and the energies of the state when
+        ``energies``). The last frame's logits are ``forward(inputs, iters)``'s; the energies are those that
+        ``run(trace=True)`` records."""
+        index = {id(layer): k for k, layer in enumerate(self.core.layers)}
+        for step, (layer, t, x) in enumerate(self.core.iterate(self.stem(inputs), iters), start=1):
+            e = {k: v.detach().float() for k, v in layer.energy(x, t).items()} if energies else None
+            yield Frame(t, index[id(layer)], step, x, self.readout(x) if logits else None, e)
 
     def forward(self, inputs: Tensor, iters: int | None = None, all_logits: bool = False, skip: int = 0,
                 detach_every: int = 0) -> Tensor:

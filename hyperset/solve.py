@@ -1,11 +1,14 @@
 """The Sudoku solver: boards in, boards out, with the energy trace; every answer goes through the exact checker.
 
-Strategies:
+Strategies (written once, as streams of frames, in :mod:`hyperset.strategies`):
     single  one pass of N iterations, argmax per blank cell.
     auto    iterate until the prediction settles (a valid board, or unchanged for `patience` iterations),
             at most `max_iters`; each board reports the iteration where it settled.
     commit  MaskGIT-style decoding for Sudoku: run N iterations, commit the most confident predictions that
             do not clash with the board as new givens, run again, until the board is full.
+
+A result's energy covers every iteration it reports (for commit, its passes one after the other;
+`pass_lengths` gives the iterations of each).
 """
 
 from __future__ import annotations
@@ -19,13 +22,16 @@ from typing import Any
 
 import torch
 
+from .backends import CallableBackend, SolverBackend, TorchBackend
 from .checkpoint import CheckpointError, load_checkpoint, trained_iterations
-from .device import describe, pick_device
+from .device import pick_device
 from .models import HyperSETModel
 from .pretrained import PRETRAINED, weights_root
-from .sudoku.board import UNITS, validate
+from .strategies import STRATEGIES, BoardResult, SolveFrame, commit_cells, single, stream
+from .sudoku.board import validate
 
-STRATEGIES = ("single", "auto", "commit")
+__all__ = ["DEFAULT_PASSES", "DEFAULT_STRATEGY", "STRATEGIES", "SolveResult", "SolveSummary", "Solver",
+           "commit_cells", "result_of", "summarize", "timed_solve"]
 DEFAULT_STRATEGY = "commit"  # measured in bench/sudoku_eval.py (README, "Sudoku results")
 DEFAULT_PASSES = 16  # most passes of the commit strategy
 # Boards per forward pass. On a CPU small batches are faster per board: at 256 the activations and attention maps
@@ -49,15 +55,17 @@ class SolveResult:
     reason: str
     conflicting_cells: list[int]
     iterations: int
-    energy: dict[str, list[float]]
+    energy: dict[str, list[float]]  # per iteration reported, every pass (one list covering all `iterations`)
     confidence: float  # mean probability of the predicted digits over blank cells
     solution: str | None = None
     correct: bool | None = None
     passes: int = 1
+    pass_lengths: list[int] = field(default_factory=list)  # iterations of each pass, in the order of `energy`
 
     def to_json(self) -> dict[str, Any]:
         out = {"puzzle": self.puzzle, "prediction": self.prediction, "valid": self.valid, "reason": self.reason,
                "conflicting_cells": self.conflicting_cells, "iterations": self.iterations, "passes": self.passes,
+               "pass_lengths": self.pass_lengths or [self.iterations],
                "confidence": _finite(round(self.confidence, 6)),
                "energy": {k: [_finite(e) for e in v] for k, v in self.energy.items()}}
         if self.solution is not None:
@@ -70,32 +78,42 @@ def _finite(x: float) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def _board_tensor(puzzles: Sequence[str], device: torch.device) -> torch.Tensor:
+def _board_tensor(puzzles: Sequence[str], device: torch.device | str) -> torch.Tensor:
     return torch.tensor([[int(c) for c in p] for p in puzzles], dtype=torch.long, device=device)
 
 
-def _peer_mask() -> torch.Tensor:
-    """(81, 81) bool: cells that share a row, column or box (not the cell itself)."""
-    peers = torch.zeros(81, 81, dtype=torch.bool)
-    for unit in UNITS:
-        idx = torch.tensor(unit)
-        peers[idx[:, None], idx[None, :]] = True
-    peers.fill_diagonal_(False)
-    return peers
-
-
-_PEERS = _peer_mask()
-
-
 class Solver:
-    """Runs a Sudoku model (torch, or an ONNX Runtime session through `backend`) on batches of boards."""
+    """Runs a Sudoku model on batches of boards through a :class:`~hyperset.backends.SolverBackend` (the model
+    itself by default; ONNX Runtime with the backend of ``exports.solver_backend``), with the strategies of
+    :mod:`hyperset.strategies`."""
 
     def __init__(self, model: HyperSETModel, device: torch.device, info: dict[str, Any] | None = None,
-                 backend: Any = None):
+                 backend: SolverBackend | Any = None):
         if model.cfg.task != "sudoku":
             raise ValueError(f"this is a {model.cfg.task!r} model; the solver needs a 'sudoku' model")
         self.model, self.device, self.info = model.eval(), device, info or {}
-        self.backend = backend  # callable (boards LongTensor, iters) -> (logits, energy dict) or None
+        self.torch_backend = TorchBackend(self.model, device)
+        self.backend = backend  # None: the model itself (torch); else a SolverBackend (or a plain callable)
+
+    @property
+    def backend(self) -> SolverBackend | None:
+        """The backend given to the solver, None for the torch model itself."""
+        return self._backend
+
+    @backend.setter
+    def backend(self, value: Any) -> None:
+        if value is not None and not isinstance(value, SolverBackend):
+            value = CallableBackend(value)  # (boards, iters) -> (logits, energies): whole passes only
+        self._backend = value
+
+    @property
+    def engine(self) -> SolverBackend:
+        """The backend that runs: the given one, else the torch model."""
+        return self._backend if self._backend is not None else self.torch_backend
+
+    def with_backend(self, backend: SolverBackend | None) -> Solver:
+        """A solver on the same model and checkpoint information that runs through `backend`."""
+        return type(self)(self.model, self.device, self.info, backend)
 
     @classmethod
     def load(cls, checkpoint: str | Path | None = None, device: str = "auto") -> Solver:
@@ -114,53 +132,53 @@ class Solver:
 
     @property
     def backend_name(self) -> str:
-        return getattr(self.backend, "name", "torch")
+        return self.engine.name
 
     def device_name(self) -> str:
-        return getattr(self.backend, "device_name", None) or describe(self.device)
+        return self.engine.device_name
 
     @property
     def default_batch_size(self) -> int:
         """Boards per forward pass when the caller does not say: small on a CPU, large on a GPU."""
-        if self.backend is not None:
-            on_gpu = getattr(self.backend, "device", "cpu") == "cuda"
-        else:
-            on_gpu = self.device.type != "cpu"
-        return GPU_BATCH_SIZE if on_gpu else CPU_BATCH_SIZE
-
-    @torch.no_grad()
-    def _logits(self, boards: torch.Tensor, iters: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """Logits (B, 81, 9) after `iters` iterations and per-iteration energies {name: (T, B)}."""
-        if self.backend is not None:
-            return self.backend(boards, iters)
-        out = self.model.run(boards, iters=iters, trace=True)
-        return out.logits.float(), {k[len("energy_"):]: v for k, v in out.trace.stacked().items()}
+        return CPU_BATCH_SIZE if self.engine.device == "cpu" else GPU_BATCH_SIZE
 
     @torch.no_grad()
     def iterate(self, boards: torch.Tensor, iters: int) -> Iterator[tuple[int, torch.Tensor, torch.Tensor,
                                                                            dict[str, torch.Tensor]]]:
-        """Yield (t, digits (B, 81), probabilities of those digits (B, 81), energies {name: (B,)}) per iteration."""
-        model = self.model
-        x0 = model.stem(boards.to(self.device))
-        for layer, t, x in model.core.iterate(x0, iters):
-            probs = torch.softmax(model.readout(x).float(), -1)
-            conf, digit = probs.max(-1)
-            digits = torch.where(boards > 0, boards, digit + 1)
-            conf = torch.where(boards > 0, torch.ones_like(conf), conf)
-            yield t, digits, conf, {k: v.float() for k, v in layer.energy(x, t).items()}
+        """Yield (t, digits (B, 81), probabilities of those digits (B, 81), energies {name: (B,)}) per iteration
+        (one pass of the `single` strategy, frame by frame)."""
+        for f in single(self.engine, boards.to(self.device), iters, per_iteration=True):
+            if f.kind == "iteration":
+                yield f.t, f.digits, f.confidence, f.energies
 
-    def check_iters(self, iters: int | str | None) -> None:
-        """Raise ValueError if the backend cannot run `iters` (as passed to `solve`), before any work is done."""
-        if self.backend is None:
-            return
+    def check_iters(self, iters: int | str | None, per_iteration: bool = False) -> None:
+        """Raise ValueError if the backend cannot run `iters` (as passed to `solve`; "auto" reads every
+        iteration), before any work is done."""
+        n = self.trained_iters if iters in (None, "auto") else int(iters)
+        self.engine.check(n, per_iteration or iters == "auto")
+
+    def _settings(self, iters: int | str | None, strategy: str, passes: int) -> tuple[str, int]:
+        if strategy not in STRATEGIES:
+            raise ValueError(f"unknown strategy {strategy!r}; choose from {', '.join(STRATEGIES)}")
         if iters == "auto":
-            raise ValueError("iterations 'auto' read the prediction after every iteration and run on the torch "
-                             "backend only; give a number of iterations for the ONNX backend")
-        fixed = getattr(self.backend, "unrolled", None)
-        n = self.trained_iters if iters is None else int(iters)
-        if fixed is not None and n != fixed:
-            raise ValueError(f"{Path(self.backend.path).name} is unrolled for {fixed} iterations and cannot run {n}; "
-                             f"use {fixed} iterations or export a Loop graph (hyperset-export --loop)")
+            strategy, iters = "auto", None
+        n_iters = int(iters) if iters is not None else self.trained_iters
+        if n_iters < 1:
+            raise ValueError(f"iterations must be >= 1, got {n_iters}")
+        if passes < 1:
+            raise ValueError(f"passes must be >= 1, got {passes}")
+        return strategy, n_iters
+
+    @torch.no_grad()
+    def frames(self, puzzles: Sequence[str], iters: int | str | None = None, strategy: str = DEFAULT_STRATEGY,
+               max_iters: int | None = None, patience: int = 4, passes: int = DEFAULT_PASSES,
+               per_iteration: bool = True) -> Iterator[SolveFrame]:
+        """The strategy's frames on one batch of puzzles (what the app draws; `solve` consumes the same)."""
+        strategy, n_iters = self._settings(iters, strategy, passes)
+        self.check_iters("auto" if strategy == "auto" else n_iters, per_iteration)
+        boards = _board_tensor(puzzles, self.device)
+        return stream(self.engine, boards, strategy, n_iters, passes=passes,
+                      max_iters=max_iters or 4 * self.trained_iters, patience=patience, per_iteration=per_iteration)
 
     def solve(self, puzzles: Sequence[str], iters: int | str | None = None, strategy: str = DEFAULT_STRATEGY,
               batch_size: int | None = None, solutions: Sequence[str | None] | None = None,
@@ -174,146 +192,32 @@ class Solver:
                    max_iters: int | None = None, patience: int = 4, passes: int = DEFAULT_PASSES
                    ) -> Iterator[SolveResult]:
         """`solve` one result at a time, in the order of `puzzles`, as each batch of boards is done."""
-        if strategy not in STRATEGIES:
-            raise ValueError(f"unknown strategy {strategy!r}; choose from {', '.join(STRATEGIES)}")
+        strategy, _ = self._settings(iters, strategy, passes)
         self.check_iters("auto" if strategy == "auto" else iters)
-        if iters == "auto":
-            strategy = "auto"
-            iters = None
-        n_iters = int(iters) if iters is not None else self.trained_iters
-        if n_iters < 1:
-            raise ValueError(f"iterations must be >= 1, got {n_iters}")
-        if passes < 1:
-            raise ValueError(f"passes must be >= 1, got {passes}")
         batch_size = self.default_batch_size if batch_size is None else batch_size
         if batch_size < 1:
             raise ValueError(f"batch size must be >= 1, got {batch_size}")
         for i in range(0, len(puzzles), batch_size):
             chunk = list(puzzles[i: i + batch_size])
-            boards = _board_tensor(chunk, self.device)
-            if strategy == "single":
-                results = self._single(chunk, boards, n_iters)
-            elif strategy == "auto":
-                results = self._auto(chunk, boards, max_iters or 4 * self.trained_iters, patience)
-            else:
-                results = self._commit(chunk, boards, n_iters, passes)
-            for k, r in enumerate(results, start=i):
-                sol = solutions[k] if solutions is not None else None
+            done: dict[int, BoardResult] = {}
+            for frame in self.frames(chunk, iters, strategy, max_iters, patience, passes, per_iteration=False):
+                done.update(frame.done)
+            for k, p in enumerate(chunk):
+                r = result_of(p, done[k])
+                sol = solutions[i + k] if solutions is not None else None
                 if sol:
                     r.solution, r.correct = sol, r.prediction == sol
                 yield r
 
-    def _finish(self, puzzle: str, digits: torch.Tensor, conf: torch.Tensor, iterations: int,
-                energy: dict[str, list[float]], passes: int = 1) -> SolveResult:
-        prediction = "".join(str(int(d)) for d in digits.tolist())
-        verdict = validate(prediction, puzzle)
-        blank = torch.tensor([c == "0" for c in puzzle])
-        confidence = float(conf.cpu()[blank].mean()) if blank.any() else 1.0
-        return SolveResult(puzzle, prediction, verdict.valid, verdict.reason, verdict.conflicting_cells, iterations,
-                           energy, confidence, passes=passes)
 
-    def _single(self, chunk: list[str], boards: torch.Tensor, iters: int) -> list[SolveResult]:
-        logits, energy = self._logits(boards, iters)
-        probs = torch.softmax(logits, -1)
-        conf, digit = probs.max(-1)
-        digits = torch.where(boards > 0, boards, digit + 1)
-        return [self._finish(p, digits[b], conf[b], iters, {k: v[:, b].tolist() for k, v in energy.items()})
-                for b, p in enumerate(chunk)]
-
-    def _auto(self, chunk: list[str], boards: torch.Tensor, max_iters: int, patience: int) -> list[SolveResult]:
-        """Stop each board when its prediction is a valid board or has not changed for `patience` iterations."""
-        n = len(chunk)
-        done_at = [0] * n
-        final: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * n
-        energies: dict[str, list[torch.Tensor]] = {}
-        prev, stable = None, torch.zeros(n, dtype=torch.long)
-        for t, digits, conf, energy in self.iterate(boards, max_iters):
-            for k, v in energy.items():
-                energies.setdefault(k, []).append(v)
-            stable = stable + 1 if prev is None else torch.where((digits == prev).all(-1).cpu(), stable + 1, 0)
-            prev = digits
-            filled_ok = _valid_full(digits.cpu())
-            for b in range(n):
-                if not done_at[b] and (filled_ok[b] or stable[b] >= patience or t == max_iters):
-                    done_at[b], final[b] = t, (digits[b], conf[b])
-            if all(done_at):
-                break
-        return [self._finish(p, final[b][0], final[b][1], done_at[b],
-                             {k: [float(e[b]) for e in v[: done_at[b]]] for k, v in energies.items()})
-                for b, p in enumerate(chunk)]
-
-    def _commit(self, chunk: list[str], boards: torch.Tensor, iters: int, rounds: int) -> list[SolveResult]:
-        """Each pass commits a growing share of the remaining blanks (most confident, clash-free) as givens.
-
-        A board leaves the loop as soon as its prediction (givens + argmax) is a valid full board: that board is
-        the solution of a well-posed puzzle, so further passes could not change it. Only unfinished boards are
-        run again, so easy boards cost one pass."""
-        n = len(chunk)
-        current = boards.clone()
-        cell_conf = torch.where(boards > 0, 1.0, 0.0).float()  # confidence with which each cell was filled
-        final: list[tuple[torch.Tensor, torch.Tensor, dict[str, list[float]], int] | None] = [None] * n
-        active = list(range(n))
-        for r in range(rounds):
-            idx = torch.tensor(active, device=current.device)
-            cur = current[idx]
-            blanks = cur == 0
-            logits, energy = self._logits(cur, iters)
-            conf, digit = torch.softmax(logits, -1).max(-1)
-            digit = digit + 1
-            proposal = torch.where(blanks, digit, cur)
-            filled_conf = torch.where(blanks, conf, cell_conf[idx])
-            solved = _valid_full(proposal.cpu())
-            still = []
-            for j, b in enumerate(active):
-                if solved[j] or r == rounds - 1 or not bool(blanks[j].any()):
-                    final[b] = (proposal[j], filled_conf[j], {k: v[:, j].tolist() for k, v in energy.items()}, r + 1)
-                else:
-                    still.append(j)
-            if not still:
-                break
-            keep = torch.tensor(still, device=cur.device)
-            chosen = commit_cells(cur[keep], digit[keep], conf[keep], r, rounds)
-            for j, pick in zip(still, chosen):
-                b = active[j]
-                current[b, pick] = digit[j, pick]
-                cell_conf[b, pick] = conf[j, pick]
-            active = [active[j] for j in still]
-        out = []
-        for b, p in enumerate(chunk):
-            digits, conf_b, energy_b, passes = final[b]  # type: ignore[misc]
-            out.append(self._finish(p, digits, conf_b, iters * passes, energy_b, passes))
-        return out
-
-
-def commit_cells(board: torch.Tensor, digit: torch.Tensor, conf: torch.Tensor, pass_index: int,
-                 passes: int) -> list[torch.Tensor]:
-    """The cells the commit strategy fixes after pass `pass_index` (0-based) of at most `passes`: per board, the
-    most confident predictions for blank cells whose digit does not already stand in a peer cell, a share of the
-    remaining blanks that grows as 1 - cos(pi/2 * (pass + 1) / passes). Returns one index tensor per board."""
-    blanks = board == 0
-    score = torch.where(blanks & ~_clashes(board, digit), conf, torch.full_like(conf, -1.0))
-    share = 1.0 - math.cos(math.pi / 2 * (pass_index + 1) / passes)
-    out = []
-    for b in range(len(board)):
-        k = max(1, int(math.ceil(share * int(blanks[b].sum()))))
-        top = score[b].topk(k)
-        out.append(top.indices[top.values > 0])
-    return out
-
-
-def _clashes(board: torch.Tensor, digit: torch.Tensor) -> torch.Tensor:
-    """(B, 81) bool: the proposed digit already stands in a peer cell of the current board."""
-    peers = _PEERS.to(board.device)
-    same = (board[:, None, :] == digit[:, :, None]) & peers[None]
-    return same.any(-1)
-
-
-def _valid_full(digits: torch.Tensor) -> list[bool]:
-    """Per board: all 27 units hold 1..9 exactly once (no blanks)."""
-    units = torch.tensor(UNITS)
-    vals = digits[:, units]  # (B, 27, 9)
-    ok = (vals > 0).all(-1) & (torch.sort(vals, -1).values == torch.arange(1, 10)).all(-1)
-    return ok.all(-1).tolist()
+def result_of(puzzle: str, board: BoardResult) -> SolveResult:
+    """The checked :class:`SolveResult` of a finished board."""
+    prediction = "".join(str(int(d)) for d in board.digits.tolist())
+    verdict = validate(prediction, puzzle)
+    blank = torch.tensor([c == "0" for c in puzzle])
+    confidence = float(board.confidence.cpu()[blank].mean()) if blank.any() else 1.0
+    return SolveResult(puzzle, prediction, verdict.valid, verdict.reason, verdict.conflicting_cells, board.iterations,
+                       board.energy, confidence, passes=board.passes, pass_lengths=list(board.pass_lengths))
 
 
 @dataclass

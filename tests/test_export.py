@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from exports import export as E
 from exports.runtime import OnnxModelError, OrtSession
-from exports.solver_backend import OnnxSolverBackend, attach_onnx_backend
+from exports.solver_backend import OnnxSolverBackend, attach_onnx_backend  # also registers the "onnx" backend
 from hyperset.checkpoint import load_checkpoint, save_checkpoint
 from hyperset.config import ModelConfig
 from hyperset.models import HyperSETModel

@@ -82,7 +82,8 @@ def test_commit_strategy_fills_the_board_in_several_passes(solver: Solver) -> No
     (r,) = solver.solve([EASY], iters=3, strategy="commit", passes=5)
     assert "0" not in r.prediction and 2 <= r.passes <= 5
     assert all(p == q for p, q in zip(EASY, r.prediction) if p != "0")
-    assert r.iterations == 3 * r.passes and len(r.energy["attn"]) == 3  # the energy of the last pass
+    assert r.iterations == 3 * r.passes and len(r.energy["attn"]) == r.iterations  # every pass, in order
+    assert r.pass_lengths == [3] * r.passes
 
 
 class OracleBackend:
@@ -159,7 +160,9 @@ def test_cli_json_has_the_documented_shape(tiny_checkpoint: Path, tmp_path: Path
     (r,) = data["results"]
     assert set(r) >= {"puzzle", "prediction", "valid", "iterations", "energy"}
     assert len(r["prediction"]) == 81 and r["iterations"] == 6 * r["passes"]  # the default strategy is commit
-    assert len(r["energy"]["attn"]) == 6 and len(r["energy"]["ff"]) == 6
+    # a commit run: the energy covers every reported iteration, pass after pass
+    assert len(r["energy"]["attn"]) == len(r["energy"]["ff"]) == r["iterations"]
+    assert r["pass_lengths"] == [6] * r["passes"] and r["passes"] > 1
     assert set(data["summary"]) >= {"puzzles", "valid", "device", "backend", "seconds"}
     assert code == (0 if r["valid"] else 1)
 
