@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any, NoReturn
@@ -10,6 +9,7 @@ from typing import Any, NoReturn
 import click
 
 from hyperset.cli import check_output_file
+from hyperset.cli_options import device_option, echo_json, json_option, threads_option, version_option
 from hyperset.config import MAX_ITERS
 
 EXIT_OK, EXIT_PARITY, EXIT_BAD_INPUT = 0, 1, 2
@@ -59,11 +59,12 @@ def _export(model: Any, info: dict[str, Any], out: str, n: int, loop: bool, opse
 @click.option("--parity", is_flag=True,
               help="compare with PyTorch in ONNX Runtime (at --iters; with --loop also at 2x --iters)")
 @click.option("--parity-batch", type=click.IntRange(min=1), default=4, show_default=True)
-@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
-              help="ONNX Runtime device for --parity")
-@click.option("--json", "as_json", is_flag=True, help="print one JSON object")
+@device_option(help="auto | cpu | cuda: the ONNX Runtime device for --parity")
+@threads_option()
+@json_option()
+@version_option("hyperset-export")
 def main(checkpoint: str, iters: int | None, out: str, loop: bool, opset: int, check: bool, parity: bool,
-         parity_batch: int, device: str, as_json: bool) -> None:
+         parity_batch: int, device: str, threads: int | None, as_json: bool) -> None:
     """Export CHECKPOINT (a checkpoint folder, or sudoku / classifier / mim for the shipped models) to ONNX.
 
     Exit code 0 on success, 1 when --parity finds a mismatch, 2 on bad input (missing or corrupted checkpoint,
@@ -77,11 +78,16 @@ def main(checkpoint: str, iters: int | None, out: str, loop: bool, opset: int, c
     except MissingExtra as e:
         click.echo(f"hyperset-export: error: {e}", err=True)
         sys.exit(EXIT_BAD_INPUT)
+    from hyperset.device import set_cpu_threads
+
     from . import export as E
     from .runtime import OnnxModelError, ProviderError
 
     try:
         check_output_file("--out", out)
+        if device not in ("auto", "cpu", "cuda"):
+            raise click.UsageError(f"--device {device!r}: ONNX Runtime runs on auto, cpu or cuda")
+        n_threads = set_cpu_threads(threads)
     except click.UsageError as e:
         _fail(e.message)
     try:
@@ -93,7 +99,7 @@ def main(checkpoint: str, iters: int | None, out: str, loop: bool, opset: int, c
         if parity:
             from .runtime import OrtSession
 
-            session = OrtSession(result.path, device)
+            session = OrtSession(result.path, device, intra_op_threads=n_threads)
             for k in ([n, 2 * n] if loop else [n]):
                 reports.append(E.parity(model, result.path, k, batch=parity_batch, session=session).to_json())
     except (CheckpointError, OnnxModelError, ProviderError, OSError, ValueError) as e:
@@ -103,7 +109,7 @@ def main(checkpoint: str, iters: int | None, out: str, loop: bool, opset: int, c
     payload.update(checkpoint=checkpoint, task=model.cfg.task, layer=model.cfg.layer, trained_iterations=trained,
                    checked=check, parity=reports)
     if as_json:
-        click.echo(json.dumps(payload))
+        echo_json(payload)
     else:
         what = (f"Loop graph (iters is an input; default {n})" if loop
                 else f"unrolled graph ({n} iterations per layer, trained depth {trained})")

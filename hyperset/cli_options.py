@@ -13,6 +13,8 @@ A renamed option keeps its old name as a hidden alias that still works and says 
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -51,6 +53,22 @@ def threads_option(help: str | None = None) -> Callable[[Any], Any]:
 
 def json_option(help: str = "print one JSON document") -> Callable[[Any], Any]:
     return click.option("--json", "as_json", is_flag=True, help=help)
+
+
+def json_safe(obj: Any) -> Any:
+    """``obj`` with every NaN or infinite float replaced by None (JSON has neither)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    return obj
+
+
+def echo_json(obj: Any) -> None:
+    """Print ``obj`` as one line of strict JSON (NaN and infinities become null)."""
+    click.echo(json.dumps(json_safe(obj), allow_nan=False))
 
 
 def renamed_option(*decls: str, old: str, **kw: Any) -> Callable[[Any], Any]:

@@ -9,6 +9,7 @@ EXTRAS = {
     "onnx": "ONNX export and ONNX Runtime (hyperset-export, hyperset-solve --backend onnx)",
     "app": "the Gradio app and plots (hyperset-app, hyperset-solve --plot)",
     "train": "image data for classification and masked image modeling (hyperset-train/eval classify, mim)",
+    "metrics": "LPIPS and FID by torchmetrics (hyperset-eval mim; the weight files are never downloaded)",
 }
 
 

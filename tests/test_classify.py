@@ -247,12 +247,14 @@ def checkpoint(cifar10: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_eval_command_json_beyond_the_trained_depth(cifar10: Path, checkpoint: Path) -> None:
     run = CliRunner().invoke(classify_command, [str(checkpoint), "--data", str(cifar10), "--json", "--iters", "5"])
     assert run.exit_code == 0, run.output
-    record = json.loads(run.output)
-    assert set(record) == {"top1", "images", "iters", "checkpoint", "dataset", "device", "seconds"}
-    assert record["iters"] == 5 and record["images"] == 30 and record["dataset"] == "cifar10"
-    assert 0.0 <= record["top1"] <= 1.0
+    report = json.loads(run.output)
+    assert set(report) == {"checkpoint", "dataset", "split", "images", "device", "seconds", "results"}
+    assert report["images"] == 30 and report["dataset"] == "cifar10" and report["split"] == "test"
+    (record,) = report["results"]
+    assert record["iters"] == 5 and 0.0 <= record["top1"] <= 1.0
     val = CliRunner().invoke(classify_command, [str(checkpoint), "--data", str(cifar10), "--split", "val", "--json"])
-    assert val.exit_code == 0 and json.loads(val.output)["images"] == 30 and json.loads(val.output)["iters"] == 2
+    assert val.exit_code == 0 and json.loads(val.output)["images"] == 30
+    assert json.loads(val.output)["results"][0]["iters"] == 2
     few = CliRunner().invoke(classify_command, [str(checkpoint), "--data", str(cifar10), "--limit", "7", "--json"])
     assert few.exit_code == 0 and json.loads(few.output)["images"] == 7
     text = CliRunner().invoke(classify_command, [str(checkpoint), "--data", str(cifar10)])
@@ -278,14 +280,15 @@ def test_one_pass_over_several_depths_matches_a_run_per_depth(cifar10: Path, n_l
         assert together[depth] == 1.0
 
 
-def test_eval_command_several_depths_give_a_json_line_each(cifar10: Path, checkpoint: Path) -> None:
-    args = [str(checkpoint), "--data", str(cifar10), "--json", "--iters", "4", "--iters", "2"]
+def test_eval_command_several_depths_give_one_json_document(cifar10: Path, checkpoint: Path) -> None:
+    args = [str(checkpoint), "--data", str(cifar10), "--json", "--threads", "1", "--iters", "4", "--iters", "2"]
     run = CliRunner().invoke(classify_command, args)
     assert run.exit_code == 0, run.output
-    records = [json.loads(line) for line in run.stdout.splitlines()]
-    assert [r["iters"] for r in records] == [4, 2] and all(r["images"] == 30 for r in records)
+    assert len(run.stdout.strip().splitlines()) == 1
+    report = json.loads(run.stdout)
+    assert [r["iters"] for r in report["results"]] == [4, 2] and report["images"] == 30
     single = json.loads(CliRunner().invoke(classify_command, args[:-4] + ["--iters", "2"]).stdout)
-    assert single["top1"] == records[1]["top1"]
+    assert single["results"][0]["top1"] == report["results"][1]["top1"]
 
 
 def test_classify_test_bench_writes_json_and_records_in_the_checkpoint(cifar10: Path, checkpoint: Path,

@@ -217,10 +217,14 @@ def test_eval_command_json(cifar: Path, tokenizer_run: Path, tokens_run: Path, m
     for var in ("HYPERSET_LPIPS_WEIGHTS", "HYPERSET_LPIPS_BACKBONE", "HYPERSET_FID_WEIGHTS"):
         monkeypatch.delenv(var, raising=False)
     args = [str(tokens_run / "best"), "--data", str(cifar), "--tokenizer", str(tokenizer_run / "best"),
-            "--images", "6", "--steps", "3", "--mask-ratio", "0.25", "--json"]
+            "--images", "6", "--decode-steps", "3", "--batch-size", "4", "--mask-ratio", "0.25", "--json"]
     out = CliRunner().invoke(mim_command, args)
     assert out.exit_code == 0, out.output
     result = json.loads(out.output)
+    old_names = [{"--decode-steps": "--steps", "--batch-size": "--batch"}.get(a, a) for a in args]
+    old = CliRunner().invoke(mim_command, old_names)  # the deprecated names still work, and say so
+    assert old.exit_code == 0 and json.loads(old.stdout) == result, old.output
+    assert "--steps is deprecated" in old.stderr and "--batch is deprecated" in old.stderr
     keys = {"psnr", "ssim", "ms_ssim", "lpips", "fid", "images", "iters", "mask_ratio", "tokenizer_psnr"}
     assert keys <= set(result)
     assert result["images"] == 6 and result["iters"] == TINY_MODEL["iters"] and result["mask_ratio"] == 0.25
@@ -246,12 +250,13 @@ def test_eval_command_without_shipped_models_exits_2(cifar: Path, tmp_path: Path
 
 @pytest.mark.parametrize("args, message", [
     (["--iters", "0"], "0 is not in the range x>=1"), (["--images", "-1"], "-1 is not in the range x>=0"),
-    (["--batch", "0"], "0 is not in the range x>=1"), (["--image-size", "0"], "0 is not in the range x>=1"),
+    (["--batch-size", "0"], "0 is not in the range x>=1"), (["--batch", "0"], "0 is not in the range x>=1"),
+    (["--decode-steps", "0"], "0 is not in the range x>=1"), (["--image-size", "0"], "0 is not in the range x>=1"),
     (["--device", "banana"], "banana"), (["--tokenizer", "BAD"], "not a readable safetensors file")])
 def test_eval_command_user_mistakes_exit_2(cifar: Path, tmp_path: Path, args: list[str], message: str):
     (tmp_path / "vqgan.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{garbage")
     args = [str(tmp_path / "vqgan.safetensors") if a == "BAD" else a for a in args]
-    out = CliRunner().invoke(mim_command, ["--data", str(cifar), "--images", "2", "--steps", "2", *args])
+    out = CliRunner().invoke(mim_command, ["--data", str(cifar), "--images", "2", "--decode-steps", "2", *args])
     assert out.exit_code == 2 and message in out.stderr and "Traceback" not in out.output, out.output
 
 

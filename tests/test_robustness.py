@@ -127,11 +127,11 @@ CASES = [
          info={"trained_iterations": 10**9}),
     Case("export-missing-checkpoint", "export", ["{tmp}/nope", "-o", "{tmp}/x.onnx"], "no such checkpoint"),
     # evaluation
-    Case("eval-mim-temperature-nan", "eval", ["mim", "--data", "{images}", "--images", "2", "--steps", "2",
+    Case("eval-mim-temperature-nan", "eval", ["mim", "--data", "{images}", "--images", "2", "--decode-steps", "2",
                                               "--temperature", "nan"], "temperature"),
-    Case("eval-mim-temperature-inf", "eval", ["mim", "--data", "{images}", "--images", "2", "--steps", "2",
+    Case("eval-mim-temperature-inf", "eval", ["mim", "--data", "{images}", "--images", "2", "--decode-steps", "2",
                                               "--temperature", "inf"], "temperature"),
-    Case("eval-mim-randomize-temp-nan", "eval", ["mim", "--data", "{images}", "--images", "2", "--steps", "2",
+    Case("eval-mim-randomize-temp-nan", "eval", ["mim", "--data", "{images}", "--images", "2", "--decode-steps", "2",
                                                  "--randomize-temp", "nan"], "randomize-temp"),
     # training
     Case("train-batch-1e7", "train", [*TINY_TRAIN, "--data", "{data}", "--out", "{tmp}/o",

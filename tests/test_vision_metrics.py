@@ -1,4 +1,5 @@
-"""Specification of hyperset.vision.metrics against hand-computed values and independent numpy code."""
+"""Specification of hyperset.vision.metrics against hand-computed values, independent numpy code, scikit-image and
+torchmetrics; LPIPS and FID through the `metrics` extra, offline."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from safetensors.torch import save_file
 
 from hyperset.vision import metrics as vm
 
@@ -89,8 +89,8 @@ def test_ssim_of_a_shifted_image_matches_a_direct_numpy_computation() -> None:
     assert vm.ssim(x.float(), y.float())[0].item() == pytest.approx(got[0].item(), abs=1e-4)
 
 
-def test_ssim_matches_scikit_image_when_installed() -> None:
-    skm = pytest.importorskip("skimage.metrics")
+def test_ssim_matches_scikit_image() -> None:
+    import skimage.metrics as skm  # the [test] extra: this cross-check must run, not skip
     x = _images(1, 32, 6)
     y = (x * 0.8 + 0.2 * _images(1, 32, 7)).clamp(0, 1)
     ref = skm.structural_similarity(x[0].numpy(), y[0].numpy(), channel_axis=0, data_range=1.0,
@@ -98,8 +98,26 @@ def test_ssim_matches_scikit_image_when_installed() -> None:
     assert vm.ssim(x, y).item() == pytest.approx(ref, abs=1e-6)
 
 
-def test_reflect_padding_matches_torchmetrics_when_installed() -> None:
-    tm = pytest.importorskip("torchmetrics.functional.image")
+def test_psnr_and_ssim_match_scikit_image_on_a_batch() -> None:
+    import skimage.metrics as skm
+
+    x = _images(3, 24, 16)
+    y = (x + 0.1 * _images(3, 24, 17) - 0.05).clamp(0, 1)
+    for i in range(3):
+        a, b = x[i].numpy(), y[i].numpy()
+        assert vm.psnr(x, y)[i].item() == pytest.approx(skm.peak_signal_noise_ratio(a, b, data_range=1.0), abs=1e-9)
+        ref = skm.structural_similarity(a, b, channel_axis=0, data_range=1.0, gaussian_weights=True, sigma=1.5,
+                                        use_sample_covariance=False)
+        assert vm.ssim(x, y)[i].item() == pytest.approx(ref, abs=1e-6)
+
+
+def test_psnr_and_reflect_padded_ssim_and_ms_ssim_match_torchmetrics() -> None:
+    import torchmetrics.functional.image as tm  # the [test] extra: this cross-check must run, not skip
+
+    x = _images(2, 176, 14).float()
+    y = (0.7 * x + 0.3 * _images(2, 176, 15).float()).clamp(0, 1)
+    ref_psnr = tm.peak_signal_noise_ratio(x, y, data_range=1.0, reduction="none", dim=(1, 2, 3))
+    assert torch.allclose(vm.psnr(x, y), ref_psnr, atol=1e-4)
     x = _images(2, 176, 14).float()
     y = (0.7 * x + 0.3 * _images(2, 176, 15).float()).clamp(0, 1)
     ref = tm.structural_similarity_index_measure(x, y, data_range=1.0, reduction="none")
@@ -149,14 +167,6 @@ def test_ms_ssim_is_one_for_identical_images_and_symmetric_at_full_size() -> Non
 # Fréchet distance and FID
 
 
-def test_tf1_bilinear_resize_samples_at_i_times_in_over_out() -> None:
-    row = torch.tensor([0.0, 10.0]).view(1, 1, 1, 2).expand(1, 1, 2, 2)
-    # Output column i samples input column i * 2/4: 0, 0.5, 1, 1.5 -> 0, 5, 10, 10 (clamped at the edge).
-    assert vm.resize_bilinear_tf1(row, 4)[0, 0, 0].tolist() == [0.0, 5.0, 10.0, 10.0]
-    x = torch.rand(1, 3, 9, 9)
-    assert torch.equal(vm.resize_bilinear_tf1(x, 9), x)
-
-
 def test_frechet_distance_of_identical_statistics_is_zero() -> None:
     a = torch.randn(50, 8, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     mu, sigma = vm.feature_statistics(a)
@@ -186,7 +196,7 @@ def test_streaming_fid_with_a_pluggable_extractor_equals_the_batch_statistics() 
         return images.mean(dim=(2, 3))  # (N, 3) channel means
 
     real, fake = _images(40, 4, 12), _images(30, 4, 13) * 0.5
-    fid = vm.FID(feature_extractor=extractor)
+    fid = vm.FID(extractor)
     for chunk in real.split(7):
         fid.update(chunk, real=True)
     fid.update(fake, real=False)
@@ -198,132 +208,114 @@ def test_streaming_fid_with_a_pluggable_extractor_equals_the_batch_statistics() 
 
 
 # ----------------------------------------------------------------------------------------------------
-# Learned metrics: the unavailable path and the weight loading
+# Learned metrics: torchmetrics' LPIPS and FID under the `metrics` extra, offline
 
 
-def test_learned_metrics_without_weights_return_none_and_a_reason(tmp_path: Path) -> None:
-    x = torch.rand(1, 3, 64, 64)
+def _metrics_extra_works() -> str:
+    """"" when torchmetrics, torchvision and torch-fidelity import here, else why not."""
+    try:
+        import torch_fidelity  # noqa: F401
+        import torchmetrics.image.fid  # noqa: F401
+        import torchmetrics.image.lpip  # noqa: F401
+        import torchvision  # noqa: F401
+    except Exception as e:  # missing, or a torchvision built for another torch
+        return f"the 'metrics' extra does not import here ({type(e).__name__}: {str(e).splitlines()[0]})"
+    return ""
+
+
+needs_extra = pytest.mark.skipif(bool(_metrics_extra_works()), reason=_metrics_extra_works() or "ok")
+
+
+def test_without_the_metrics_extra_lpips_and_fid_are_null_with_the_install_command(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name in ("torchvision", "torch_fidelity") else find_spec(name, *a))
+    x = torch.rand(2, 3, 32, 32)
     value, reason = vm.compute_lpips(x, x)
-    assert value is None and "LPIPS unavailable" in reason and "HYPERSET_LPIPS_WEIGHTS" in reason
-    value, reason = vm.compute_fid([x], [x])
-    assert value is None and "FID unavailable" in reason
+    assert value is None and reason.startswith("LPIPS unavailable") and "pip install 'hyperset[metrics]'" in reason
+    fid, reason = vm.compute_fid([x], [x])
+    assert fid is None and reason.startswith("FID unavailable") and "hyperset[metrics]" in reason
+    assert "torch_fidelity" in reason
+
+
+def test_without_weights_lpips_and_fid_are_null_and_say_which_file(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    import hyperset.extras
+
+    monkeypatch.setattr(hyperset.extras, "require", lambda *a, **k: None)  # as if the extra were installed
+    monkeypatch.setattr(vm, "hub_checkpoints", lambda: tmp_path / "hub" / "checkpoints")
+    x = torch.rand(2, 3, 32, 32)
+    value, reason = vm.compute_lpips(x, x)
+    assert value is None and "alexnet-owt-7be5be79.pth" in reason and "--lpips-weights" in reason
+    assert "HYPERSET_LPIPS_WEIGHTS" in reason and "Nothing is downloaded" in reason
+    fid, reason = vm.compute_fid([x], [x])
+    assert fid is None and "weights-inception-2015-12-05-6726825d.pth" in reason and "--fid-weights" in reason
     assert "does not exist" in vm.metric_unavailable("fid", tmp_path / "missing.pth")
+    monkeypatch.setenv("HYPERSET_FID_WEIGHTS", str(tmp_path / "env.pth"))
+    assert "env.pth does not exist" in vm.metric_unavailable("fid")
     assert vm.metric_unavailable("psnr") == "" and vm.metric_unavailable("ms_ssim") == ""
-    with pytest.raises(vm.MetricUnavailable):
-        vm.LPIPS()
-    with pytest.raises(vm.MetricUnavailable):
-        vm.FID()
     with pytest.raises(ValueError):
         vm.metric_unavailable("is")
 
 
-def _random_lpips_files(tmp_path: Path) -> tuple[Path, Path, Path]:
-    """A whole-model safetensors file, and the same weights split as torchvision alexnet + lpips lin .pth."""
+@needs_extra
+def test_lpips_runs_torchmetrics_on_a_given_backbone_file_without_downloading(tmp_path: Path) -> None:
+    import torchvision
+
     torch.manual_seed(0)
-    layers = vm._alexnet_features()
-    backbone = {f"features.{i}.{k}": v for i, m in enumerate(layers) for k, v in m.state_dict().items()}
-    backbone["classifier.1.weight"] = torch.zeros(4, 4)  # torchvision's head, ignored
-    lins = {f"lin{k}.model.1.weight": torch.rand(1, c, 1, 1) for k, c in enumerate((64, 192, 384, 256, 256))}
-    bounds = (0, 2, 5, 8, 10, 12)
-    whole = {f"net.slice{next(s + 1 for s in range(5) if bounds[s] <= int(k.split('.')[1]) < bounds[s + 1])}."
-             f"{k.removeprefix('features.')}": v for k, v in backbone.items() if k.startswith("features.")}
-    whole.update(lins)
-    whole.update({f"lins.{k}.model.1.weight": lins[f"lin{k}.model.1.weight"].clone() for k in range(5)})
-    save_file(whole, tmp_path / "lpips_alex.safetensors")
-    torch.save(backbone, tmp_path / "alexnet.pth")
-    torch.save(lins, tmp_path / "alex_lin.pth")
-    return tmp_path / "lpips_alex.safetensors", tmp_path / "alex_lin.pth", tmp_path / "alexnet.pth"
+    path = tmp_path / "my-alexnet.pth"  # random weights of the right shape: this checks the loading, not values
+    torch.save(torchvision.models.alexnet(weights=None).state_dict(), path)
+    hub = torch.hub.get_dir()
+    x, y = torch.rand(3, 3, 32, 32), torch.rand(3, 3, 32, 32)
+    d, reason = vm.compute_lpips(x, y, weights_path=path, batch=2)
+    assert reason == "" and d is not None and d.shape == (3,) and (d > 0).all()
+    same, _ = vm.compute_lpips(x, x, weights_path=path)
+    assert same is not None and torch.allclose(same, torch.zeros(3), atol=1e-6)
+    assert torch.hub.get_dir() == hub  # the temporary hub folder is gone
+    (tmp_path / "junk.pth").write_bytes(b"not weights")
+    value, reason = vm.compute_lpips(x, y, weights_path=tmp_path / "junk.pth")
+    assert value is None and "could not be loaded as the alex backbone" in reason
 
 
-def _lpips_by_hand(path: Path, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Zhang et al.'s formula written out with functional ops on the raw tensors of the whole-model file."""
-    from safetensors.torch import load_file
+@needs_extra
+def test_fid_runs_torchmetrics_on_a_given_inception_file(tmp_path: Path) -> None:
+    import torchvision
 
-    w = load_file(str(path))
-    shift = torch.tensor([-0.030, -0.088, -0.188]).view(1, 3, 1, 1)
-    scale = torch.tensor([0.458, 0.448, 0.450]).view(1, 3, 1, 1)
-
-    def feats(img: torch.Tensor) -> list[torch.Tensor]:
-        h = (2 * img - 1 - shift) / scale
-        out = []
-        h = F.relu(F.conv2d(h, w["net.slice1.0.weight"], w["net.slice1.0.bias"], stride=4, padding=2))
-        out.append(h)
-        h = F.max_pool2d(h, 3, 2)
-        h = F.relu(F.conv2d(h, w["net.slice2.3.weight"], w["net.slice2.3.bias"], padding=2))
-        out.append(h)
-        h = F.max_pool2d(h, 3, 2)
-        h = F.relu(F.conv2d(h, w["net.slice3.6.weight"], w["net.slice3.6.bias"], padding=1))
-        out.append(h)
-        h = F.relu(F.conv2d(h, w["net.slice4.8.weight"], w["net.slice4.8.bias"], padding=1))
-        out.append(h)
-        out.append(F.relu(F.conv2d(h, w["net.slice5.10.weight"], w["net.slice5.10.bias"], padding=1)))
-        return out
-
-    total = torch.zeros(x.shape[0])
-    for k, (a, b) in enumerate(zip(feats(x), feats(y))):
-        a = a / (a.norm(dim=1, keepdim=True) + 1e-10)
-        b = b / (b.norm(dim=1, keepdim=True) + 1e-10)
-        total += ((a - b) ** 2 * w[f"lin{k}.model.1.weight"].view(1, -1, 1, 1)).sum(1).mean(dim=(1, 2))
-    return total
-
-
-def test_lpips_loads_both_weight_layouts_and_follows_the_formula(tmp_path: Path) -> None:
-    whole, lin, backbone = _random_lpips_files(tmp_path)
-    x, y = torch.rand(2, 3, 64, 64), torch.rand(2, 3, 64, 64)
-    model = vm.LPIPS(whole)
-    d = model(x, y)
-    assert d.shape == (2,) and (d > 0).all()
-    assert torch.allclose(d, _lpips_by_hand(whole, x, y), rtol=1e-4, atol=1e-6)
-    assert torch.allclose(model(x, x), torch.zeros(2), atol=1e-6)
-    assert torch.allclose(d, model(y, x), rtol=1e-5)
-    split, reason = vm.compute_lpips(x, y, weights_path=lin, backbone_path=backbone)
-    assert reason == "" and split is not None and torch.allclose(split, d, rtol=1e-5)
-    value, reason = vm.compute_lpips(x, y, weights_path=lin)
-    assert value is None and "backbone_path" in reason
-
-
-def test_lpips_rejects_a_file_of_the_wrong_network(tmp_path: Path) -> None:
-    whole, _, _ = _random_lpips_files(tmp_path)
-    with pytest.raises(ValueError, match="does not fit LPIPS"):
-        vm.LPIPS(whole, net="vgg")
-
-
-def test_fid_inception_has_inception_v3_size_and_loads_both_key_layouts(tmp_path: Path) -> None:
     torch.manual_seed(0)
-    model = vm.InceptionV3Features()
-    # torchvision's inception_v3 has 27,161,264 parameters: minus AuxLogits (3,326,696) and fc (2,049,000).
-    assert sum(p.numel() for p in model.parameters()) == 21_785_568
-    state = {k: v for k, v in model.state_dict().items() if "num_batches_tracked" not in k}
-    save_file({**state, "fc.weight": torch.zeros(1008, 2048), "fc.bias": torch.zeros(1008)},
-              tmp_path / "tv.safetensors")
-    renamed = {}
-    for key, value in state.items():
-        for old, new in vm._FID_BLOCKS.items():
-            if key.startswith(new + "."):
-                key = old + key[len(new):]
-                break
-        renamed[key] = value
-    torch.save(renamed, tmp_path / "pytorch_fid_blocks.pth")
-    for path in (tmp_path / "tv.safetensors", tmp_path / "pytorch_fid_blocks.pth"):
-        loaded = vm.InceptionV3Features.from_file(path)
-        assert all(torch.equal(loaded.state_dict()[k], v) for k, v in state.items())
-    loaded.preprocess = "none"
-    with torch.no_grad():
-        feats = loaded(torch.rand(1, 3, 75, 75))  # the smallest input the network accepts
-    assert feats.shape == (1, 2048) and torch.isfinite(feats).all() and (feats >= 0).all()
-    del state["Mixed_7c.branch_pool.conv.weight"]
-    save_file(state, tmp_path / "broken.safetensors")
-    with pytest.raises(ValueError, match=r"missing 1 keys.*Mixed_7c.branch_pool.conv.weight"):
-        vm.InceptionV3Features.from_file(tmp_path / "broken.safetensors")
+    path = tmp_path / "inception.pth"  # random weights in torch-fidelity's layout (1008 classes)
+    model = torchvision.models.inception_v3(weights=None, aux_logits=False, init_weights=False, num_classes=1008)
+    torch.save(model.state_dict(), path)
+    real, fake = _images(4, 32, 1).float(), _images(4, 32, 2).float()
+    value, reason = vm.compute_fid([real[:2], real[2:]], [fake], weights_path=path)
+    assert reason == "" and value is not None and value > 0
+    same, _ = vm.compute_fid([real], [real], weights_path=path)
+    assert same == pytest.approx(0.0, abs=1e-3)
 
 
-@pytest.mark.parametrize("content, name", [(b"not weights at all" * 10, "w.safetensors"), (b"\x80\x04garbage", "w.pth"),
-                                           (b"PK\x03\x04garbage", "w.pt")])
-def test_a_garbage_weight_file_is_a_one_line_value_error(tmp_path, content: bytes, name: str) -> None:
-    from hyperset.vision.metrics import load_state_dict
+def _cached(name: str) -> Path:
+    return vm.hub_checkpoints() / name
 
-    path = tmp_path / name
-    path.write_bytes(content)
-    with pytest.raises(ValueError, match="not a safetensors or weights-only torch weight file") as info:
-        load_state_dict(path)
-    assert "\n" not in str(info.value)
+
+@needs_extra
+@pytest.mark.skipif(not _cached(vm.LPIPS_BACKBONE_FILES["alex"]).is_file(),
+                    reason="needs torchvision's AlexNet weights in the torch hub cache (never downloaded by tests)")
+def test_lpips_with_the_real_backbone() -> None:
+    x = _images(2, 64, 5).float()
+    y = (x + 0.2 * _images(2, 64, 6).float()).clamp(0, 1)
+    d, reason = vm.compute_lpips(x, y)
+    same, _ = vm.compute_lpips(x, x)
+    assert reason == "" and d is not None and same is not None
+    assert (d > same).all() and torch.allclose(same, torch.zeros(2), atol=1e-5)
+
+
+@needs_extra
+@pytest.mark.skipif(not _cached(vm.FID_WEIGHTS_FILE).is_file(),
+                    reason="needs torch-fidelity's Inception weights in the torch hub cache (never downloaded)")
+def test_fid_with_the_real_inception() -> None:
+    real, fake = _images(8, 32, 7).float(), (_images(8, 32, 8).float() * 0.3)
+    value, reason = vm.compute_fid([real], [fake])
+    same, _ = vm.compute_fid([real], [real])
+    assert reason == "" and value is not None and same is not None and value > same >= -1e-3

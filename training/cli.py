@@ -12,6 +12,7 @@ import click
 import torch
 
 from hyperset.checkpoint import CheckpointError
+from hyperset.cli_options import device_option, threads_option, version_option
 from hyperset.config import ModelConfig, check_table, preset_config
 from hyperset.device import pick_device
 from hyperset.download import DownloadError
@@ -83,9 +84,11 @@ def build_task(task: str, recipe: dict[str, Any], data_dir: str) -> Any:
 def _run(task: str, recipe_name: str, data: str, out: str, resume: bool, device: str, overrides: tuple[str, ...],
          steps: int | None, as_json: bool, quiet: bool, preset: str | None = None, dataset: str | None = None,
          accum_steps: int | None = None, schedule: str | None = None, download: bool = False,
-         init_from: str | None = None) -> None:
+         init_from: str | None = None, threads: int | None = None) -> None:
     try:
         name, recipe = load_recipe(recipe_name)
+        if threads is not None:  # --threads N is --set train.threads=N (an explicit --set still wins)
+            overrides = (f"train.threads={threads}", *overrides)
         recipe = apply_overrides(recipe, list(overrides))
         if preset:
             recipe["preset"] = preset
@@ -132,7 +135,8 @@ def _options(f: Any) -> Any:
                           "checksum verified)"),
         click.option("--out", required=True, type=click.Path(file_okay=False), help="run folder"),
         click.option("--resume", is_flag=True, help="continue the run in --out from its last saved state"),
-        click.option("--device", default="auto", show_default=True, help="auto | cpu | cuda | cuda:N"),
+        device_option(),
+        threads_option(help="PyTorch CPU threads (the same as --set train.threads=N) [default: the recipe's]"),
         click.option("--set", "overrides", multiple=True, metavar="SECTION.KEY=VALUE",
                      help="override a recipe value, e.g. --set train.lr=1e-3 --set model.iters=32"),
         click.option("--steps", type=click.IntRange(min=1), default=None,
@@ -155,6 +159,7 @@ def _options(f: Any) -> Any:
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@version_option("hyperset-train")
 def main() -> None:
     """Train Hyper-SET models (and the baselines) with the shared-core trainer."""
 

@@ -1,4 +1,4 @@
-"""`hyperset-eval classify [CHECKPOINT] --data DIR --split test|val [--iters N] [--json]`: top-1 accuracy.
+"""`hyperset-eval classify [CHECKPOINT] --data DIR --split test|val [--iters N ...] [--json]`: top-1 accuracy.
 
 The paper (Sec. 4.2, Table "Top-1 accuracy on image classification") reports top-1 on the CIFAR test set and
 the ImageNet-100 validation set at the trained 12 iterations; Hyper-SET's recurrence also runs past the trained
@@ -9,7 +9,6 @@ the checkpoint's training run, read from its config.json).
 from __future__ import annotations
 
 import contextlib
-import json
 import pickle
 import sys
 import time
@@ -21,7 +20,8 @@ import click
 import torch
 
 from hyperset.checkpoint import CheckpointError, load_checkpoint
-from hyperset.device import autocast_dtype, describe, pick_device
+from hyperset.cli_options import device_option, echo_json, json_option, threads_option
+from hyperset.device import autocast_dtype, describe, pick_device, set_cpu_threads
 
 from .classify_task import ClassifyData, ImageSplit, load_split, sample, top1
 
@@ -65,9 +65,10 @@ def data_for_checkpoint(meta: dict[str, Any], data_dir: str, dataset: str | None
 
 def run_eval(checkpoint: str | None, data_dir: str, split: str, iters: Sequence[int] | None, batch_size: int,
              device_name: str, dataset: str | None = None, precision: str = "auto", limit: int = 0
-             ) -> list[dict[str, Any]]:
+             ) -> dict[str, Any]:
     """Evaluate a classifier at each number of iterations in ``iters`` (default: its trained depth), in one pass
-    where the core allows it; returns one --json record per depth. Raises EvalError for user mistakes."""
+    where the core allows it; returns the --json document: what was evaluated, and ``results`` with one
+    {"iters", "top1"} per depth in the order asked. Raises EvalError for user mistakes."""
     path = resolve_checkpoint(checkpoint)
     if not Path(data_dir).is_dir():
         raise EvalError(f"data folder {data_dir} does not exist (expected e.g. DIR/cifar-10-batches-py/)")
@@ -89,8 +90,9 @@ def run_eval(checkpoint: str | None, data_dir: str, split: str, iters: Sequence[
     start = time.time()
     accuracy, images = top1(model, split_data, depths, device, autocast, batch_size, progress=True)
     seconds = round(time.time() - start, 3)
-    return [{"top1": accuracy[d], "images": images, "iters": d, "checkpoint": str(path), "dataset": data.dataset,
-             "device": describe(device), "seconds": seconds} for d in depths]
+    return {"checkpoint": str(path), "dataset": data.dataset, "split": split, "images": images,
+            "device": describe(device), "seconds": seconds,
+            "results": [{"iters": d, "top1": accuracy[d]} for d in depths]}
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -101,28 +103,31 @@ def run_eval(checkpoint: str | None, data_dir: str, split: str, iters: Sequence[
 @click.option("--iters", type=click.IntRange(min=1), multiple=True,
               help="iterations (default: the trained depth; may exceed it); repeat it for several depths, "
                    "evaluated in one pass")
-@click.option("--batch-size", type=click.IntRange(min=1), default=500, show_default=True)
-@click.option("--device", default="auto", show_default=True, help="auto | cpu | cuda | cuda:N")
+@click.option("--batch-size", type=click.IntRange(min=1), default=500, show_default=True,
+              help="images per forward pass")
+@threads_option()
+@device_option()
 @click.option("--dataset", type=click.Choice(["cifar10", "cifar100", "imagenet100"]), default=None,
               help="default: the dataset recorded in the checkpoint")
 @click.option("--precision", type=click.Choice(["auto", "fp32"]), default="auto", show_default=True,
               help="auto: bf16/fp16 autocast where the device supports it")
 @click.option("--limit", type=click.IntRange(min=0), default=0,
               help="evaluate a seeded random sample of N images (0: all)")
-@click.option("--json", "as_json", is_flag=True, help="print one JSON record")
+@json_option("print one JSON document (a result per depth under \"results\")")
 def classify_command(checkpoint: str | None, data_dir: str, split: str, iters: tuple[int, ...], batch_size: int,
-                     device: str, dataset: str | None, precision: str, limit: int, as_json: bool) -> None:
-    """Top-1 accuracy of a classifier (default: the one shipped in the package) at N iterations (--json: one
-    JSON line per depth)."""
+                     threads: int | None, device: str, dataset: str | None, precision: str, limit: int,
+                     as_json: bool) -> None:
+    """Top-1 accuracy of a classifier (default: the one shipped in the package) at N iterations."""
     try:
-        results = run_eval(checkpoint, data_dir, split, iters, batch_size, device, dataset, precision, limit)
+        set_cpu_threads(threads)
+        report = run_eval(checkpoint, data_dir, split, iters, batch_size, device, dataset, precision, limit)
     except (EvalError, CheckpointError, FileNotFoundError, ValueError, pickle.UnpicklingError) as e:
         click.echo(f"hyperset-eval classify: error: {e}", err=True)
         sys.exit(2)
-    for result in results:
-        if as_json:
-            click.echo(json.dumps(result))
-            continue
-        click.echo(f"{result['dataset']} {split}: top-1 {100 * result['top1']:.2f}% on {result['images']} images "
-                   f"at {result['iters']} iterations ({result['checkpoint']}, {result['device']}, "
-                   f"{result['seconds']:.1f} s)")
+    if as_json:
+        echo_json(report)
+        return
+    for result in report["results"]:
+        click.echo(f"{report['dataset']} {split}: top-1 {100 * result['top1']:.2f}% on {report['images']} images "
+                   f"at {result['iters']} iterations ({report['checkpoint']}, {report['device']}, "
+                   f"{report['seconds']:.1f} s)")

@@ -3,8 +3,10 @@
 Protocol (paper App. "Masked Image Modeling" / Tables "masked image modeling"): mask exactly R of the tokens of
 each image (uniformly random positions, seeded), fill them with MaskGIT decoding (24 arccos steps, temperature
 1; the authors' reconstruction evaluation uses no Gumbel noise on the confidences, r_temp 0), decode with the
-tokenizer and compare with the original images: PSNR, SSIM, MS-SSIM, LPIPS and FID. LPIPS and FID need
-pretrained networks that are never downloaded: without local weights they are reported as null with the reason.
+tokenizer and compare with the original images: PSNR, SSIM, MS-SSIM, LPIPS and FID. LPIPS and FID are
+torchmetrics' (the 'metrics' extra) on pretrained networks that are never downloaded: without the extra or the
+local weight files (--lpips-weights, --fid-weights, or the torch hub cache) they are reported as null with the
+reason.
 The tokenizer's own reconstruction (no masking) is reported as the ceiling.
 
 Differences from the authors' script: the images are not min-max normalised per image before the metrics, and
@@ -13,7 +15,6 @@ the mask is exactly R (theirs draws each token with probability R).
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 from pathlib import Path
@@ -24,7 +25,8 @@ import numpy as np
 import torch
 
 from hyperset.checkpoint import CheckpointError
-from hyperset.device import pick_device
+from hyperset.cli_options import device_option, echo_json, json_option, renamed_option, threads_option
+from hyperset.device import pick_device, set_cpu_threads
 from hyperset.vision.maskgit import mask_by_ratio
 from hyperset.vision.metrics import compute_fid, compute_lpips, mean_score, ms_ssim, ms_ssim_config, psnr, ssim
 from hyperset.vision.reconstruct import (
@@ -65,6 +67,8 @@ def evaluate_reconstruction(
     randomize_temp: float = 0.0,
     batch: int = 250,
     seed: int = 0,
+    lpips_weights: str | Path | None = None,
+    fid_weights: str | Path | None = None,
 ) -> dict[str, Any]:
     """Metrics of masked reconstruction over ``images``: by the token model of ``pipeline`` or, with
     ``fill_code``, by the most-frequent-code baseline (``tokenizer`` only)."""
@@ -93,8 +97,9 @@ def evaluate_reconstruction(
     x, y, c = torch.cat(originals), torch.cat(recons), torch.cat(ceilings)
     size = x.shape[-1]
     ms_cfg = ms_ssim_config(size, size)
-    lpips_values, lpips_reason = compute_lpips(y, x)
-    fid, fid_reason = compute_fid(list(x.split(batch)), list(y.split(batch)))
+    lpips_values, lpips_reason = compute_lpips(y, x, weights_path=lpips_weights, batch=batch)
+    fid, fid_reason = compute_fid(list(x.split(batch)), list(y.split(batch)), weights_path=fid_weights,
+                                  device=device)
     return {
         "psnr": mean_score(psnr(y, x)),
         "ssim": mean_score(ssim(y, x)),
@@ -166,8 +171,8 @@ def print_table(result: dict[str, Any]) -> None:
               help="fraction of each image's tokens that is masked (exactly, at seeded random positions)")
 @click.option("--iters", type=click.IntRange(min=1), default=None,
               help="token-model iterations (default: the trained number)")
-@click.option("--steps", type=click.IntRange(min=1), default=24, show_default=True,
-              help="MaskGIT decoding steps (paper: 24)")
+@renamed_option("--decode-steps", "steps", old="--steps", type=click.IntRange(min=1), default=24, show_default=True,
+               help="MaskGIT decoding steps (paper: 24)")
 @click.option("--temperature", type=float, default=1.0, show_default=True,
               help="sampling temperature (paper: 1; 0 = argmax)")
 @click.option("--randomize-temp", type=float, default=0.0, show_default=True,
@@ -179,17 +184,27 @@ def print_table(result: dict[str, Any]) -> None:
 @click.option("--tokenizer", "tokenizer_path", type=click.Path(path_type=Path), default=None,
               help="tokenizer folder or VQGAN checkpoint (default: the one the model was trained with / shipped)")
 @click.option("--image-size", type=click.IntRange(min=1), default=None, help="image side (default: the tokenizer's)")
-@click.option("--batch", type=click.IntRange(min=1), default=250, show_default=True)
+@renamed_option("--batch-size", "batch", old="--batch", type=click.IntRange(min=1), default=250, show_default=True,
+               help="images per forward pass")
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--device", default="cpu", show_default=True)
-@click.option("--json", "as_json", is_flag=True, help="print the result as one JSON object")
+@click.option("--lpips-weights", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="torchvision's ImageNet AlexNet weights (alexnet-owt-7be5be79.pth) for LPIPS [default: "
+                   "$HYPERSET_LPIPS_WEIGHTS, else the torch hub cache]; needs the 'metrics' extra")
+@click.option("--fid-weights", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="torch-fidelity's Inception-v3 weights (weights-inception-2015-12-05-6726825d.pth) for FID "
+                   "[default: $HYPERSET_FID_WEIGHTS, else the torch hub cache]; needs the 'metrics' extra")
+@threads_option()
+@device_option()
+@json_option()
 def mim_command(checkpoint: Path | None, data: Path, split: str, mask_ratio: float, iters: int | None, steps: int,
                 temperature: float, randomize_temp: float, n_images: int, baseline: str,
-                tokenizer_path: Path | None, image_size: int | None, batch: int, seed: int, device: str,
+                tokenizer_path: Path | None, image_size: int | None, batch: int, seed: int,
+                lpips_weights: Path | None, fid_weights: Path | None, threads: int | None, device: str,
                 as_json: bool) -> None:
     """Masked image reconstruction of a token model (default: the shipped CIFAR-10 models)."""
     torch.manual_seed(seed)
     try:
+        set_cpu_threads(threads)
         device = str(pick_device(device))
         pipeline: MIMPipeline | None = None
         if baseline == "none":
@@ -208,7 +223,8 @@ def mim_command(checkpoint: Path | None, data: Path, split: str, mask_ratio: flo
             fill = most_frequent_code(tok, load_images(data, "train", size), 5000, batch, seed)
         result = evaluate_reconstruction(images, mask_ratio, pipeline=pipeline, tokenizer=tok, fill_code=fill,
                                          iters=iters, steps=steps, temperature=temperature,
-                                         randomize_temp=randomize_temp, batch=batch, seed=seed)
+                                         randomize_temp=randomize_temp, batch=batch, seed=seed,
+                                         lpips_weights=lpips_weights, fid_weights=fid_weights)
     except MIMWeightsMissing as e:
         click.echo(f"hyperset-eval mim: error: {e}", err=True)
         sys.exit(2)
@@ -224,6 +240,6 @@ def mim_command(checkpoint: Path | None, data: Path, split: str, mask_ratio: flo
         "split": split, "data": str(data), "seed": seed,
     })
     if as_json:
-        click.echo(json.dumps(result))
+        echo_json(result)
     else:
         print_table(result)

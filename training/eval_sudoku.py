@@ -7,7 +7,6 @@ each --iters), a per-givens table, and the solver's strategies (single, auto, co
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any, NoReturn
@@ -15,7 +14,7 @@ from typing import Any, NoReturn
 import click
 
 from hyperset.checkpoint import CheckpointError
-from hyperset.cli_options import device_option, json_option, threads_option
+from hyperset.cli_options import device_option, echo_json, json_option, threads_option
 from hyperset.config import MAX_ITERS
 from hyperset.solve import DEFAULT_PASSES, STRATEGIES
 from hyperset.sudoku.board import PuzzleError
@@ -125,7 +124,7 @@ def sudoku_command(checkpoint: str, data: Path, split: str, boards: int | None, 
         except OSError as e:
             _fail(f"--out: cannot write {out}: {e.strerror or e}")
     if as_json:
-        click.echo(json.dumps(report, allow_nan=False))
+        echo_json(report)
     else:
         print_report(report)
         if out:

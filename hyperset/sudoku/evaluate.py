@@ -19,7 +19,6 @@ Three measurements, all in one report (``evaluate``; ``hyperset-eval sudoku`` pr
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 import time
@@ -31,6 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..cli_options import json_safe
 from ..solve import DEFAULT_PASSES, STRATEGIES, Solver, summarize
 from .data import find_split, givens_count, load_csv, protocol_split
 
@@ -43,7 +43,6 @@ __all__ = [
     "IterationCurve",
     "evaluate",
     "iteration_curve",
-    "json_safe",
     "load_boards",
     "per_givens",
     "run_strategy",
@@ -69,17 +68,6 @@ class Boards:
     def describe(self) -> dict[str, Any]:
         return {"data": self.source, "split": self.split, "boards": len(self), "available": self.available,
                 "seed": self.seed, "protocol": PROTOCOL}
-
-
-def json_safe(obj: Any) -> Any:
-    """``obj`` with every NaN or infinite float replaced by None (JSON has neither)."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [json_safe(v) for v in obj]
-    return obj
 
 
 def to_strings(a: np.ndarray) -> list[str]:

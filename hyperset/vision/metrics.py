@@ -2,38 +2,33 @@
 
 Images are float tensors (N, C, H, W) with values in [0, data_range]; each per-image metric returns (N,).
 
-PSNR, SSIM and MS-SSIM need nothing but torch. LPIPS and FID need pretrained networks, which are never
-downloaded at run time: their weights are read from local files (safetensors, or a torch file opened with
-``torch.load(weights_only=True)``), given as ``weights_path`` or through the environment variables
-``HYPERSET_LPIPS_WEIGHTS`` / ``HYPERSET_LPIPS_BACKBONE`` / ``HYPERSET_FID_WEIGHTS``. Without them
+PSNR, SSIM and MS-SSIM need nothing but torch (and are cross-checked against scikit-image and torchmetrics in
+the tests). LPIPS and FID are torchmetrics' implementations (``pip install 'hyperset[metrics]'``: torchmetrics,
+torchvision, torch-fidelity) on pretrained networks that are never downloaded at run time: the weight file is
+``weights_path``, else $HYPERSET_LPIPS_WEIGHTS / $HYPERSET_FID_WEIGHTS, else the torch.hub cache
+($TORCH_HOME/hub/checkpoints/, where those libraries keep it). Without the extra or the file,
 ``compute_lpips`` / ``compute_fid`` return ``(None, reason)`` (see ``metric_unavailable``), never a made-up 0.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
-from collections.abc import Callable, Iterable
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
-from safetensors.torch import load_file
 
 MS_SSIM_WEIGHTS = (0.0448, 0.2856, 0.3001, 0.2363, 0.1333)
-ENV_VARS = {
-    "lpips": "HYPERSET_LPIPS_WEIGHTS",
-    "lpips_backbone": "HYPERSET_LPIPS_BACKBONE",
-    "fid": "HYPERSET_FID_WEIGHTS",
-}
-
-
-class MetricUnavailable(RuntimeError):
-    """A learned metric cannot run because its pretrained weights are not on this machine."""
+ENV_VARS = {"lpips": "HYPERSET_LPIPS_WEIGHTS", "fid": "HYPERSET_FID_WEIGHTS"}
 
 
 def _check_pair(x: torch.Tensor, y: torch.Tensor) -> None:
@@ -224,54 +219,24 @@ def ms_ssim(
 
 
 # ----------------------------------------------------------------------------------------------------
-# Weight files
+# LPIPS and FID: the maintained implementations of torchmetrics (the `metrics` extra), offline
+
+METRICS_EXTRA = "metrics"
+# The pretrained files the two metrics need, by the names under which torch.hub caches them
+# (<torch.hub.get_dir()>/checkpoints/, i.e. $TORCH_HOME/hub/checkpoints/): torchvision's ImageNet backbones for
+# LPIPS (its linear layers ship inside torchmetrics) and torch-fidelity's FID Inception-v3. Never downloaded here.
+LPIPS_BACKBONE_FILES = {
+    "alex": "alexnet-owt-7be5be79.pth",
+    "vgg": "vgg16-397923af.pth",
+    "squeeze": "squeezenet1_1-b8a52dc0.pth",
+}
+FID_WEIGHTS_FILE = "weights-inception-2015-12-05-6726825d.pth"
+_MODULES = {"lpips": ("torchmetrics", "torchvision"), "fid": ("torchmetrics", "torch_fidelity")}
 
 
-def load_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
-    """Tensors of a weight file: safetensors, or a torch file read with ``torch.load(weights_only=True)``.
-
-    A torch file may hold the state dict itself or nest it under "state_dict" / "model"; a "module." prefix
-    (DataParallel) is removed.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no weight file {path}")
-    with open(path, "rb") as f:
-        head = f.read(16)
-    is_zip_or_pickle = head.startswith(b"PK") or head[:1] == b"\x80"
-    try:
-        if path.suffix == ".safetensors" or not is_zip_or_pickle:
-            state = load_file(str(path))
-        else:
-            state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # safetensors and torch raise their own types for a file that is not theirs
-        reason = (str(e) or type(e).__name__).splitlines()[0]
-        raise ValueError(f"{path}: not a safetensors or weights-only torch weight file ({reason})") from None
-    for key in ("state_dict", "model"):  # a torch file may nest the state dict
-        if isinstance(state, dict) and isinstance(state.get(key), dict):
-            state = state[key]
-    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise ValueError(f"{path} does not hold a flat dict of tensors")
-    return {k.removeprefix("module."): v for k, v in state.items()}
-
-
-def _load_exact(module: nn.Module, state: dict[str, torch.Tensor], source: str, assign: bool = False) -> None:
-    """Load ``state`` into ``module``, failing with the missing / unexpected / mis-shaped keys named."""
-    own = module.state_dict()
-    missing = sorted(set(own) - set(state))
-    unexpected = sorted(set(state) - set(own))
-    wrong = [f"{k}: file {tuple(state[k].shape)} vs model {tuple(own[k].shape)}"
-             for k in own if k in state and state[k].shape != own[k].shape]
-    if missing or unexpected or wrong:
-        parts = []
-        if missing:
-            parts.append(f"missing {len(missing)} keys (e.g. {', '.join(missing[:5])})")
-        if unexpected:
-            parts.append(f"unexpected {len(unexpected)} keys (e.g. {', '.join(unexpected[:5])})")
-        if wrong:
-            parts.append(f"wrong shapes: {'; '.join(wrong[:5])}")
-        raise ValueError(f"{source} does not fit {type(module).__name__}: {'; '.join(parts)}")
-    module.load_state_dict(state, assign=assign)
+def hub_checkpoints() -> Path:
+    """The folder where torch.hub (and so torchvision and torch-fidelity) look for cached weight files."""
+    return Path(torch.hub.get_dir()) / "checkpoints"
 
 
 def _resolve(path: str | os.PathLike | None, env: str) -> Path | None:
@@ -280,181 +245,83 @@ def _resolve(path: str | os.PathLike | None, env: str) -> Path | None:
     return None if path is None else Path(path)
 
 
-def metric_unavailable(
-    name: str, weights_path: str | os.PathLike | None = None, backbone_path: str | os.PathLike | None = None
-) -> str:
+def weights_file(name: str, weights_path: str | os.PathLike | None = None, net: str = "alex") -> Path:
+    """The weight file metric ``name`` ("lpips" or "fid") would use: ``weights_path``, else the environment
+    variable (``ENV_VARS``), else the torch.hub cache file (which may not exist)."""
+    path = _resolve(weights_path, name)
+    if path is not None:
+        return path
+    if name == "lpips":
+        if net not in LPIPS_BACKBONE_FILES:
+            raise ValueError(f"unknown LPIPS network {net!r}; expected one of {', '.join(LPIPS_BACKBONE_FILES)}")
+        return hub_checkpoints() / LPIPS_BACKBONE_FILES[net]
+    return hub_checkpoints() / FID_WEIGHTS_FILE
+
+
+def metric_unavailable(name: str, weights_path: str | os.PathLike | None = None, net: str = "alex") -> str:
     """Why metric ``name`` cannot run here, or "" if it can (PSNR/SSIM/MS-SSIM always can).
 
-    LPIPS and FID need local weight files (``weights_path`` or the ``ENV_VARS`` environment variables); they
-    are never downloaded.
+    LPIPS and FID need the `metrics` extra (torchmetrics with torchvision / torch-fidelity) and a local weight
+    file: ``weights_path``, $HYPERSET_LPIPS_WEIGHTS / $HYPERSET_FID_WEIGHTS, or the torch.hub cache
+    (``hub_checkpoints()``). Nothing is downloaded.
     """
     if name in ("psnr", "ssim", "ms_ssim"):
         return ""
-    if name == "lpips":
-        path = _resolve(weights_path, "lpips")
-        if path is None:
-            return (
-                "LPIPS unavailable: no weight file given (weights_path or $HYPERSET_LPIPS_WEIGHTS); it needs "
-                "the AlexNet/VGG16 features and the LPIPS v0.1 linear layers, never downloaded at run time"
-            )
-        if not path.is_file():
-            return f"LPIPS unavailable: weight file {path} does not exist"
-        backbone = _resolve(backbone_path, "lpips_backbone")
-        if backbone is not None and not backbone.is_file():
-            return f"LPIPS unavailable: backbone weight file {backbone} does not exist"
+    if name not in _MODULES:
+        raise ValueError(f"unknown metric {name!r}; expected psnr, ssim, ms_ssim, lpips or fid")
+    label = name.upper()
+    from ..extras import MissingExtra, require
+
+    try:
+        require(METRICS_EXTRA, *_MODULES[name], what=label)
+    except MissingExtra as e:
+        return f"{label} unavailable: {e}"
+    path = weights_file(name, weights_path, net)
+    given = _resolve(weights_path, name) is not None
+    if path.is_file():
         return ""
-    if name == "fid":
-        path = _resolve(weights_path, "fid")
-        if path is None:
-            return (
-                "FID unavailable: no Inception-v3 weight file given (weights_path or $HYPERSET_FID_WEIGHTS, "
-                "e.g. pytorch-fid's pt_inception-2015-12-05 weights); nothing is downloaded at run time"
-            )
-        if not path.is_file():
-            return f"FID unavailable: weight file {path} does not exist"
-        return ""
-    raise ValueError(f"unknown metric {name!r}; expected psnr, ssim, ms_ssim, lpips or fid")
+    if given:
+        return f"{label} unavailable: weight file {path} does not exist"
+    option, env = ("--lpips-weights", ENV_VARS["lpips"]) if name == "lpips" else ("--fid-weights", ENV_VARS["fid"])
+    what = (f"torchvision's ImageNet {net} backbone ({path.name})" if name == "lpips"
+            else f"torch-fidelity's FID Inception-v3 ({path.name})")
+    return (f"{label} unavailable: it needs {what}, which is not in the torch hub cache {path.parent}; give the "
+            f"file with {option} PATH (or ${env}) or put it there. Nothing is downloaded.")
 
 
-# ----------------------------------------------------------------------------------------------------
-# LPIPS v0.1 (Zhang et al. 2018)
-
-# Feature-layer indices of torchvision's alexnet/vgg16 ``features`` that end each LPIPS slice (after a ReLU).
-_LPIPS_SLICES = {"alex": (0, 2, 5, 8, 10, 12), "vgg": (0, 4, 9, 16, 23, 30)}
-_LPIPS_CHANNELS = {"alex": (64, 192, 384, 256, 256), "vgg": (64, 128, 256, 512, 512)}
-
-
-def _alexnet_features() -> list[nn.Module]:
-    return [
-        nn.Conv2d(3, 64, 11, stride=4, padding=2), nn.ReLU(inplace=True), nn.MaxPool2d(3, 2),
-        nn.Conv2d(64, 192, 5, padding=2), nn.ReLU(inplace=True), nn.MaxPool2d(3, 2),
-        nn.Conv2d(192, 384, 3, padding=1), nn.ReLU(inplace=True),
-        nn.Conv2d(384, 256, 3, padding=1), nn.ReLU(inplace=True),
-        nn.Conv2d(256, 256, 3, padding=1), nn.ReLU(inplace=True),
-    ]
-
-
-def _vgg16_features() -> list[nn.Module]:
-    layers: list[nn.Module] = []
-    channels = 3
-    for out in (64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512):
-        if out == "M":
-            layers.append(nn.MaxPool2d(2, 2))
-        else:
-            layers += [nn.Conv2d(channels, int(out), 3, padding=1), nn.ReLU(inplace=True)]
-            channels = int(out)
-    return layers
+@contextlib.contextmanager
+def _hub_file(path: Path, filename: str) -> Iterator[None]:
+    """While inside, torch.hub finds ``path`` as its cached ``filename`` (a temporary hub folder linking to it),
+    so that a library that loads its weights through torch.hub reads that file and downloads nothing."""
+    cached = hub_checkpoints() / filename
+    if cached.exists() and cached.resolve() == path.resolve():
+        yield
+        return
+    saved = getattr(torch.hub, "_hub_dir", None)
+    with tempfile.TemporaryDirectory(prefix="hyperset-hub-") as tmp:
+        link = Path(tmp) / "checkpoints" / filename
+        link.parent.mkdir()
+        try:
+            link.symlink_to(path.resolve())
+        except OSError:  # no symlinks on this file system
+            shutil.copyfile(path, link)
+        torch.hub.set_dir(tmp)
+        try:
+            yield
+        finally:
+            torch.hub._hub_dir = saved  # back to what it was (None: follow $TORCH_HOME again)
 
 
-class _Slices(nn.Module):
-    """Backbone cut into five sequential slices named slice1..slice5, keeping torchvision's layer indices."""
-
-    def __init__(self, net: str) -> None:
-        super().__init__()
-        layers = _alexnet_features() if net == "alex" else _vgg16_features()
-        bounds = _LPIPS_SLICES[net]
-        for k in range(5):
-            block = nn.Sequential()
-            for i in range(bounds[k], bounds[k + 1]):
-                block.add_module(str(i), layers[i])
-            setattr(self, f"slice{k + 1}", block)
-
-    def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
-        feats = []
-        for k in range(5):
-            x = getattr(self, f"slice{k + 1}")(x)
-            feats.append(x)
-        return feats
-
-
-class _LinearHead(nn.Module):
-    """LPIPS 'NetLinLayer': dropout (inactive in eval) + 1x1 conv without bias, C -> 1."""
-
-    def __init__(self, channels: int) -> None:
-        super().__init__()
-        self.model = nn.Sequential(nn.Dropout(), nn.Conv2d(channels, 1, 1, bias=False))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.model(x)
-
-
-class LPIPS(nn.Module):
-    """LPIPS v0.1 distance per image pair, on images in [0, 1] (rescaled to [-1, 1] inside).
-
-    Each of 5 backbone feature maps is unit-normalized over channels; the squared difference is weighted per
-    channel by the linear heads, averaged over space, and summed over layers.
-
-    Weights, from local files only (``load_state_dict`` formats):
-    * ``weights_path`` holding the whole model, e.g. the ``lpips`` package's ``LPIPS().state_dict()``
-      (``net.slice{k}.{i}.*``, ``lin{k}.model.1.weight``), or
-    * ``weights_path`` = the lpips v0.1 linear-layer file (``lin0..lin4``, e.g. ``weights/v0.1/alex.pth``)
-      plus ``backbone_path`` = torchvision's ImageNet alexnet/vgg16 file (``features.{i}.*``).
-    Raises ``MetricUnavailable`` when no file is given (see ``metric_unavailable``).
-    """
-
-    def __init__(
-        self,
-        weights_path: str | os.PathLike | None = None,
-        net: str = "alex",
-        backbone_path: str | os.PathLike | None = None,
-    ) -> None:
-        super().__init__()
-        if net not in _LPIPS_SLICES:
-            raise ValueError(f"LPIPS net must be 'alex' or 'vgg', not {net!r}")
-        self.register_buffer("shift", torch.tensor([-0.030, -0.088, -0.188]).view(1, 3, 1, 1))
-        self.register_buffer("scale", torch.tensor([0.458, 0.448, 0.450]).view(1, 3, 1, 1))
-        self.net = _Slices(net)
-        for k, c in enumerate(_LPIPS_CHANNELS[net]):
-            setattr(self, f"lin{k}", _LinearHead(c))
-        reason = metric_unavailable("lpips", weights_path, backbone_path)
-        if reason:
-            raise MetricUnavailable(reason)
-        path = _resolve(weights_path, "lpips")
-        backbone = _resolve(backbone_path, "lpips_backbone")
-        assert path is not None
-        self._load(load_state_dict(path), None if backbone is None else load_state_dict(backbone), net)
-        self.eval().requires_grad_(False)
-
-    def _load(
-        self, state: dict[str, torch.Tensor], backbone: dict[str, torch.Tensor] | None, net: str
-    ) -> None:
-        merged: dict[str, torch.Tensor] = {}
-        bounds = _LPIPS_SLICES[net]
-        for source in (backbone or {}, state):
-            for key, value in source.items():
-                if key.startswith("features."):  # torchvision layout -> slice layout
-                    index = int(key.split(".")[1])
-                    for k in range(5):
-                        if bounds[k] <= index < bounds[k + 1]:
-                            merged[f"net.slice{k + 1}.{key.removeprefix('features.')}"] = value
-                elif key.startswith(("net.", "lin")) and not key.startswith("lins."):
-                    merged[key] = value  # lpips' `lins` list repeats lin0..lin4
-        merged.setdefault("shift", self.shift)
-        merged.setdefault("scale", self.scale)
-        if not any(k.startswith("net.") for k in merged):
-            raise MetricUnavailable(
-                "LPIPS unavailable: the weight file holds only the linear layers; give the torchvision "
-                f"{'alexnet' if net == 'alex' else 'vgg16'} ImageNet weights as backbone_path "
-                "(or $HYPERSET_LPIPS_BACKBONE)"
-            )
-        _load_exact(self, merged, "LPIPS weights")
-
-    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """Distance per image pair (N,) for images (N, 3, H, W) in [0, 1]."""
-        _check_pair(x, y)
-        fx = self.net((2 * _float(x) - 1 - self.shift) / self.scale)
-        fy = self.net((2 * _float(y) - 1 - self.shift) / self.scale)
-        total = torch.zeros(x.shape[0], device=x.device, dtype=fx[0].dtype)
-        for k, (a, b) in enumerate(zip(fx, fy)):
-            a = a / (a.pow(2).sum(1, keepdim=True).sqrt() + 1e-10)
-            b = b / (b.pow(2).sum(1, keepdim=True).sqrt() + 1e-10)
-            total = total + getattr(self, f"lin{k}")((a - b) ** 2).mean(dim=(1, 2, 3))
-        return total
+def _one_line(e: BaseException) -> str:
+    return (str(e) or type(e).__name__).strip().splitlines()[0]
 
 
 @functools.lru_cache(maxsize=2)
-def _cached_lpips(path: str, net: str, backbone: str | None) -> LPIPS:
-    return LPIPS(path, net, backbone)
+def _lpips_metric(path: str, net: str) -> torch.nn.Module:
+    from torchmetrics.image.lpip import LearnedPerceptualImagePatchSimilarity
+
+    with _hub_file(Path(path), LPIPS_BACKBONE_FILES[net]):
+        return LearnedPerceptualImagePatchSimilarity(net_type=net, reduction="none", normalize=True).eval()
 
 
 def compute_lpips(
@@ -462,237 +329,31 @@ def compute_lpips(
     y: torch.Tensor,
     weights_path: str | os.PathLike | None = None,
     net: str = "alex",
-    backbone_path: str | os.PathLike | None = None,
+    batch: int = 100,
 ) -> tuple[torch.Tensor | None, str]:
-    """(LPIPS per image, "") for images in [0, 1], or (None, reason) when the weights are not available."""
-    reason = metric_unavailable("lpips", weights_path, backbone_path)
+    """(LPIPS per image (N,), "") for images (N, 3, H, W) in [0, 1] by torchmetrics'
+    ``LearnedPerceptualImagePatchSimilarity`` (LPIPS v0.1, ``net`` alex | vgg | squeeze), or (None, reason)
+    when the `metrics` extra or the backbone weight file is missing (see ``metric_unavailable``)."""
+    _check_pair(x, y)
+    reason = metric_unavailable("lpips", weights_path, net)
     if reason:
         return None, reason
-    path, backbone = _resolve(weights_path, "lpips"), _resolve(backbone_path, "lpips_backbone")
+    path = weights_file("lpips", weights_path, net)
     try:
-        model = _cached_lpips(str(path), net, None if backbone is None else str(backbone))
-    except MetricUnavailable as e:
-        return None, str(e)
-    model = model.to(x.device)
+        metric = _lpips_metric(str(path), net).to(x.device)
+    except Exception as e:  # a file that is not the backbone's weights, or a broken install
+        return None, f"LPIPS unavailable: {path} could not be loaded as the {net} backbone ({_one_line(e)})"
+    values = []
     with torch.no_grad():
-        return model(x, y), ""
+        for a, b in zip(x.split(batch), y.split(batch)):
+            metric.reset()
+            metric.update(_float(a).float().clamp(0, 1), _float(b).float().clamp(0, 1))
+            values.append(metric.compute().reshape(-1).cpu())
+    return torch.cat(values), ""
 
 
 # ----------------------------------------------------------------------------------------------------
-# FID: Inception-v3 pool features (pytorch-fid layout) and the Fréchet distance
-
-
-class _BasicConv2d(nn.Module):
-    def __init__(
-        self, cin: int, cout: int, kernel: int | tuple[int, int], **kw: int | tuple[int, int]
-    ) -> None:
-        super().__init__()
-        self.conv = nn.Conv2d(cin, cout, kernel, bias=False, **kw)
-        self.bn = nn.BatchNorm2d(cout, eps=0.001)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.relu(self.bn(self.conv(x)))
-
-
-def _avg3(x: torch.Tensor) -> torch.Tensor:
-    # FID Inception (a TF graph port) averages over valid pixels only at the borders.
-    return F.avg_pool2d(x, 3, stride=1, padding=1, count_include_pad=False)
-
-
-class _InceptionA(nn.Module):
-    def __init__(self, cin: int, pool_features: int) -> None:
-        super().__init__()
-        self.branch1x1 = _BasicConv2d(cin, 64, 1)
-        self.branch5x5_1 = _BasicConv2d(cin, 48, 1)
-        self.branch5x5_2 = _BasicConv2d(48, 64, 5, padding=2)
-        self.branch3x3dbl_1 = _BasicConv2d(cin, 64, 1)
-        self.branch3x3dbl_2 = _BasicConv2d(64, 96, 3, padding=1)
-        self.branch3x3dbl_3 = _BasicConv2d(96, 96, 3, padding=1)
-        self.branch_pool = _BasicConv2d(cin, pool_features, 1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b1 = self.branch1x1(x)
-        b5 = self.branch5x5_2(self.branch5x5_1(x))
-        b3 = self.branch3x3dbl_3(self.branch3x3dbl_2(self.branch3x3dbl_1(x)))
-        return torch.cat([b1, b5, b3, self.branch_pool(_avg3(x))], 1)
-
-
-class _InceptionB(nn.Module):
-    def __init__(self, cin: int) -> None:
-        super().__init__()
-        self.branch3x3 = _BasicConv2d(cin, 384, 3, stride=2)
-        self.branch3x3dbl_1 = _BasicConv2d(cin, 64, 1)
-        self.branch3x3dbl_2 = _BasicConv2d(64, 96, 3, padding=1)
-        self.branch3x3dbl_3 = _BasicConv2d(96, 96, 3, stride=2)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b3 = self.branch3x3(x)
-        bd = self.branch3x3dbl_3(self.branch3x3dbl_2(self.branch3x3dbl_1(x)))
-        return torch.cat([b3, bd, F.max_pool2d(x, 3, stride=2)], 1)
-
-
-class _InceptionC(nn.Module):
-    def __init__(self, cin: int, c7: int) -> None:
-        super().__init__()
-        self.branch1x1 = _BasicConv2d(cin, 192, 1)
-        self.branch7x7_1 = _BasicConv2d(cin, c7, 1)
-        self.branch7x7_2 = _BasicConv2d(c7, c7, (1, 7), padding=(0, 3))
-        self.branch7x7_3 = _BasicConv2d(c7, 192, (7, 1), padding=(3, 0))
-        self.branch7x7dbl_1 = _BasicConv2d(cin, c7, 1)
-        self.branch7x7dbl_2 = _BasicConv2d(c7, c7, (7, 1), padding=(3, 0))
-        self.branch7x7dbl_3 = _BasicConv2d(c7, c7, (1, 7), padding=(0, 3))
-        self.branch7x7dbl_4 = _BasicConv2d(c7, c7, (7, 1), padding=(3, 0))
-        self.branch7x7dbl_5 = _BasicConv2d(c7, 192, (1, 7), padding=(0, 3))
-        self.branch_pool = _BasicConv2d(cin, 192, 1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b1 = self.branch1x1(x)
-        b7 = self.branch7x7_3(self.branch7x7_2(self.branch7x7_1(x)))
-        bd = self.branch7x7dbl_1(x)
-        for layer in (self.branch7x7dbl_2, self.branch7x7dbl_3, self.branch7x7dbl_4, self.branch7x7dbl_5):
-            bd = layer(bd)
-        return torch.cat([b1, b7, bd, self.branch_pool(_avg3(x))], 1)
-
-
-class _InceptionD(nn.Module):
-    def __init__(self, cin: int) -> None:
-        super().__init__()
-        self.branch3x3_1 = _BasicConv2d(cin, 192, 1)
-        self.branch3x3_2 = _BasicConv2d(192, 320, 3, stride=2)
-        self.branch7x7x3_1 = _BasicConv2d(cin, 192, 1)
-        self.branch7x7x3_2 = _BasicConv2d(192, 192, (1, 7), padding=(0, 3))
-        self.branch7x7x3_3 = _BasicConv2d(192, 192, (7, 1), padding=(3, 0))
-        self.branch7x7x3_4 = _BasicConv2d(192, 192, 3, stride=2)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b3 = self.branch3x3_2(self.branch3x3_1(x))
-        b7 = self.branch7x7x3_4(self.branch7x7x3_3(self.branch7x7x3_2(self.branch7x7x3_1(x))))
-        return torch.cat([b3, b7, F.max_pool2d(x, 3, stride=2)], 1)
-
-
-class _InceptionE(nn.Module):
-    """Last blocks; the FID network pools with an average in Mixed_7b and a max in Mixed_7c."""
-
-    def __init__(self, cin: int, pool: str) -> None:
-        super().__init__()
-        self.pool = pool
-        self.branch1x1 = _BasicConv2d(cin, 320, 1)
-        self.branch3x3_1 = _BasicConv2d(cin, 384, 1)
-        self.branch3x3_2a = _BasicConv2d(384, 384, (1, 3), padding=(0, 1))
-        self.branch3x3_2b = _BasicConv2d(384, 384, (3, 1), padding=(1, 0))
-        self.branch3x3dbl_1 = _BasicConv2d(cin, 448, 1)
-        self.branch3x3dbl_2 = _BasicConv2d(448, 384, 3, padding=1)
-        self.branch3x3dbl_3a = _BasicConv2d(384, 384, (1, 3), padding=(0, 1))
-        self.branch3x3dbl_3b = _BasicConv2d(384, 384, (3, 1), padding=(1, 0))
-        self.branch_pool = _BasicConv2d(cin, 192, 1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b1 = self.branch1x1(x)
-        b3 = self.branch3x3_1(x)
-        b3 = torch.cat([self.branch3x3_2a(b3), self.branch3x3_2b(b3)], 1)
-        bd = self.branch3x3dbl_2(self.branch3x3dbl_1(x))
-        bd = torch.cat([self.branch3x3dbl_3a(bd), self.branch3x3dbl_3b(bd)], 1)
-        pooled = _avg3(x) if self.pool == "avg" else F.max_pool2d(x, 3, stride=1, padding=1)
-        return torch.cat([b1, b3, bd, self.branch_pool(pooled)], 1)
-
-
-# pytorch-fid's InceptionV3 wraps the same layers in ``blocks``; its keys are mapped to these names on load.
-_FID_BLOCKS = {
-    "blocks.0.0": "Conv2d_1a_3x3", "blocks.0.1": "Conv2d_2a_3x3", "blocks.0.2": "Conv2d_2b_3x3",
-    "blocks.1.0": "Conv2d_3b_1x1", "blocks.1.1": "Conv2d_4a_3x3",
-    "blocks.2.0": "Mixed_5b", "blocks.2.1": "Mixed_5c", "blocks.2.2": "Mixed_5d", "blocks.2.3": "Mixed_6a",
-    "blocks.2.4": "Mixed_6b", "blocks.2.5": "Mixed_6c", "blocks.2.6": "Mixed_6d", "blocks.2.7": "Mixed_6e",
-    "blocks.3.0": "Mixed_7a", "blocks.3.1": "Mixed_7b", "blocks.3.2": "Mixed_7c",
-}
-
-
-def resize_bilinear_tf1(x: torch.Tensor, size: int) -> torch.Tensor:
-    """TensorFlow 1 ``resize_bilinear`` (align_corners=False, no half-pixel centres): output pixel i samples
-    the input at i * in/out. This is the resize of the TF FID code, torch-fidelity and torchmetrics."""
-    for dim in (2, 3):
-        n_in = x.shape[dim]
-        src = torch.arange(size, dtype=torch.float64, device=x.device) * (n_in / size)
-        i0 = src.floor().long().clamp(max=n_in - 1)
-        i1 = (i0 + 1).clamp(max=n_in - 1)
-        shape = [1, 1, 1, 1]
-        shape[dim] = size
-        frac = (src - i0).to(x.dtype).view(shape)
-        x = x.index_select(dim, i0) * (1 - frac) + x.index_select(dim, i1) * frac
-    return x
-
-
-FID_PREPROCESS = ("torch-fidelity", "pytorch-fid", "none")
-
-
-class InceptionV3Features(nn.Module):
-    """Inception-v3 as used for FID (the TF 2015-12-05 graph, as ported by pytorch-fid and torch-fidelity).
-
-    Input: images (N, 3, H, W) in [0, 1]; output: the 2048-d average-pool features. ``preprocess``:
-    * "torch-fidelity" (default; torchmetrics' FID, which the authors' evaluation used): quantize to uint8
-      by truncation (``(x * 255).byte()``, as torchmetrics does), TF1 bilinear resize to 299, (u - 128) / 128;
-    * "pytorch-fid": bilinear ``F.interpolate`` to 299 (align_corners=False), then 2x - 1;
-    * "none": no resize (the input must already be at least 75 px), then 2x - 1.
-    The two resizes give slightly different features, hence slightly different FIDs. Module names follow
-    torchvision (``Conv2d_1a_3x3`` ... ``Mixed_7c``), the layout of pytorch-fid's ``pt_inception-2015-12-05``
-    and torch-fidelity's ``weights-inception-2015-12-05`` files; their ``fc`` / ``AuxLogits`` are ignored.
-    """
-
-    def __init__(self, preprocess: str = "torch-fidelity") -> None:
-        super().__init__()
-        if preprocess not in FID_PREPROCESS:
-            raise ValueError(f"preprocess must be one of {FID_PREPROCESS}, not {preprocess!r}")
-        self.preprocess = preprocess
-        self.Conv2d_1a_3x3 = _BasicConv2d(3, 32, 3, stride=2)
-        self.Conv2d_2a_3x3 = _BasicConv2d(32, 32, 3)
-        self.Conv2d_2b_3x3 = _BasicConv2d(32, 64, 3, padding=1)
-        self.Conv2d_3b_1x1 = _BasicConv2d(64, 80, 1)
-        self.Conv2d_4a_3x3 = _BasicConv2d(80, 192, 3)
-        self.Mixed_5b = _InceptionA(192, 32)
-        self.Mixed_5c = _InceptionA(256, 64)
-        self.Mixed_5d = _InceptionA(288, 64)
-        self.Mixed_6a = _InceptionB(288)
-        self.Mixed_6b = _InceptionC(768, 128)
-        self.Mixed_6c = _InceptionC(768, 160)
-        self.Mixed_6d = _InceptionC(768, 160)
-        self.Mixed_6e = _InceptionC(768, 192)
-        self.Mixed_7a = _InceptionD(768)
-        self.Mixed_7b = _InceptionE(1280, "avg")
-        self.Mixed_7c = _InceptionE(2048, "max")
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = _float(x)
-        if self.preprocess == "torch-fidelity":
-            x = (x.clamp(0, 1) * 255).to(torch.uint8).float()
-            x = (resize_bilinear_tf1(x, 299) - 128) / 128
-        elif self.preprocess == "pytorch-fid":
-            x = 2 * F.interpolate(x, size=(299, 299), mode="bilinear", align_corners=False) - 1
-        else:
-            x = 2 * x - 1
-        x = self.Conv2d_2b_3x3(self.Conv2d_2a_3x3(self.Conv2d_1a_3x3(x)))  # (N, 64, 147, 147)
-        x = F.max_pool2d(x, 3, stride=2)
-        x = F.max_pool2d(self.Conv2d_4a_3x3(self.Conv2d_3b_1x1(x)), 3, stride=2)  # (N, 192, 35, 35)
-        for name in ("5b", "5c", "5d", "6a", "6b", "6c", "6d", "6e", "7a", "7b", "7c"):
-            x = getattr(self, f"Mixed_{name}")(x)  # ends (N, 2048, 8, 8)
-        return x.mean(dim=(2, 3))
-
-    @classmethod
-    def from_file(cls, path: str | os.PathLike, preprocess: str = "torch-fidelity") -> InceptionV3Features:
-        """Load FID Inception weights (torchvision-style or pytorch-fid ``blocks.*`` names) from a file."""
-        state = {}
-        for key, value in load_state_dict(path).items():
-            for old, new in _FID_BLOCKS.items():
-                if key.startswith(old + "."):
-                    key = new + key[len(old):]
-                    break
-            if not key.startswith(("fc.", "AuxLogits.")) and "num_batches_tracked" not in key:
-                state[key] = value
-        with torch.device("meta"):  # no random initialization: every tensor is taken from the file
-            model = cls(preprocess)
-        for key in model.state_dict():
-            if key.endswith("num_batches_tracked"):
-                state[key] = torch.zeros((), dtype=torch.long)
-        _load_exact(model, state, str(path), assign=True)
-        return model.eval().requires_grad_(False)
+# The Fréchet distance (for FID over any features)
 
 
 def feature_statistics(features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -738,26 +399,17 @@ def frechet_distance(
 class FID:
     """Streaming FID: feed real and generated images in batches, then ``compute()``.
 
-    Features come from ``feature_extractor`` (any callable (N, 3, H, W) in [0, 1] -> (N, D)) or, by default,
-    the FID Inception-v3 loaded from ``weights_path`` / $HYPERSET_FID_WEIGHTS (``MetricUnavailable`` when
-    absent) with ``preprocess`` (see ``InceptionV3Features``). Statistics accumulate in float64 sums, so
-    memory does not grow with the number of images.
+    Features come from ``feature_extractor``, any callable (N, 3, H, W) in [0, 1] -> (N, D): this is the
+    Fréchet distance for features of your choice (``compute_fid`` without an extractor is the standard FID on
+    torchmetrics' Inception-v3). Statistics accumulate in float64 sums, so memory does not grow with the
+    number of images.
     """
 
     def __init__(
         self,
-        weights_path: str | os.PathLike | None = None,
-        feature_extractor: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        feature_extractor: Callable[[torch.Tensor], torch.Tensor],
         device: str | torch.device = "cpu",
-        preprocess: str = "torch-fidelity",
     ) -> None:
-        if feature_extractor is None:
-            reason = metric_unavailable("fid", weights_path)
-            if reason:
-                raise MetricUnavailable(reason)
-            path = _resolve(weights_path, "fid")
-            assert path is not None
-            feature_extractor = InceptionV3Features.from_file(path, preprocess).to(device)
         self.extractor = feature_extractor
         self.device = torch.device(device)
         self.reset()
@@ -793,23 +445,53 @@ class FID:
         return frechet_distance(*self.statistics(True), *self.statistics(False))
 
 
+def _fid_metric(path: Path, device: str | torch.device) -> Any:
+    import inspect
+
+    from torchmetrics.image.fid import FrechetInceptionDistance
+
+    kw: dict[str, Any] = {"feature": 2048, "normalize": True, "feature_extractor_weights_path": str(path)}
+    if "antialias" in inspect.signature(FrechetInceptionDistance.__init__).parameters:
+        kw["antialias"] = False  # TensorFlow 1's bilinear resize to 299 px, as the original FID and the paper's
+    return FrechetInceptionDistance(**kw).to(device)
+
+
 def compute_fid(
     real: Iterable[torch.Tensor],
     fake: Iterable[torch.Tensor],
     weights_path: str | os.PathLike | None = None,
     feature_extractor: Callable[[torch.Tensor], torch.Tensor] | None = None,
     device: str | torch.device = "cpu",
-    preprocess: str = "torch-fidelity",
 ) -> tuple[float | None, str]:
-    """(FID, "") between two streams of image batches in [0, 1], or (None, reason) without the weights."""
-    if feature_extractor is None:
+    """(FID, "") between two streams of image batches (N, 3, H, W) in [0, 1], or (None, reason).
+
+    Without ``feature_extractor``: torchmetrics' ``FrechetInceptionDistance`` (2048-d pool features of
+    torch-fidelity's Inception-v3, images quantized to uint8 and resized to 299 px as the TF original) with the
+    weight file of ``metric_unavailable``; None and the reason when the `metrics` extra or the file is missing.
+    With one: the Fréchet distance of its features (``FID``)."""
+    if feature_extractor is not None:
+        fid = FID(feature_extractor, device)
+        for batch in real:
+            fid.update(batch, real=True)
+        for batch in fake:
+            fid.update(batch, real=False)
+        value = fid.compute()
+    else:
         reason = metric_unavailable("fid", weights_path)
         if reason:
             return None, reason
-    fid = FID(weights_path, feature_extractor, device, preprocess)
-    for batch in real:
-        fid.update(batch, real=True)
-    for batch in fake:
-        fid.update(batch, real=False)
-    value = fid.compute()
+        path = weights_file("fid", weights_path)
+        try:
+            metric = _fid_metric(path, device)
+        except Exception as e:  # not the Inception weights, or a broken install
+            return None, f"FID unavailable: {path} could not be loaded as the FID Inception-v3 ({_one_line(e)})"
+        with torch.no_grad():
+            for batch in real:
+                metric.update(_float(batch).float().clamp(0, 1).to(device), real=True)
+            for batch in fake:
+                metric.update(_float(batch).float().clamp(0, 1).to(device), real=False)
+            try:
+                value = float(metric.compute())
+            except RuntimeError as e:  # fewer than 2 images on a side
+                raise ValueError(f"FID: {_one_line(e)}") from None
     return (value, "") if math.isfinite(value) else (None, "FID is not finite (degenerate features)")

@@ -1,0 +1,104 @@
+"""One meaning per option across hyperset-train, hyperset-eval and hyperset-export; --version; renamed options."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+import pytest
+from click.testing import CliRunner
+from conftest import write_sudoku_csvs
+
+from exports.cli import main as export_main
+from hyperset.cli_options import echo_json, package_version, renamed_option
+from training import cli as train_cli
+from training.evaluate import main as eval_main
+
+
+def _commands() -> dict[str, click.Command]:
+    out = {f"hyperset-eval {n}": c for n, c in eval_main.commands.items()
+           if not (c.help or "").startswith("(not installed)")}
+    out.update({f"hyperset-train {n}": c for n, c in train_cli.main.commands.items()})
+    out["hyperset-export"] = export_main
+    return out
+
+
+@pytest.mark.parametrize("main, prog", [(eval_main, "hyperset-eval"), (train_cli.main, "hyperset-train"),
+                                        (export_main, "hyperset-export")])
+def test_version(main: click.Command, prog: str) -> None:
+    run = CliRunner().invoke(main, ["--version"])
+    assert run.exit_code == 0 and run.output.strip() == f"{prog} {package_version()}"
+
+
+def test_package_version_falls_back_to_the_source_tree(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.metadata
+
+    import hyperset
+
+    def missing(name: str) -> str:
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", missing)
+    assert package_version() == hyperset.__version__
+
+
+@pytest.mark.parametrize("name", sorted(_commands()))
+def test_every_computing_command_has_device_threads_and_json(name: str) -> None:
+    command = _commands()[name]
+    options = {opt: p for p in command.params if isinstance(p, click.Option) for opt in p.opts}
+    for opt in ("--device", "--threads", "--json"):
+        assert opt in options, f"{name} lacks {opt}"
+    assert options["--device"].default == "auto"
+    assert "auto | cpu | cuda" in options["--device"].help
+    assert options["--threads"].type.min == 1
+    if name.startswith("hyperset-eval"):
+        assert "--batch-size" in options and "--batch" not in [o for o, p in options.items() if not p.hidden]
+
+
+def test_steps_means_optimizer_steps_only() -> None:
+    for name, command in _commands().items():
+        visible = {o for p in command.params if isinstance(p, click.Option) and not p.hidden for o in p.opts}
+        if "--steps" in visible:
+            assert name.startswith("hyperset-train"), name
+    mim_help = CliRunner().invoke(eval_main, ["mim", "--help"]).output
+    assert "--decode-steps" in mim_help and "--steps " not in mim_help and "--batch " not in mim_help
+
+
+def _toy() -> click.Command:
+    @click.command()
+    @renamed_option("--batch-size", "batch", old="--batch", type=click.IntRange(min=1), default=7)
+    def toy(batch: int) -> None:
+        echo_json({"batch": batch, "nan": float("nan")})
+
+    return toy
+
+
+@pytest.mark.parametrize("args, value, warned", [
+    ([], 7, False), (["--batch-size", "3"], 3, False), (["--batch", "4"], 4, True),
+    (["--batch", "4", "--batch-size", "5"], 5, True), (["--batch-size", "5", "--batch", "4"], 5, True)])
+def test_renamed_option_keeps_the_old_name_as_a_deprecated_alias(args: list[str], value: int, warned: bool) -> None:
+    run = CliRunner().invoke(_toy(), args)
+    assert run.exit_code == 0, run.output
+    assert run.stdout == f'{{"batch": {value}, "nan": null}}\n'
+    assert ("--batch is deprecated" in run.stderr) == warned
+    assert "--batch " not in CliRunner().invoke(_toy(), ["--help"]).output
+
+
+def test_train_threads_is_the_recipe_threads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: dict[str, Any] = {}
+
+    class FakeTrainer:
+        def __init__(self, task: Any, train: Any, out: Path, **kw: Any) -> None:
+            seen["threads"] = train.threads
+
+        def fit(self) -> dict[str, Any]:
+            return {"step": 0, "best": 0.0}
+
+    monkeypatch.setattr(train_cli, "Trainer", FakeTrainer)
+    data = write_sudoku_csvs(tmp_path, 4, 4, seed=0)
+    base = ["sudoku", "--recipe", "sudoku-cpu", "--data", str(data), "--out", str(tmp_path / "run"), "--json"]
+    for extra, threads in (([], 1), (["--threads", "2"], 2), (["--threads", "2", "--set", "train.threads=3"], 3)):
+        run = CliRunner().invoke(train_cli.main, [*base, *extra])
+        assert run.exit_code == 0, run.output
+        assert seen["threads"] == threads
