@@ -31,10 +31,11 @@ def measure(checkpoint: str | None, data_dir: str, iters: tuple[int, ...], split
     meta = read_config(path)
     trained = int(meta["model"]["iters"])
     depths = list(iters) or [trained, 2 * trained]
-    rows = run_eval(str(path), data_dir, split, depths, batch_size, device)
-    return {"checkpoint": str(path), "steps": meta.get("steps"), "split": split, "dataset": rows[0]["dataset"],
+    doc = run_eval(str(path), data_dir, split, depths, batch_size, device)
+    shared = {k: doc[k] for k in ("images", "device", "seconds")}
+    return {"checkpoint": str(path), "steps": meta.get("steps"), "split": split, "dataset": doc["dataset"],
             "parameters": meta.get("parameters"), "trained_iters": trained, "threads": torch.get_num_threads(),
-            "rows": [{k: r[k] for k in ("top1", "images", "iters", "device", "seconds")} for r in rows],
+            "rows": [{"top1": r["top1"], "iters": r["iters"], **shared} for r in doc["results"]],
             "command": f"{COMMAND} (or: python bench/classify_test.py CHECKPOINT --data DIR)"}
 
 

@@ -32,7 +32,7 @@ import torch
 from hyperset.checkpoint import atomic_write_json, load_checkpoint
 from hyperset.device import cpu_has_native_bf16, cpu_model
 from hyperset.models import HyperSETModel
-from hyperset.pretrained import pretrained_dir
+from hyperset.pretrained import pretrained_dir, resolve
 from hyperset.solve import DEFAULT_PASSES, DEFAULT_STRATEGY, Solver
 from hyperset.sudoku.data import find_split, givens_count, load_csv, protocol_split
 from training.cli import build_task
@@ -288,6 +288,36 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
+def curve_plot(files: list[Path], path: Path) -> None:
+    """One-pass board accuracy and E_ATTN + E_FF against iterations (to 8T) for measured checkpoints."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (acc_ax, e_ax) = plt.subplots(1, 2, figsize=(12, 4.2))
+    T = 16
+    for f in files:
+        r = json.loads(f.read_text())
+        e, T = r["eval"], r["eval"]["trained_iterations"]
+        acc = 100 * np.array(e["curve"]["board_acc"])
+        t = np.arange(1, len(acc) + 1)
+        default = 100 * e["default_strategy"]["all"]["board_acc"]
+        acc_ax.plot(t, acc, label=f"{r['name']} (default strategy {default:.1f}%)")
+        e_ax.plot(t, e["curve"]["energy_mean"], label=r["name"])
+    for ax in (acc_ax, e_ax):
+        for k in (1, 2, 4, 8):
+            ax.axvline(k * T, color="gray", lw=0.6, ls=":")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel(f"iterations of one pass (trained: {T})")
+        ax.legend(fontsize=8)
+    acc_ax.set_ylabel("board accuracy, % (1,000 validation puzzles)")
+    e_ax.set_ylabel("mean E_ATTN + E_FF")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -299,6 +329,14 @@ def main() -> None:
     run.add_argument("--n", type=int, default=500, help="validation puzzles for the measurements")
     run.add_argument("--n17", type=int, default=300, help="17-given validation puzzles for the default strategy")
     run.add_argument("--threads", type=int, default=1)
+    meas = sub.add_parser("measure", help="measure a checkpoint as the arms are measured (e.g. a shipped model)")
+    meas.add_argument("--checkpoint", required=True, help="checkpoint folder or shipped model name")
+    meas.add_argument("--name", required=True, help="result name: bench/results/sudoku_depth/NAME.json")
+    meas.add_argument("--data", required=True, help="Sudoku data folder (train + valid CSVs)")
+    meas.add_argument("--n", type=int, default=1000, help="validation puzzles (the paper protocol's seeded draw)")
+    meas.add_argument("--n17", type=int, default=1000, help="17-given validation puzzles for the default strategy")
+    meas.add_argument("--threads", type=int, default=1)
+    sub.add_parser("curve", help="plot every measured checkpoint's one-pass curve -> bench/results/sudoku_depth.png")
     tab = sub.add_parser("table")
     tab.add_argument("--markdown", action="store_true", help="also print the tables as Markdown")
     args = ap.parse_args()
@@ -310,6 +348,18 @@ def main() -> None:
         result = table(RESULTS / "depth_ablation.json")
         if args.markdown:
             print(markdown(result))
+        return
+    if args.cmd == "curve":
+        curve_plot(sorted((RESULTS / "sudoku_depth").glob("*.json")), RESULTS / "sudoku_depth.png")
+        return
+    if args.cmd == "measure":
+        ckpt = resolve(args.checkpoint)
+        result = {"name": args.name, "eval": evaluate_arm(ckpt, args.data, args.n, args.n17, args.threads),
+                  "device": f"{cpu_model()}, {args.threads} thread(s)"}
+        (RESULTS / "sudoku_depth").mkdir(parents=True, exist_ok=True)
+        atomic_write_json(RESULTS / "sudoku_depth" / f"{args.name}.json", result)
+        print(json.dumps({k: result["eval"][k] for k in ("single_pass", "default_strategy", "energy_monotone_8T")},
+                         indent=1))
         return
     out = run_arm(args.arm, args.data, args.budget, args.threads)
     plan = json.loads((out / "arm.json").read_text())
