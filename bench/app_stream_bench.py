@@ -172,9 +172,10 @@ def main() -> None:
         "bound": 2.0, "worst_ratio": worst, "within_bound": worst <= 2.0,
         "served_round_trip_seconds": round(round_trip, 4) if round_trip is not None else None,
         "worst_ratio_served": max(served) if served else None,
-        "served_note": "app_served adds what any request through Gradio costs (queue, event stream, the final "
-                       "plot rendered to PNG): about served_round_trip_seconds for a near-empty request, which "
-                       "dominates the short solves",
+        "served_note": ("app_served adds what requests through Gradio cost: a near-empty request (/load_puzzle) "
+                        "takes served_round_trip_seconds; the streamed solve adds the final energy plot rendered "
+                        "to PNG and the processing of every update it sends. These fixed costs dominate the short "
+                        "solves"),
         "cases": rows,
     }
     Path(args.out).write_text(json.dumps(payload, indent=2) + "\n")
