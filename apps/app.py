@@ -46,7 +46,8 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 from PIL import Image
 
-from hyperset.solve import DEFAULT_PASSES, DEFAULT_STRATEGY, commit_cells
+from hyperset.solve import DEFAULT_PASSES, DEFAULT_STRATEGY, result_of
+from hyperset.strategies import BoardResult
 from hyperset.sudoku.board import PuzzleError, cell_name, conflicts, parse_puzzles, validate
 
 from .limits import MAX_IMAGE_PIXELS, MAX_UPLOAD_BYTES, RequestLimits, RunGuard, limit_pixels, pixel_problem
@@ -73,7 +74,9 @@ MODEL_QUEUE = "models"  # solve and reconstruct share one slot: one model comput
 SOLVE_TIME_LIMIT = 120  # seconds per solve: then it stops with the board so far (the slowest seen here took 40 s)
 CACHE_CLEANUP = (600, 3600)  # every 10 minutes, delete uploaded and generated files older than an hour
 AUTO_PATIENCE = 4  # as Solver.solve(iters="auto")
-PLOT_FRAMES = 8  # while streaming, redraw the energy plot about this many times per pass (and at the end)
+PLOT_SHARE = 0.15  # while streaming, redraw the energy plot while drawing takes at most this share of the time
+PLOT_COST_GUESS = 0.05  # seconds a plot is taken to cost before the first one is drawn
+SEND_SHARE = 0.25  # ...and send an update while the consumer (Gradio) takes at most this share to pass them on
 DISPLAY_SIDE = 256  # images are shown upscaled to about this many pixels
 DRAW_THRESHOLD = 0.25  # a token is masked when this share of its pixels is painted
 STRATEGIES = ("single", "commit", "auto")
@@ -331,14 +334,16 @@ def _rgb(array: np.ndarray) -> np.ndarray:
 
 @dataclass
 class _Frame:
-    """One iteration of a streamed solve."""
+    """One iteration of a streamed solve, as drawn."""
 
     step: int  # iterations run so far, over all passes
     pass_index: int  # 0-based
     t: int  # iteration within the pass
     digits: str  # 81 characters
     confidence: list[float]
-    passes: list[dict[str, list[float]]] = field(default_factory=list)
+    passes: list[dict[str, list[float]]] = field(default_factory=list)  # the energies so far, one dict per pass
+    source: str = "torch"  # where the numbers came from: the backend's source ("torch", "onnxruntime")
+    result: BoardResult | None = None  # the finished board, on the last frame
 
 
 class HyperSETApp:
@@ -406,67 +411,44 @@ class HyperSETApp:
         return empty_grid(), render_board(blank, blank), "", "", None, None
 
     def _frames(self, puzzle: str, iters: int, strategy: str) -> Iterator[_Frame]:
-        """Run the solver on one puzzle, one frame per iteration (see the module docstring for the strategies)."""
-        solver = self.solver
-        boards = torch.tensor([[int(ch) for ch in puzzle]], dtype=torch.long, device=solver.device)
+        """One frame per iteration of the solver's own strategy stream (hyperset.strategies, as the CLI runs it):
+        the backend's numbers, nothing run twice. The last frame carries the finished board in ``result``."""
         passes: list[dict[str, list[float]]] = []
-        step = 0
-
-        def run_pass(current: torch.Tensor, n: int, index: int) -> Iterator[tuple[_Frame, torch.Tensor, torch.Tensor]]:
-            nonlocal step
-            trace: dict[str, list[float]] = {}
-            passes.append(trace)
-            for t, digits, conf, energy in solver.iterate(current, n):
-                for k, v in energy.items():
-                    trace.setdefault(k, []).append(float(v.reshape(-1)[0]))
-                step += 1
-                d, c = digits[0].cpu(), conf[0].cpu()
-                frame = _Frame(step, index, t, "".join(str(int(x)) for x in d.tolist()), c.tolist(), passes)
-                yield frame, digits, conf
-
-        if strategy == "single":
-            for frame, _, _ in run_pass(boards, iters, 0):
-                yield frame
-        elif strategy == "auto":
-            prev, stable = None, 0
-            for frame, _, _ in run_pass(boards, iters, 0):
-                stable = stable + 1 if prev is None or frame.digits == prev else 0
-                prev = frame.digits
-                yield frame
-                if validate(frame.digits, puzzle).valid or stable >= AUTO_PATIENCE:
-                    break
-        else:  # commit
-            current = boards.clone()
-            for r in range(DEFAULT_PASSES):  # as Solver.solve(strategy="commit"), one board
-                blanks = current == 0
-                if not blanks.any():
-                    break
-                last = None
-                for frame, digits, conf in run_pass(current, iters, r):
-                    last = (frame, digits, conf)
-                    yield frame
-                frame, digits, conf = last
-                if r == DEFAULT_PASSES - 1 or validate(frame.digits, puzzle).valid:
-                    break
-                (chosen,) = commit_cells(current, digits, conf, r, DEFAULT_PASSES)
-                current[0, chosen] = digits[0, chosen]
+        stream = self.solver.frames([puzzle], iters, strategy, max_iters=iters, patience=AUTO_PATIENCE,
+                                    passes=DEFAULT_PASSES, per_iteration=True)
+        last: _Frame | None = None
+        for f in stream:
+            if f.kind == "pass":  # the end of a pass: the finished board, if it is
+                if last is not None and 0 in f.done:
+                    last.result = f.done[0]
+                continue
+            if last is not None:
+                yield last
+            if f.pass_index == len(passes):
+                passes.append({})
+            trace = passes[f.pass_index]
+            for k, v in f.energies.items():
+                trace.setdefault(k, []).append(float(v.reshape(-1)[0]))
+            last = _Frame(f.step, f.pass_index, f.t, "".join(map(str, f.digits[0].tolist())),
+                          f.confidence[0].tolist(), passes, f.source, f.done.get(0))
+        if last is not None:
+            yield last
 
     def solve(self, grid: Any, iterations: Any = None, strategy: Any = DEFAULT_STRATEGY) -> Iterator[tuple[Any, ...]]:
         """Generator: one (board HTML, energy plot, verdict, details) per iteration; the last one has the verdict.
 
         Bad input yields a single update with the message (and no exception). A solve stops with the board so far
-        after ``SOLVE_TIME_LIMIT`` seconds, and without a word when no client has asked for its result."""
+        after ``SOLVE_TIME_LIMIT`` seconds, and without a word when no client has asked for its result. The
+        energy plot is redrawn while the share of time spent drawing stays under ``PLOT_SHARE``, and an update is
+        sent while the share of time the consumer takes to pass updates on stays under ``SEND_SHARE`` (called
+        directly, every iteration is an update)."""
         guard = RunGuard.for_request(SOLVE_TIME_LIMIT)
         t0 = guard.started
         try:
             if self.solver is None:
                 raise InputError(f"no Sudoku model is loaded. {self.sudoku_note}".strip())
             puzzle = grid_to_puzzle(grid)
-            iters = _int_in(self.trained_iters if iterations is None else iterations, 1, self.max_iters,
-                            "iterations")
-            strategy = str(strategy or DEFAULT_STRATEGY).lower()
-            if strategy not in STRATEGIES:
-                raise InputError(f"strategy must be one of {', '.join(STRATEGIES)} (got {strategy!r})")
+            iters, strategy = self._settings(iterations, strategy)
         except InputError as err:
             _toast(str(err))
             yield gr.skip(), gr.skip(), _error_md(str(err)), {"error": str(err)}
@@ -474,24 +456,71 @@ class HyperSETApp:
         label = {"single": f"{iters}", "auto": f"at most {iters}", "commit": f"{iters} per pass"}[strategy]
         pending: _Frame | None = None
         stopped = ""
-        every = max(1, iters // PLOT_FRAMES)  # a plot costs far more than a board: draw it every few frames
+        # seconds spent drawing plots and that the consumer (Gradio: postprocessing, sending) held the generator
+        # between updates, and the cost of the last plot and the last update (the next ones are predicted by them)
+        drawing = sending = 0.0
+        plot_cost, send_cost = PLOT_COST_GUESS, 0.0
         for frame in self._frames(puzzle, iters, strategy):
             if pending is not None:
-                plot: Any = gr.skip()
-                if pending.t % every == 0 or pending.t == 1:
-                    plot = self._sudoku_plot(pending.passes, iters)
-                where = f"pass {pending.pass_index + 1}, " if strategy == "commit" else ""
-                verdict = f"**Solving...** {where}iteration {pending.t} ({label}; {strategy}). Stop cancels."
-                yield self._board(pending, puzzle), plot, verdict, gr.skip()
-            pending = pending_copy(frame)
+                now = time.perf_counter()
+                if pending.step == 1 or sending + send_cost <= SEND_SHARE * (now - t0):
+                    plot: Any = gr.skip()
+                    if drawing + plot_cost <= PLOT_SHARE * (now - t0):
+                        plot = self._sudoku_plot(pending.passes, iters)
+                        plot_cost = time.perf_counter() - now
+                        drawing += plot_cost
+                    where = f"pass {pending.pass_index + 1}, " if strategy == "commit" else ""
+                    verdict = f"**Solving...** {where}iteration {pending.t} ({label}; {strategy}). Stop cancels."
+                    update = self._board(pending, puzzle), plot, verdict, gr.skip()
+                    sent = time.perf_counter()
+                    yield update
+                    send_cost = time.perf_counter() - sent
+                    sending += send_cost
+            pending = frame
             if guard.abandoned():
                 return
             if guard.over_time():
                 stopped = f"the time limit of {SOLVE_TIME_LIMIT} s"
                 break
-        if pending is None:  # a full grid: nothing to iterate (only the commit strategy stops before starting)
-            pending = _Frame(0, 0, 0, puzzle, [1.0] * 81, [])
+        if pending is None:
+            pending = _Frame(0, 0, 0, puzzle, [1.0] * 81, [], self.solver.engine.source)
         yield self._final(puzzle, pending, iters, strategy, t0, stopped)
+
+    def _settings(self, iterations: Any, strategy: Any) -> tuple[int, str]:
+        iters = _int_in(self.trained_iters if iterations is None else iterations, 1, self.max_iters, "iterations")
+        strategy = str(strategy or DEFAULT_STRATEGY).lower()
+        if strategy not in STRATEGIES:
+            raise InputError(f"strategy must be one of {', '.join(STRATEGIES)} (got {strategy!r})")
+        return iters, strategy
+
+    def api_solve(self, puzzle_text: str, iterations: Any = None,
+                  strategy: Any = DEFAULT_STRATEGY) -> tuple[str, str, dict[str, Any]]:
+        """The ``/solve`` API: puzzle text (81 characters, a 9-line grid or ``puzzle,solution`` CSV: the first
+        puzzle) -> (board: 81 digits, verdict: "solved" or "not solved: <reason>", energies: {"attn": [...],
+        "ff": [...] over every iteration, "pass_lengths": [...], "iterations": n, "passes": k}). The same solve as
+        ``hyperset-solve`` (no frames drawn). Bad input raises ``gr.Error`` with the reason."""
+        try:
+            if self.solver is None:
+                raise InputError(f"no Sudoku model is loaded. {self.sudoku_note}".strip())
+            text = str(puzzle_text or "")
+            if len(text) > MAX_TEXT_CHARS:
+                raise InputError(f"the text is too long ({len(text):,} characters; at most {MAX_TEXT_CHARS:,})")
+            try:
+                puzzle = parse_puzzles(text, "puzzle_text")[0].givens
+            except PuzzleError as err:
+                where = f"line {err.line}: " if err.line is not None else ""
+                raise InputError(f"could not read the puzzle ({where}{err.reason})") from None
+            except IndexError:
+                raise InputError("no puzzle in the text") from None
+            iters, strategy = self._settings(iterations, strategy)
+        except InputError as err:
+            raise gr.Error(str(err)) from None
+        kw = {"max_iters": iters, "patience": AUTO_PATIENCE} if strategy == "auto" else {}
+        r = self.solver.solve([puzzle], iters=iters, strategy=strategy, passes=DEFAULT_PASSES, **kw)[0]
+        verdict = "solved" if r.valid else f"not solved: {r.reason}"
+        energies = {**r.to_json()["energy"], "pass_lengths": r.pass_lengths, "iterations": r.iterations,
+                    "passes": r.passes}
+        return r.prediction, verdict, energies
 
     def _board(self, frame: _Frame, puzzle: str, caption: str = "") -> str:
         bad = sorted({c for pair in conflicts(frame.digits) for c in pair})
@@ -502,28 +531,32 @@ class HyperSETApp:
 
     def _final(self, puzzle: str, frame: _Frame, iters: int, strategy: str, t0: float,
                stopped: str = "") -> tuple[Any, ...]:
-        """The last update of a solve; ``stopped`` names what cut it short (the board is then the last frame's)."""
+        """The last update of a solve: the finished board of the strategy stream, or when ``stopped`` names what
+        cut it short, the last frame's board."""
         solver = self.solver
-        prediction, confidence, passes = frame.digits, frame.confidence, frame.passes
-        backend: dict[str, Any] = {"frames": "torch", "final": "torch", "device": solver.device_name()}
-        if solver.backend is not None and strategy in ("single", "commit") and frame.step > 0 and not stopped:
-            result = solver.solve([puzzle], iters=iters, strategy=strategy)[0]
-            backend.update(final=solver.backend_name, agrees_with_torch_frames=result.prediction == prediction)
-            prediction = result.prediction
-            passes = passes[:-1] + [result.energy]
+        passes = frame.passes
+        if frame.result is not None and not stopped:
+            r = result_of(puzzle, frame.result)
+            prediction, confidence, n_iters, n_passes = r.prediction, frame.result.confidence.tolist(), r.iterations, \
+                r.passes
+        else:
+            prediction, confidence, n_iters, n_passes = frame.digits, frame.confidence, frame.step, len(passes) or 1
+        if strategy != "commit":
+            n_passes = 1
+        backend: dict[str, Any] = {"frames": frame.source, "final": frame.source, "name": solver.backend_name,
+                                   "device": solver.device_name()}
         verdict = validate(prediction, puzzle)
         blanks = [i for i, ch in enumerate(puzzle) if ch == "0"]
         mean_conf = float(np.mean([confidence[i] for i in blanks])) if blanks else 1.0
         seconds = time.perf_counter() - t0
-        n_passes = len(passes) if strategy == "commit" else 1
-        how = f"{frame.step} iteration{'s' if frame.step != 1 else ''}"
+        how = f"{n_iters} iteration{'s' if n_iters != 1 else ''}"
         if strategy == "commit":
             how += f" ({n_passes} pass{'es' if n_passes != 1 else ''} of {iters})"
         elif strategy == "auto":
             how += f" (auto, at most {iters})"
         depth = f"trained depth {self.trained_iters}"
         tail = (f"{how}, {depth} · {seconds:.2f} s · mean confidence on blanks {mean_conf:.2f} · "
-                f"{backend['final']} on {backend['device']}")
+                f"{backend['name']} on {backend['device']}")
         if verdict.valid:
             text = (f"### ✓ Verdict: solved\nA valid board: every row, column and box holds 1-9 once and all "
                     f"{81 - len(blanks)} givens are kept.\n\n{tail}")
@@ -533,18 +566,18 @@ class HyperSETApp:
             text = f"### ✗ Verdict: not solved\n{verdict.reason}.{cells}\n\n{tail}"
         if stopped:
             text += f"\n\nStopped at {stopped}: this is the board after the last iteration run."
-        if backend["final"] != "torch":
-            agree = "the same board" if backend["agrees_with_torch_frames"] else "a different board"
-            text += (f"\n\nThe frames above came from the torch model (the ONNX graph only returns the final "
-                     f"state); ONNX Runtime gave the final answer ({agree}).")
-        final_frame = _Frame(frame.step, frame.pass_index, frame.t, prediction, confidence, passes)
+        if frame.source != "torch":
+            text += f"\n\nEvery frame above came from {frame.source} ({backend['name']})."
+        final_frame = _Frame(frame.step, frame.pass_index, frame.t, prediction, confidence, passes, frame.source)
         caption = "solved" if verdict.valid else f"{len(verdict.conflicting_cells)} conflicting cells"
+        energy = {k: [e for p in passes for e in p.get(k, [])] for k in (passes[0] if passes else {})}
         details: dict[str, Any] = {
             "puzzle": puzzle, "prediction": prediction, "valid": verdict.valid, "reason": verdict.reason,
             "conflicting_cells": [cell_name(i) for i in verdict.conflicting_cells], "strategy": strategy,
-            "iterations": frame.step, "iterations_per_pass": iters, "passes": n_passes,
+            "iterations": n_iters, "iterations_per_pass": iters, "passes": n_passes,
             "trained_depth": self.trained_iters, "confidence": round(mean_conf, 4), "seconds": round(seconds, 3),
-            "energy": passes[-1] if passes else {}, "backend": backend,
+            "energy": energy, "pass_lengths": [len(next(iter(p.values()), [])) for p in passes] if energy else [],
+            "backend": backend,
         }
         if stopped:
             details["stopped"] = stopped
@@ -786,9 +819,23 @@ class HyperSETApp:
         clear_btn.click(self.clear, None, [grid, board, verdict, text, plot, details], api_visibility="private",
                         concurrency_limit=None)
         solve_ev = solve_btn.click(self.solve, [grid, iters, strategy], [board, plot, verdict, details],
-                                   api_name="solve", show_progress="minimal",
+                                   api_name="solve_stream", show_progress="minimal",
                                    concurrency_id=MODEL_QUEUE)
         stop_btn.click(None, None, None, cancels=[solve_ev], api_visibility="private")
+        self._solve_api()
+
+    def _solve_api(self) -> None:
+        """``/solve(puzzle_text, iterations, strategy) -> board, verdict, energies``: plain values for API clients
+        (gradio_client), on components that are not shown."""
+        with gr.Column(visible=False):
+            inputs = [gr.Textbox(label="puzzle_text"), gr.Number(label="iterations", precision=0),
+                      gr.Textbox(label="strategy", value=DEFAULT_STRATEGY)]
+            outputs = [gr.Textbox(label="board"), gr.Textbox(label="verdict"), gr.JSON(label="energies")]
+            api = gr.Button("solve", visible=False)
+        api.click(self.api_solve, inputs, outputs, api_name="solve", concurrency_id=MODEL_QUEUE,
+                  api_description="Solve one puzzle (81 characters, a 9-line grid or puzzle,solution CSV): the board "
+                                  "(81 digits), the verdict ('solved' or 'not solved: reason') and the energies "
+                                  "(E_ATTN and E_FF at every iteration of every pass)")
 
     def _reconstruction_tab(self) -> None:
         if self.mim is None:
@@ -835,12 +882,6 @@ class HyperSETApp:
         recon_btn.click(self.reconstruct, [editor, mask_mode, ratio, seed, iters, steps, temperature],
                         [original, masked, recon, metrics, plot, details], api_name="reconstruct",
                         concurrency_id=MODEL_QUEUE)
-
-
-def pending_copy(frame: _Frame) -> _Frame:
-    """A frame whose energy lists are snapshots (the solver keeps appending to the live ones)."""
-    return _Frame(frame.step, frame.pass_index, frame.t, frame.digits, frame.confidence,
-                  [{k: list(v) for k, v in p.items()} for p in frame.passes])
 
 
 def build_demo(solver: Any = None, mim: Any = None, sudoku_note: str = "", mim_note: str = "") -> gr.Blocks:

@@ -2,7 +2,7 @@
 
     hyperset-app                                # shipped models, http://127.0.0.1:7860
     hyperset-app --port 8080 --checkpoint runs/sudoku-cpu/best --mim-checkpoint runs/mim-cpu/best
-    hyperset-app --backend onnx                 # Sudoku final answers from ONNX Runtime
+    hyperset-app --backend onnx                 # Sudoku on ONNX Runtime, every iteration shown from it
 
 Listens on the loopback interface unless ``--host`` says otherwise; a public share link only with ``--share``.
 Both models are loaded once at start-up and shared by every visitor; requests are queued and run one at a time.
@@ -11,37 +11,55 @@ Request bodies, image sizes and the time per solve are capped, and a solve nobod
 
 from __future__ import annotations
 
-import argparse
 import errno
 import ipaddress
 import socket
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
-__all__ = ["listen_problem", "main", "parser"]
+import click
+
+__all__ = ["cli", "listen_problem", "main", "options"]
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="hyperset-app", description="Serve the Hyper-SET web app (Gradio).")
-    p.add_argument("--host", default="127.0.0.1",
-                   help="interface to listen on (default 127.0.0.1: this machine only; 0.0.0.0 for all)")
-    p.add_argument("--port", type=int, default=None, help="port (default: the first free one from 7860)")
-    p.add_argument("--checkpoint", metavar="DIR", default=None,
-                   help="Sudoku checkpoint folder (default: the model shipped in the package)")
-    p.add_argument("--mim-checkpoint", metavar="DIR", default=None,
-                   help="token-model checkpoint folder for reconstruction (default: the shipped one)")
-    p.add_argument("--mim-tokenizer", metavar="PATH", default=None,
-                   help="tokenizer folder or VQGAN file (default: the one named by the token model, else shipped)")
-    p.add_argument("--backend", choices=("torch", "onnx"), default="torch",
-                   help="Sudoku solver backend; onnx exports the model to a cached Loop graph and runs the final "
-                        "answer with ONNX Runtime (the per-iteration frames always come from torch)")
-    p.add_argument("--onnx-model", metavar="FILE", default=None, help="use this exported .onnx file (--backend onnx)")
-    p.add_argument("--device", default="auto", help="auto (default), cpu, cuda or mps")
-    p.add_argument("--threads", type=int, default=None,
-                   help="CPU threads (default: the cores that other work leaves idle at start)")
-    p.add_argument("--share", action="store_true", help="also create a public gradio.live link (off by default)")
-    return p
+def _version() -> str:
+    from hyperset.cli import package_version
+
+    return package_version()
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(_version(), "--version", "-V", prog_name="hyperset-app", message="%(prog)s %(version)s")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="interface to listen on (127.0.0.1: this machine only; 0.0.0.0 for all)")
+@click.option("--port", type=int, default=None, help="port [default: the first free one from 7860]")
+@click.option("--checkpoint", metavar="DIR", default=None,
+              help="Sudoku checkpoint folder [default: the model shipped in the package]")
+@click.option("--mim-checkpoint", metavar="DIR", default=None,
+              help="token-model checkpoint folder for reconstruction [default: the shipped one]")
+@click.option("--mim-tokenizer", metavar="PATH", default=None,
+              help="tokenizer folder or VQGAN file [default: the one named by the token model, else shipped]")
+@click.option("--backend", type=click.Choice(["torch", "onnx"]), default="torch", show_default=True,
+              help="Sudoku solver backend; onnx exports the model to cached ONNX graphs and runs every iteration "
+                   "(the frames shown) and every answer with ONNX Runtime")
+@click.option("--onnx-model", metavar="FILE", default=None,
+              help="use this exported .onnx file (--backend onnx; its step graphs next to it give the frames)")
+@click.option("--device", default="auto", show_default=True, help="auto | cpu | cuda | mps")
+@click.option("--threads", type=int, default=None,
+              help="CPU threads [default: the cores that other work leaves idle at start]")
+@click.option("--share", is_flag=True, help="also create a public gradio.live link (off by default)")
+def cli(**kw: Any) -> None:
+    """Serve the Hyper-SET web app (Gradio): the Sudoku solver streaming every iteration, and masked image
+    reconstruction. Exit code 2 on bad options or models that cannot be loaded."""
+    sys.exit(serve(SimpleNamespace(**kw)))
+
+
+def options(argv: list[str] | None = None) -> SimpleNamespace:
+    """The parsed options (defaults filled in) as attributes, without serving: for ``load_models`` and tests."""
+    ctx = cli.make_context("hyperset-app", list(argv or []))
+    return SimpleNamespace(**ctx.params)
 
 
 def _is_loopback(host: str) -> bool:
@@ -75,7 +93,7 @@ def _fail(message: str) -> int:
     return 2
 
 
-def load_models(args: argparse.Namespace) -> tuple[Any, Any, str, str]:
+def load_models(args: Any) -> tuple[Any, Any, str, str]:
     """(solver or None, MIM pipeline or None, note on the Sudoku model, note on the MIM model).
 
     A model named on the command line must load (a ``SystemExit`` message otherwise); a missing shipped model
@@ -102,9 +120,10 @@ def load_models(args: argparse.Namespace) -> tuple[Any, Any, str, str]:
         sudoku_note = f"The shipped Sudoku model is not in this package ({err}); start with --checkpoint DIR."
     if solver is not None and args.backend == "onnx":
         try:
-            from exports.solver_backend import attach_onnx_backend
+            from exports.solver_backend import create_backend
 
-            attach_onnx_backend(solver, args.onnx_model, device=args.device, threads=threads)
+            solver = solver.with_backend(create_backend(solver.model, info=solver.info, path=args.onnx_model,
+                                                        device=args.device, threads=threads))
         except Exception as err:
             raise SystemExit(_fail(f"cannot start the ONNX backend: {type(err).__name__}: {err}")) from None
     elif args.onnx_model and args.backend != "onnx":
@@ -121,7 +140,22 @@ def load_models(args: argparse.Namespace) -> tuple[Any, Any, str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    """``hyperset-app``: the exit code (2 on bad options, as a one-line error)."""
+    try:
+        return cli.main(args=argv, prog_name="hyperset-app", standalone_mode=False) or 0
+    except SystemExit as stop:
+        return int(stop.code or 0)
+    except click.exceptions.Exit as stop:  # --help, --version
+        return stop.exit_code
+    except click.ClickException as err:
+        err.show()
+        return err.exit_code
+
+
+def serve(args: Any) -> int:
+    """Check the options, load the models and serve until Ctrl+C; the exit code."""
+    if args.threads is not None and args.threads < 1:
+        return _fail(f"--threads: threads must be at least 1, got {args.threads}")
     if args.port is not None and not 0 < args.port < 65536:
         return _fail(f"--port must be 1-65535 (got {args.port})")
     if problem := listen_problem(args.host, args.port):
@@ -145,8 +179,8 @@ def main(argv: list[str] | None = None) -> int:
         if solver.backend is not None:
             session = getattr(solver.backend, "session", None)
             provider = getattr(session, "provider", None)
-            line += (f"; ONNX Runtime provider used: {provider} ({solver.backend.path}); the iteration-by-iteration "
-                     "frames come from the torch model on " + str(solver.device))
+            line += (f"; ONNX Runtime provider used: {provider} ({solver.backend.path}); every frame comes from "
+                     "ONNX Runtime (the exported step graph)")
         print(line)
     else:
         print(f"Sudoku tab disabled: {sudoku_note}")

@@ -123,6 +123,41 @@ def test_solve_commit_and_auto(app: HyperSETApp):
     assert 1 <= len(auto) <= cap and auto[-1][3]["iterations"] == len(auto)
 
 
+def test_app_and_cli_give_the_same_frames(app: HyperSETApp, tmp_path: Path):
+    """The app's streamed solve and hyperset-solve run the same strategy streams: the same boards after every
+    pass, the same iteration counts and the same energy at every iteration."""
+    import json
+
+    from click.testing import CliRunner
+
+    from hyperset.cli import solve_main
+    from hyperset.sudoku.exact import generate
+
+    puzzles = [EASY, *(p for p, _ in generate(2, seed=11))]
+    (tmp_path / "p.txt").write_text("\n".join(puzzles) + "\n")
+    checkpoint = tmp_path / "ckpt"
+    app.solver.model.save_pretrained(str(checkpoint), {"trained_iterations": TRAINED})
+    for strategy, iters in (("single", TRAINED + 1), ("commit", 2)):
+        out = CliRunner().invoke(solve_main, [str(tmp_path / "p.txt"), "--checkpoint", str(checkpoint), "--json",
+                                              "--device", "cpu", "--iters", str(iters), "--strategy", strategy])
+        assert out.exit_code in (0, 1), out.output
+        cli_results = json.loads(out.stdout)["results"]
+        for puzzle, r in zip(puzzles, cli_results):
+            frames = list(app._frames(puzzle, iters, strategy))
+            assert [f.step for f in frames] == list(range(1, r["iterations"] + 1))
+            # the board at the end of every pass, as the CLI's stream (whole passes) saw it
+            pass_ends = [f.digits for f in frames if f.t == iters]
+            cli_passes = [("".join(map(str, f.digits[0].tolist()))) for f in
+                          app.solver.frames([puzzle], iters, strategy, per_iteration=False) if f.kind == "pass"]
+            assert pass_ends == cli_passes and pass_ends[-1] == r["prediction"]
+            app_energy = [e for p in frames[-1].passes for e in p["attn"]]
+            np.testing.assert_allclose(app_energy, r["energy"]["attn"], rtol=1e-6)
+            assert [len(p["ff"]) for p in frames[-1].passes] == r["pass_lengths"]
+            *_, details = list(app.solve(puzzle_to_grid(puzzle), iters, strategy))[-1]
+            assert details["prediction"] == r["prediction"] and details["iterations"] == r["iterations"]
+            np.testing.assert_allclose(details["energy"]["ff"], r["energy"]["ff"], rtol=1e-6)
+
+
 @pytest.mark.parametrize("grid, iters, strategy, words", [
     ([["5", "5"] + [""] * 7] + [[""] * 9 for _ in range(8)], 3, "single", "appears twice"),
     ([["x"] * 9 for _ in range(9)], 3, "single", "enter one digit"),
@@ -193,6 +228,9 @@ def test_reconstruct_bad_input_is_a_message(app: HyperSETApp, tmp_path: Path):
 # ---- the launched app -----------------------------------------------------------------------------------------
 
 
+SOLVERS: dict[int, Solver] = {}
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -202,9 +240,13 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def served(app: HyperSETApp):
     gradio_client = pytest.importorskip("gradio_client")
+    from apps.app import launch_kwargs
+
     demo = app.build()
+    SOLVERS[id(demo)] = app.solver
+    # with the app's middleware, which sees the client listen (a solve nobody listens to stops after a grace)
     demo.launch(server_name="127.0.0.1", server_port=_free_port(), prevent_thread_lock=True, quiet=True,
-                ssr_mode=False)
+                **launch_kwargs())
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -219,7 +261,7 @@ def test_client_solve_above_trained_depth(served):
     grid, board, message = client.predict(EASY, api_name="/load_puzzle")
     assert "givens" in message
     iters = 2 * TRAINED + 1
-    job = client.submit(grid, iters, "single", api_name="/solve")
+    job = client.submit(grid, iters, "single", api_name="/solve_stream")
     updates = list(job)
     board, plot, verdict, details = job.result()
     assert len(updates) >= 2  # streamed, not only the final state
@@ -230,7 +272,7 @@ def test_client_solve_above_trained_depth(served):
 def test_client_bad_input_and_reconstruction(served):
     demo, client = served
     bad = {"headers": [str(i) for i in range(9)], "data": [["7", "7"] + [""] * 7] + [[""] * 9] * 8}
-    board, plot, verdict, details = client.predict(bad, 3, "single", api_name="/solve")
+    board, plot, verdict, details = client.predict(bad, 3, "single", api_name="/solve_stream")
     assert "appears twice" in verdict and "error" in details
     # the reconstruction endpoint takes the editor value: background + layers + composite files
     from gradio_client import handle_file
@@ -245,6 +287,25 @@ def test_client_bad_input_and_reconstruction(served):
     assert np.isfinite(details["psnr"]) and "PSNR" in metrics
 
 
+def test_client_solve_api_takes_and_returns_plain_values(served):
+    demo, client = served
+    api = client.view_api(print_info=False, return_format="dict")["named_endpoints"]["/solve"]
+    assert [p["parameter_name"] for p in api["parameters"]] == ["puzzle_text", "iterations", "strategy"]
+    assert [r["label"] for r in api["returns"]] == ["board", "verdict", "energies"]
+    board, verdict, energies = client.predict(EASY, 2, "commit", api_name="/solve")
+    ref = demo_solver(demo).solve([EASY], iters=2, strategy="commit")[0]
+    assert board == ref.prediction and verdict == ("solved" if ref.valid else f"not solved: {ref.reason}")
+    assert len(energies["attn"]) == len(energies["ff"]) == energies["iterations"] == ref.iterations
+    assert energies["pass_lengths"] == [2] * ref.passes
+    np.testing.assert_allclose(energies["attn"], ref.energy["attn"], rtol=1e-6)
+    with pytest.raises(Exception, match="appears twice"):
+        client.predict("55" + "0" * 79, 2, "single", api_name="/solve")
+
+
+def demo_solver(demo):
+    return SOLVERS[id(demo)]
+
+
 def test_build_demo_without_models():
     demo = build_demo(None, None, "no sudoku here", "no mim here")
     assert demo is not None
@@ -254,36 +315,56 @@ def test_build_demo_without_models():
 
 
 def test_cli_defaults_and_argument_errors(capsys, tmp_path: Path):
-    from apps.cli import main, parser
+    from click.testing import CliRunner
 
-    args = parser().parse_args([])
+    from apps.cli import cli, main, options
+
+    args = options([])
     assert args.host == "127.0.0.1" and not args.share and args.backend == "torch" and args.port is None
+    assert args.device == "auto" and args.threads is None
     assert main(["--port", "70000"]) == 2
     assert main(["--checkpoint", str(tmp_path / "missing")]) == 2
     assert main(["--checkpoint", str(tmp_path)]) == 2  # a folder without a checkpoint
     assert main(["--threads", "0"]) == 2
+    assert main(["--backend", "tensorrt"]) == 2  # click's choice check
     err = capsys.readouterr().err
     assert "--threads: threads must be at least 1" in err
     assert "--port must be" in err and "no such file or folder" in err and "cannot load the Sudoku checkpoint" in err
+    version = CliRunner().invoke(cli, ["--version"])
+    assert version.exit_code == 0 and version.stdout.startswith("hyperset-app ")
+    assert "--device" in CliRunner().invoke(cli, ["--help"]).stdout
 
 
-def test_onnx_backend_gives_the_final_answer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def test_onnx_backend_frames_come_from_onnxruntime(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     pytest.importorskip("onnxruntime")
-    from apps.cli import load_models, parser
+    from apps.cli import load_models, options
 
     monkeypatch.setenv("HYPERSET_CACHE_DIR", str(tmp_path / "cache"))
-    tiny_solver(tmp_path / "sudoku")
-    args = parser().parse_args(["--checkpoint", str(tmp_path / "sudoku"), "--backend", "onnx", "--device", "cpu",
-                                "--mim-checkpoint", str(tmp_path / "sudoku")])  # not a token model: must fail
+    torch_solver = tiny_solver(tmp_path / "sudoku")
+    args = options(["--checkpoint", str(tmp_path / "sudoku"), "--backend", "onnx", "--device", "cpu",
+                    "--mim-checkpoint", str(tmp_path / "sudoku")])  # not a token model: must fail
     with pytest.raises(SystemExit):
         load_models(args)
     args.mim_checkpoint = None
     solver, _, _, _ = load_models(args)
     assert solver.backend is not None and "onnxruntime" in solver.backend_name
-    onnx_app = HyperSETApp(solver, None)
+
+    def no_torch(*a, **k):
+        raise AssertionError("a frame came from the torch model")
+
+    monkeypatch.setattr(solver.torch_backend, "iterate", no_torch)
+    monkeypatch.setattr(solver.torch_backend, "run", no_torch)
+    onnx_app, torch_app = HyperSETApp(solver, None), HyperSETApp(torch_solver, None)
     iters = 2 * TRAINED
+    for strategy in ("single", "commit", "auto"):
+        frames = list(onnx_app._frames(EASY, iters, strategy))
+        assert frames and all(f.source == "onnxruntime" for f in frames)
+        reference = list(torch_app._frames(EASY, iters, strategy))
+        assert [(f.step, f.digits) for f in frames] == [(f.step, f.digits) for f in reference]
+        for a, b in zip(frames[-1].passes, reference[-1].passes):
+            np.testing.assert_allclose(a["attn"], b["attn"], rtol=1e-4)
+            np.testing.assert_allclose(a["ff"], b["ff"], rtol=1e-4)
     updates = list(onnx_app.solve(puzzle_to_grid(EASY), iters, "single"))
     details = updates[-1][3]
-    assert len(updates) == iters and details["backend"]["final"].startswith("onnxruntime")
-    assert details["backend"]["frames"] == "torch" and details["backend"]["agrees_with_torch_frames"]
-    assert len(details["energy"]["attn"]) == iters and "ONNX Runtime gave the final answer" in updates[-1][2]
+    assert len(updates) == iters and details["backend"]["frames"] == details["backend"]["final"] == "onnxruntime"
+    assert len(details["energy"]["attn"]) == iters and "came from onnxruntime" in updates[-1][2]

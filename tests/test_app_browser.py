@@ -33,17 +33,18 @@ pytestmark = [
 ]
 
 
-class _CountingSolver:
-    """The solver, counting iterations (and pausing in each when asked) so that the Stop button can be checked."""
+class _CountingBackend:
+    """The solver's backend, counting iterations (and pausing in each when asked) so that the Stop button can be
+    checked."""
 
-    def __init__(self, solver):
-        self._solver, self.pause, self.iterations = solver, 0.0, 0
+    def __init__(self, backend):
+        self._backend, self.pause, self.iterations = backend, 0.0, 0
 
     def __getattr__(self, name):
-        return getattr(self._solver, name)
+        return getattr(self._backend, name)
 
     def iterate(self, boards, iters):
-        for out in self._solver.iterate(boards, iters):
+        for out in self._backend.iterate(boards, iters):
             self.iterations += 1
             if self.pause:
                 time.sleep(self.pause)
@@ -72,8 +73,9 @@ def url(tmp_path_factory: pytest.TempPathFactory):
     from apps.app import build_demo, launch_kwargs
 
     solver, mim = _models(tmp_path_factory.mktemp("models"))
-    counting = _CountingSolver(solver)
-    demo = build_demo(counting, mim)
+    solver.backend = counting = _CountingBackend(solver.engine)
+    counting.trained_iters = solver.trained_iters
+    demo = build_demo(solver, mim)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

@@ -137,20 +137,26 @@ def test_a_job_nobody_listens_to_is_abandoned_after_the_grace(monkeypatch: pytes
 # ---- the launched app, in this process ---------------------------------------------------------------------------
 
 
-class SlowSolver:
-    """A solver whose iterations take ``delay`` seconds each and are counted (to see when a job stops)."""
+class SlowBackend:
+    """A solver backend whose iterations take ``delay`` seconds each and are counted (to see when a job stops)."""
 
-    def __init__(self, solver: object, delay: float) -> None:
-        self._solver, self.delay, self.iterations = solver, delay, 0
+    def __init__(self, backend: object, delay: float) -> None:
+        self._backend, self.delay, self.iterations = backend, delay, 0
 
     def __getattr__(self, name: str) -> object:
-        return getattr(self._solver, name)
+        return getattr(self._backend, name)
 
     def iterate(self, boards, iters: int) -> Iterator:
-        for frame in self._solver.iterate(boards, iters):
+        for frame in self._backend.iterate(boards, iters):
             time.sleep(self.delay)
             self.iterations += 1
             yield frame
+
+
+def SlowSolver(solver, delay: float) -> SlowBackend:  # noqa: N802
+    """Make the solver's iterations slow and counted; returns the counting backend."""
+    solver.backend = slow = SlowBackend(solver.engine, delay)
+    return slow
 
 
 @pytest.fixture(scope="module")
@@ -158,8 +164,9 @@ def served(tmp_path_factory: pytest.TempPathFactory):
     patch = pytest.MonkeyPatch()
     patch.setattr(limits, "LISTEN_GRACE", 1.0)
     patch.setattr(app_module, "CACHE_CLEANUP", (1, 1), raising=False)
-    solver = SlowSolver(tiny_solver(tmp_path_factory.mktemp("sudoku")), delay=0.05)
-    demo = HyperSETApp(solver, tiny_mim()).build()
+    sudoku = tiny_solver(tmp_path_factory.mktemp("sudoku"))
+    solver = SlowSolver(sudoku, delay=0.05)
+    demo = HyperSETApp(sudoku, tiny_mim()).build()
     demo.launch(server_name="127.0.0.1", server_port=_free_port(), prevent_thread_lock=True, quiet=True,
                 **launch_kwargs())
     try:
@@ -183,13 +190,13 @@ def test_oversized_bodies_are_refused_declared_or_chunked(served):
 
 def test_abandoned_solve_stops_and_frees_the_slot(served):
     grid = {"headers": [str(i) for i in range(1, 10)], "data": puzzle_to_grid(EASY)}
-    posted = served.client.post("/gradio_api/call/solve", json={"data": [grid, 4 * TRAINED, "commit"]})
+    posted = served.client.post("/gradio_api/call/solve_stream", json={"data": [grid, 4 * TRAINED, "commit"]})
     assert posted.status_code == 200  # ...and its result is never asked for
     time.sleep(limits.LISTEN_GRACE + 1.5)
     stopped_at = served.solver.iterations
     time.sleep(1.0)
     assert served.solver.iterations == stopped_at < 16 * 4 * TRAINED  # it stopped before its 16 passes
-    event, (board, plot, verdict, details) = _call(served.client, "solve", [grid, 2, "single"])
+    event, (board, plot, verdict, details) = _call(served.client, "solve_stream", [grid, 2, "single"])
     assert event == "complete" and details["iterations"] == 2
 
 
@@ -198,10 +205,10 @@ def test_solves_that_clients_listen_to_run_past_the_grace(served, monkeypatch: p
     gradio_client = pytest.importorskip("gradio_client")
     monkeypatch.setattr(served.solver, "delay", 0.2)  # 12 iterations: 2.4 s, past the 1 s grace
     grid = {"headers": [str(i) for i in range(1, 10)], "data": puzzle_to_grid(EASY)}
-    event, (_, _, _, details) = _call(served.client, "solve", [grid, 4 * TRAINED, "single"])
+    event, (_, _, _, details) = _call(served.client, "solve_stream", [grid, 4 * TRAINED, "single"])
     assert event == "complete" and details["iterations"] == 4 * TRAINED
     client = gradio_client.Client(served.demo.local_url, verbose=False, analytics_enabled=False)
-    *_, details = client.predict(grid, 4 * TRAINED, "single", api_name="/solve")
+    *_, details = client.predict(grid, 4 * TRAINED, "single", api_name="/solve_stream")
     assert details["iterations"] == 4 * TRAINED
 
 
@@ -304,7 +311,7 @@ def test_load_keeps_memory_bounded_and_the_app_serving(server_process, huge_png:
 
     grid = {"headers": [str(i) for i in range(1, 10)], "data": puzzle_to_grid(EASY)}
     results: list = []
-    workers = [threading.Thread(target=lambda: results.append(_call(client, "solve", [grid, TRAINED, "single"])))
+    workers = [threading.Thread(target=lambda: results.append(_call(client, "solve_stream", [grid, TRAINED, "single"])))
                for _ in range(6)]
     for w in workers:
         w.start()

@@ -309,3 +309,16 @@ def test_non_finite_weights_are_refused_and_non_finite_values_stay_valid_json(ti
     r = SolveResult(EASY, EASY, False, "blanks", [], 2, {"attn": [1.0, math.nan], "ff": [math.inf, 2.0]}, math.nan)
     assert json.loads(json.dumps(r.to_json(), allow_nan=False))["energy"] == {"attn": [1.0, None], "ff": [None, 2.0]}
     assert _sparkline([1.0, math.nan, 2.0]) == "▁?█" and _sparkline([math.nan]) == "?"
+
+
+def test_cli_version_quiet_and_trace_of_every_pass(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    code, out, _ = run(["--version"])
+    assert code == 0 and out.startswith("hyperset-solve ")
+    (tmp_path / "p.txt").write_text(EASY + "\n" + EASY + "\n")
+    common = [str(tmp_path / "p.txt"), "--checkpoint", str(tiny_checkpoint), "--iters", "2", "--passes", "3"]
+    code, out, _ = run([*common, "--quiet"])
+    assert code in (0, 1) and out.count("\n") == 1 and "boards valid" in out  # the summary only
+    code, out, _ = run([*common, "--quiet", "--json"])
+    assert set(json.loads(out)) == {"summary"}
+    code, out, _ = run([*common, "--trace"])
+    assert "pass    t" in out and "     3    2" in out  # the third pass is traced too
