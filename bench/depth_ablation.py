@@ -115,7 +115,8 @@ def calibrate(task: Any, train: TrainConfig, steps: int = 6) -> float:
     return float(np.mean(times[2:]))
 
 
-def run_arm(arm: str, data: str, budget: float, threads: int) -> Path:
+def run_arm(arm: str, data: str, budget: float, threads: int) -> tuple[Path, Any]:
+    """Train the arm (or finish it) and return its run folder and its task (data loaded once)."""
     torch.set_num_threads(threads)
     spec = ARMS[arm]
     out = RUNS / arm
@@ -145,7 +146,7 @@ def run_arm(arm: str, data: str, budget: float, threads: int) -> Path:
                 init_from=init_from).fit()
         plan["cpu_seconds"] += cpu_seconds() - t0
         atomic_write_json(plan_file, plan)
-    return out
+    return out, task
 
 
 @torch.no_grad()
@@ -199,12 +200,10 @@ def evaluate_arm(checkpoint: Path | str, data: str, n: int, n17: int, threads: i
     }
 
 
-def evaluate_classifier_arm(out: Path, data: str, threads: int) -> dict[str, Any]:
+def evaluate_classifier_arm(out: Path, task: Any, threads: int) -> dict[str, Any]:
     """Validation top-1 (the held-out 10% of the training set) at T and 2T, before and after the arm's training."""
     torch.set_num_threads(threads)
-    arm = json.loads((out / "arm.json").read_text())["arm"]
-    name, recipe = arm_recipe(arm)
-    task = build_task("classify", recipe, data)
+    recipe = arm_recipe(json.loads((out / "arm.json").read_text())["arm"])[1]
     autocast = Trainer(task, TrainConfig.from_dict(recipe["train"]), Path("/nonexistent"), quiet=True)._autocast(
         torch.device("cpu"))
     result: dict[str, Any] = {"trained_iterations": task.model.iters, "val_images": len(task.val)}
@@ -361,10 +360,10 @@ def main() -> None:
         print(json.dumps({k: result["eval"][k] for k in ("single_pass", "default_strategy", "energy_monotone_8T")},
                          indent=1))
         return
-    out = run_arm(args.arm, args.data, args.budget, args.threads)
+    out, task = run_arm(args.arm, args.data, args.budget, args.threads)
     plan = json.loads((out / "arm.json").read_text())
     amp = TrainConfig.from_dict(arm_recipe(args.arm)[1]["train"]).amp
-    measure = (evaluate_classifier_arm(out, args.data, args.threads) if plan["family"] == "classify"
+    measure = (evaluate_classifier_arm(out, task, args.threads) if plan["family"] == "classify"
                else evaluate_arm(out / "last", args.data, args.n, args.n17, args.threads))
     result = {**plan, "eval": measure,
               "device": f"{cpu_model()}, {args.threads} thread(s); training amp={amp} (native bf16: "

@@ -17,3 +17,16 @@ def write_sudoku_csvs(root: Path, n_train: int, n_valid: int, seed: int) -> Path
         f.writelines(f"{p},{s}\n" for p, s in rows[:n_train])
     (root / "valid.csv").write_text("".join(f"{p},{s}\n" for p, s in rows[n_train:]))
     return root
+
+
+def write_tiny_sudoku_checkpoint(path: Path, *, dim: int = 32, heads: int = 2, ff_hidden: int = 64,
+                                 time_dim: int = 16, iters: int = 3) -> Path:
+    """A small untrained Sudoku checkpoint (seed 0) of the sudoku-cpu preset at `path`."""
+    from hyperset.checkpoint import save_checkpoint
+    from hyperset.config import preset_config
+    from hyperset.models import HyperSETModel
+
+    torch.manual_seed(0)
+    cfg = preset_config("sudoku-cpu", dim=dim, heads=heads, ff_hidden=ff_hidden, time_dim=time_dim, iters=iters)
+    save_checkpoint(path, HyperSETModel(cfg), {"trained_iterations": iters})
+    return path

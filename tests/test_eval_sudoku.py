@@ -7,13 +7,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from click.testing import CliRunner
-from conftest import write_sudoku_csvs
+from conftest import write_sudoku_csvs, write_tiny_sudoku_checkpoint
 
-from hyperset.checkpoint import save_checkpoint
-from hyperset.config import preset_config
-from hyperset.models import HyperSETModel
 from hyperset.solve import Solver
 from hyperset.sudoku.evaluate import evaluate, iteration_curve, load_boards, run_strategy, to_strings
 from training.evaluate import main as eval_main
@@ -21,11 +17,8 @@ from training.evaluate import main as eval_main
 
 @pytest.fixture(scope="module")
 def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    torch.manual_seed(0)
-    cfg = preset_config("sudoku-cpu", dim=16, heads=2, ff_hidden=32, time_dim=8, iters=2)
-    path = tmp_path_factory.mktemp("ckpt") / "sudoku-tiny"
-    save_checkpoint(path, HyperSETModel(cfg), {"trained_iterations": 2})
-    return path
+    return write_tiny_sudoku_checkpoint(tmp_path_factory.mktemp("ckpt") / "sudoku-tiny", dim=16, ff_hidden=32,
+                                        time_dim=8, iters=2)
 
 
 @pytest.fixture(scope="module")

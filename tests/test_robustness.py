@@ -19,14 +19,13 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import write_sudoku_csvs
+from conftest import write_sudoku_csvs, write_tiny_sudoku_checkpoint
 from PIL import Image
 
 from exports.cli import main as export_main
-from hyperset.checkpoint import load_checkpoint, save_checkpoint
+from hyperset.checkpoint import load_checkpoint
 from hyperset.cli import solve_main
 from hyperset.config import preset_config
-from hyperset.models import HyperSETModel
 from training.cli import main as train_main
 from training.evaluate import main as eval_main
 
@@ -43,9 +42,7 @@ TINY_TRAIN = ["sudoku", "--recipe", "sudoku-cpu", "--steps", "2", "--set", "mode
 def write_tiny_checkpoint(path: Path, model: dict[str, Any] | None = None, info: dict[str, Any] | None = None
                           ) -> Path:
     """A 3-iteration Sudoku checkpoint whose config.json then gets `model` and `info` written over it."""
-    torch.manual_seed(0)
-    cfg = preset_config("sudoku-cpu", dim=32, heads=2, ff_hidden=64, time_dim=16, iters=3)
-    save_checkpoint(path, HyperSETModel(cfg), {"trained_iterations": 3})
+    write_tiny_sudoku_checkpoint(path)
     meta = json.loads((path / "config.json").read_text())
     meta["model"].update(model or {})
     meta.update(info or {})

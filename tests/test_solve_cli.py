@@ -8,11 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
+from conftest import write_tiny_sudoku_checkpoint
 
 from hyperset.checkpoint import save_checkpoint
 from hyperset.cli import solve_main
-from hyperset.config import preset_config
-from hyperset.models import HyperSETModel
 from hyperset.solve import Solver
 from hyperset.sudoku.exact import generate
 
@@ -22,11 +21,7 @@ EASY_SOLUTION = "534678912672195348198342567859761423426853791713924856961537284
 
 @pytest.fixture(scope="module")
 def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    torch.manual_seed(0)
-    cfg = preset_config("sudoku-cpu", dim=32, heads=2, ff_hidden=64, time_dim=16, iters=3)
-    path = tmp_path_factory.mktemp("ckpt") / "sudoku-tiny"
-    save_checkpoint(path, HyperSETModel(cfg), {"trained_iterations": 3})
-    return path
+    return write_tiny_sudoku_checkpoint(tmp_path_factory.mktemp("ckpt") / "sudoku-tiny")
 
 
 @pytest.fixture(scope="module")
