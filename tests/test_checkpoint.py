@@ -289,3 +289,18 @@ def test_a_failed_save_leaves_no_temporary_file_and_the_old_checkpoint_intact(tm
         save_checkpoint(folder, model)
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
     load_checkpoint(folder)
+
+
+def test_resume_config_check_reads_missing_fields_as_defaults():
+    """A run saved before a config field existed resumes; a real difference, or a new field set away from its
+    default, is named."""
+    from training.state import model_config_diff
+
+    cfg = ModelConfig(task="sudoku", dim=32, heads=2, ff_hidden=64, iters=4)
+    saved = cfg.to_dict()
+    assert model_config_diff(saved, cfg) == []
+    older = {k: v for k, v in saved.items() if k not in ("time_init", "time_max")}
+    assert model_config_diff(older, cfg) == []
+    assert model_config_diff(older, cfg.replace(time_max=8)) == ["time_max"]
+    assert model_config_diff({**saved, "dim": 64}, cfg) == ["dim"]
+    assert model_config_diff({**saved, "retired_field": 1}, cfg) == ["retired_field"]

@@ -166,15 +166,27 @@ def read_progress(directory: Path) -> dict[str, Any]:
     return progress
 
 
+def model_config_diff(saved: dict[str, Any], cfg: Any) -> list[str]:
+    """The fields in which a saved model config (a checkpoint's config.json "model") and `cfg` differ.
+
+    A field the saved config lacks (it was written before the field existed) reads as the field's default, as
+    the checkpoint loader reads it, so a run saved by an older version resumes unless the run now asks for
+    something else there."""
+    current = cfg.to_dict() if hasattr(cfg, "to_dict") else dataclasses.asdict(cfg)
+    defaults = {f.name: f.default for f in dataclasses.fields(cfg) if f.default is not dataclasses.MISSING}
+    missing = object()
+    filled = {**{k: defaults.get(k, missing) for k in current}, **saved}
+    return sorted(k for k in set(filled) | set(current) if filled.get(k, missing) != current.get(k, missing))
+
+
 def load_training_state(directory: Path, model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict[str, Any]:
     directory = Path(directory)
     progress = read_progress(directory)
     meta = read_config(directory)
     # the step budget the state was trained towards (its lr schedule), for runs resumed with another --steps
     progress.setdefault("saved_steps", (meta.get("train") or {}).get("steps"))
-    current = model.cfg.to_dict() if hasattr(model.cfg, "to_dict") else dataclasses.asdict(model.cfg)
-    if meta["model"] != current:
-        diff = sorted(k for k in meta["model"] if meta["model"].get(k) != current.get(k))
+    diff = model_config_diff(meta["model"], model.cfg)
+    if diff:
         raise CheckpointError(f"{directory}: the saved model config differs from this run's in: {', '.join(diff)}")
     load_weights_into(model, directory, "model weights")
     opt_t = load_tensors(directory / "optimizer.safetensors", "optimizer state")
