@@ -371,6 +371,11 @@ class HyperSETApp:
         return int(self.solver.trained_iters) if self.solver is not None else 16
 
     @property
+    def default_iters(self) -> int:
+        """The iterations the slider starts at: the solver's default depth per pass."""
+        return int(self.solver.default_iters) if self.solver is not None else self.trained_iters
+
+    @property
     def max_iters(self) -> int:
         return MAX_ITER_FACTOR * self.trained_iters
 
@@ -487,7 +492,7 @@ class HyperSETApp:
         yield self._final(puzzle, pending, iters, strategy, t0, stopped)
 
     def _settings(self, iterations: Any, strategy: Any) -> tuple[int, str]:
-        iters = _int_in(self.trained_iters if iterations is None else iterations, 1, self.max_iters, "iterations")
+        iters = _int_in(self.default_iters if iterations is None else iterations, 1, self.max_iters, "iterations")
         strategy = str(strategy or DEFAULT_STRATEGY).lower()
         if strategy not in STRATEGIES:
             raise InputError(f"strategy must be one of {', '.join(STRATEGIES)} (got {strategy!r})")
@@ -790,8 +795,8 @@ class HyperSETApp:
                 with gr.Row():
                     load_btn = gr.Button("Put text in the grid", size="sm")
                     clear_btn = gr.Button("Clear", size="sm")
-                iters = gr.Slider(1, self.max_iters, value=trained, step=1, elem_id="sudoku-iters",
-                                  label=f"Iterations (trained depth {trained}; up to {MAX_ITER_FACTOR}x)",
+                iters = gr.Slider(1, self.max_iters, value=self.default_iters, step=1, elem_id="sudoku-iters",
+                                  label=f"Iterations per pass (trained depth {trained}; up to {MAX_ITER_FACTOR}x)",
                                   info="'auto' stops earlier when the board is valid or settled")
                 strategy = gr.Radio(list(STRATEGIES), value=DEFAULT_STRATEGY, label="Strategy",
                                     elem_id="sudoku-strategy",

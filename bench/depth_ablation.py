@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import resource
 import sys
 import time
@@ -171,13 +173,43 @@ def depth_curve(model: torch.nn.Module, puzzles: np.ndarray, solutions: np.ndarr
             "energy_mean": energy.mean(1).tolist(), "energy_monotone": float((~rises.any(0)).mean())}
 
 
-def default_strategy(solver: Solver, puzzles: np.ndarray, solutions: np.ndarray) -> dict[str, float]:
+def default_strategy(solver: Solver, puzzles: np.ndarray, solutions: np.ndarray, **kw: Any) -> dict[str, float]:
+    """The solver's defaults (or `kw`, e.g. iters="auto") on the puzzles: board accuracy, boards/s, iterations."""
     strings = lambda a: ["".join(map(str, r)) for r in a.tolist()]  # noqa: E731
     t0 = time.perf_counter()
-    res = solver.solve(strings(puzzles), solutions=strings(solutions))
+    res = solver.solve(strings(puzzles), solutions=strings(solutions), **kw)
     dt = time.perf_counter() - t0
     return {"board_acc": float(np.mean([r.correct for r in res])), "boards_per_s": len(res) / dt,
             "mean_iterations": float(np.mean([r.iterations for r in res]))}
+
+
+def auto_against_fixed(solver: Solver, puzzles: np.ndarray, solutions: np.ndarray,
+                       curve: dict[str, Any]) -> dict[str, Any]:
+    """`--iters auto` (one pass, each board stops when valid or settled) against one fixed pass of as many
+    iterations as auto's mean, rounded up (the fairer side for the fixed count), and the best fixed count up to
+    auto's mean; accuracies of fixed passes come from the depth curve of the same puzzles."""
+    auto = default_strategy(solver, puzzles, solutions, iters="auto")
+    at = min(len(curve["board_acc"]), math.ceil(auto["mean_iterations"]))
+    best = int(np.argmax(curve["board_acc"][:at])) + 1
+    return {**auto, "max_iterations": 4 * solver.trained_iters, "fixed_at_mean": {
+                "iters": at, "board_acc": curve["board_acc"][at - 1]},
+            "best_fixed_up_to_mean": {"iters": best, "board_acc": curve["board_acc"][best - 1]},
+            "auto_wins": auto["board_acc"] >= max(curve["board_acc"][:at])}
+
+
+def default_speed(checkpoint: Path | str, data: str, threads: int, n: int = 256) -> dict[str, Any]:
+    """Boards/s of the solver's defaults (strategy, depth per pass, batch size) with `threads` threads on the first
+    `n` puzzles of the protocol's draw, best of two runs, with the load average (other work on the machine)."""
+    torch.set_num_threads(threads)
+    solver = Solver.load(checkpoint, "cpu")
+    p, s = load_csv(find_split(data, "valid"))
+    vp, vs = protocol_split(p, s, 1000, 0)
+    load = os.getloadavg()[0]
+    runs = [default_strategy(solver, vp[:n], vs[:n]) for _ in range(2)]
+    best = max(runs, key=lambda r: r["boards_per_s"])
+    return {**best, "threads": threads, "puzzles": n, "batch_size": solver.default_batch_size,
+            "iters_per_pass": solver.default_iters, "load_average_1min_before": load,
+            "load_average_1min_after": os.getloadavg()[0]}
 
 
 def evaluate_arm(checkpoint: Path | str, data: str, n: int, n17: int, threads: int) -> dict[str, Any]:
@@ -195,8 +227,9 @@ def evaluate_arm(checkpoint: Path | str, data: str, n: int, n17: int, threads: i
         "single_pass": {k: {"iters": d, "board_acc": curve["board_acc"][d - 1], "cell_acc": curve["cell_acc"][d - 1]}
                         for k, d in depths.items()},
         "energy_monotone_8T": curve["energy_monotone"], "curve": curve,
-        "default_strategy": {"name": f"{DEFAULT_STRATEGY}@{T}x{DEFAULT_PASSES}",
+        "default_strategy": {"name": f"{DEFAULT_STRATEGY}@{solver.default_iters}x{DEFAULT_PASSES}",
                              "all": default_strategy(solver, vp, vs), "givens17": default_strategy(solver, hp, hs)},
+        "auto": auto_against_fixed(solver, vp, vs, curve),
     }
 
 
@@ -335,6 +368,8 @@ def main() -> None:
     meas.add_argument("--n", type=int, default=1000, help="validation puzzles (the paper protocol's seeded draw)")
     meas.add_argument("--n17", type=int, default=1000, help="17-given validation puzzles for the default strategy")
     meas.add_argument("--threads", type=int, default=1)
+    meas.add_argument("--speed-threads", type=int, default=2,
+                      help="also time the default strategy with this many threads on 256 puzzles (0: skip)")
     sub.add_parser("curve", help="plot every measured checkpoint's one-pass curve -> bench/results/sudoku_depth.png")
     tab = sub.add_parser("table")
     tab.add_argument("--markdown", action="store_true", help="also print the tables as Markdown")
@@ -355,9 +390,12 @@ def main() -> None:
         ckpt = resolve(args.checkpoint)
         result = {"name": args.name, "eval": evaluate_arm(ckpt, args.data, args.n, args.n17, args.threads),
                   "device": f"{cpu_model()}, {args.threads} thread(s)"}
+        if args.speed_threads:
+            result["speed"] = default_speed(ckpt, args.data, args.speed_threads)
         (RESULTS / "sudoku_depth").mkdir(parents=True, exist_ok=True)
         atomic_write_json(RESULTS / "sudoku_depth" / f"{args.name}.json", result)
-        print(json.dumps({k: result["eval"][k] for k in ("single_pass", "default_strategy", "energy_monotone_8T")},
+        print(json.dumps({**{k: result["eval"][k] for k in ("single_pass", "default_strategy", "auto",
+                                                           "energy_monotone_8T")}, "speed": result.get("speed")},
                          indent=1))
         return
     out, task = run_arm(args.arm, args.data, args.budget, args.threads)

@@ -42,12 +42,14 @@ def strategy_settings(T: int) -> list[tuple[str, dict]]:
             (f"commit@{T}x4", {"iters": T, "strategy": "commit", "passes": 4}),
             (f"commit@{T}x8", {"iters": T, "strategy": "commit", "passes": 8}),
             (f"commit@{T}x{DEFAULT_PASSES}", {"iters": T, "strategy": "commit", "passes": DEFAULT_PASSES}),
-            (f"commit@{2 * T}x{DEFAULT_PASSES}", {"iters": 2 * T, "strategy": "commit", "passes": DEFAULT_PASSES})]
+            (f"commit@{2 * T}x{DEFAULT_PASSES}", {"iters": 2 * T, "strategy": "commit", "passes": DEFAULT_PASSES}),
+            (f"commit@{4 * T}x{DEFAULT_PASSES}", {"iters": 4 * T, "strategy": "commit", "passes": DEFAULT_PASSES})]
 
 
 def strategies(solver: Solver, boards: Boards, T: int) -> list[dict]:
     rows = []
-    default = f"{DEFAULT_STRATEGY}@{T}" + (f"x{DEFAULT_PASSES}" if DEFAULT_STRATEGY == "commit" else "")
+    default = (f"{DEFAULT_STRATEGY}@{solver.default_iters}"
+               + (f"x{DEFAULT_PASSES}" if DEFAULT_STRATEGY == "commit" else ""))
     for name, kw in strategy_settings(T):
         row = run_strategy(solver, boards, name=name, **kw)
         row["default"] = name == default

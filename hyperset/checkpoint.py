@@ -160,11 +160,12 @@ def read_config(directory: str | os.PathLike, kind: str | None = None) -> dict[s
     found = meta.get("kind", "hyperset")
     if kind is not None and found != kind:
         raise CheckpointError(f"{directory}: this checkpoint holds a {found!r} model, expected a {kind!r} model")
-    if meta.get("trained_iterations") is not None:
-        try:
-            check_iterations(meta["trained_iterations"], "trained_iterations")
-        except ValueError as e:
-            raise CheckpointError(f"{path}: {e}") from None
+    for key in ("trained_iterations", "solve_iterations"):
+        if meta.get(key) is not None:
+            try:
+                check_iterations(meta[key], key)
+            except ValueError as e:
+                raise CheckpointError(f"{path}: {e}") from None
     return meta
 
 
@@ -173,6 +174,13 @@ def trained_iterations(cfg: ModelConfig, info: dict[str, Any] | None) -> int:
     config's iterations."""
     value = (info or {}).get("trained_iterations")
     return int(value) if value is not None else int(cfg.iters)
+
+
+def solve_iterations(cfg: ModelConfig, info: dict[str, Any] | None) -> int:
+    """The iterations per pass a solver runs when the caller does not say: the checkpoint's `solve_iterations`
+    (the depth per pass chosen for the model by measurement, checked by read_config), else its trained depth."""
+    value = (info or {}).get("solve_iterations")
+    return int(value) if value is not None else trained_iterations(cfg, info)
 
 
 def load_checkpoint(directory: str | os.PathLike, task: str | None = None,

@@ -167,7 +167,8 @@ def _load_puzzles(files: tuple[str, ...]) -> list[Puzzle]:
                       message="%(prog)s %(version)s")
 @click.argument("files", nargs=-1, required=True, type=str)
 @click.option("--iters", default=None,
-              help="iterations (may exceed the trained depth) or 'auto' [default: trained depth]")
+              help="iterations per pass (may exceed the trained depth) or 'auto' [default: the model's measured "
+                   "choice, its config.json solve_iterations, else the trained depth]")
 @click.option("--strategy", type=click.Choice(["commit", "single"]), default=DEFAULT_STRATEGY, show_default=True,
               help="commit: run, fix the most confident clash-free cells as givens, run again until the board is "
                    "valid or full; single: one pass")

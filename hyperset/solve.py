@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from .backends import CallableBackend, SolverBackend, TorchBackend
-from .checkpoint import CheckpointError, load_checkpoint, trained_iterations
+from .checkpoint import CheckpointError, load_checkpoint, solve_iterations, trained_iterations
 from .device import pick_device
 from .models import HyperSETModel
 from .pretrained import PRETRAINED, weights_root
@@ -131,6 +131,19 @@ class Solver:
         return trained_iterations(self.model.cfg, self.info)
 
     @property
+    def default_iters(self) -> int:
+        """Iterations per pass when the caller does not say: the model's measured choice (its config.json
+        `solve_iterations`), else the trained depth; the trained depth also when the backend cannot run the
+        chosen one (an ONNX graph unrolled at the trained depth)."""
+        n = solve_iterations(self.model.cfg, self.info)
+        if n != self.trained_iters:
+            try:
+                self.engine.check(n, False)
+            except ValueError:
+                return self.trained_iters
+        return n
+
+    @property
     def backend_name(self) -> str:
         return self.engine.name
 
@@ -154,7 +167,7 @@ class Solver:
     def check_iters(self, iters: int | str | None, per_iteration: bool = False) -> None:
         """Raise ValueError if the backend cannot run `iters` (as passed to `solve`; "auto" reads every
         iteration), before any work is done."""
-        n = self.trained_iters if iters in (None, "auto") else int(iters)
+        n = self.default_iters if iters is None else self.trained_iters if iters == "auto" else int(iters)
         self.engine.check(n, per_iteration or iters == "auto")
 
     def _settings(self, iters: int | str | None, strategy: str, passes: int) -> tuple[str, int]:
@@ -162,7 +175,7 @@ class Solver:
             raise ValueError(f"unknown strategy {strategy!r}; choose from {', '.join(STRATEGIES)}")
         if iters == "auto":
             strategy, iters = "auto", None
-        n_iters = int(iters) if iters is not None else self.trained_iters
+        n_iters = int(iters) if iters is not None else self.default_iters
         if n_iters < 1:
             raise ValueError(f"iterations must be >= 1, got {n_iters}")
         if passes < 1:
@@ -183,7 +196,7 @@ class Solver:
     def solve(self, puzzles: Sequence[str], iters: int | str | None = None, strategy: str = DEFAULT_STRATEGY,
               batch_size: int | None = None, solutions: Sequence[str | None] | None = None,
               max_iters: int | None = None, patience: int = 4, passes: int = DEFAULT_PASSES) -> list[SolveResult]:
-        """Solve 81-character puzzles. `iters` defaults to the trained depth; "auto" settles per board;
+        """Solve 81-character puzzles. `iters` defaults to `default_iters`; "auto" settles per board;
         `passes` is the most passes of the commit strategy; `batch_size` defaults to `default_batch_size`."""
         return list(self.solve_iter(puzzles, iters, strategy, batch_size, solutions, max_iters, patience, passes))
 

@@ -317,3 +317,23 @@ def test_cli_version_quiet_and_trace_of_every_pass(tiny_checkpoint: Path, tmp_pa
     assert set(json.loads(out)) == {"summary"}
     code, out, _ = run([*common, "--trace"])
     assert "pass    t" in out and "     3    2" in out  # the third pass is traced too
+
+
+def test_solve_iterations_of_a_checkpoint_set_the_default_depth_per_pass(tmp_path):
+    """A checkpoint's solve_iterations is the depth the solver, the CLI and the app run when none is given; an
+    explicit --iters wins; a bad value is a checkpoint error."""
+    from hyperset.checkpoint import CheckpointError
+
+    ck = write_tiny_sudoku_checkpoint(tmp_path / "m", iters=3)
+    assert Solver.load(ck, "cpu").default_iters == 3
+    meta = json.loads((ck / "config.json").read_text())
+    (ck / "config.json").write_text(json.dumps({**meta, "solve_iterations": 5}))
+    solver = Solver.load(ck, "cpu")
+    assert (solver.trained_iters, solver.default_iters) == (3, 5)
+    puzzle = "000014200500070300000590004058400001000000006003080090870060000012000700900200005"
+    assert solver.solve([puzzle], strategy="single")[0].iterations == 5
+    assert solver.solve([puzzle], iters=2, strategy="single")[0].iterations == 2
+    assert all(n == 5 for n in solver.solve([puzzle], passes=2)[0].pass_lengths)
+    (ck / "config.json").write_text(json.dumps({**meta, "solve_iterations": 0}))
+    with pytest.raises(CheckpointError, match="solve_iterations"):
+        Solver.load(ck, "cpu")
