@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import pickle
 from pathlib import Path
@@ -298,3 +299,25 @@ def test_shipped_recipes_build(cifar: Path):
     _, cpu = load_recipe("mim-cpu")
     cfg = preset_config(cpu["preset"], **cpu["model"])
     assert (cfg.dim, cfg.vocab_size, cfg.num_classes, cfg.seq_len, cfg.iters) == (128, 513, 512, 64, 12)
+
+
+def test_deep_supervision_segments_and_extra_eval_depths(cifar: Path, tokenizer_run: Path):
+    """segments=2: the loss is the mean of the masked-token losses after T and after 2T iterations (the state
+    detached between them); eval_iters reports PSNR at further depths with the same sampling draws."""
+    recipe = _tokens_recipe(tokenizer_run / "best")
+    recipe["objective"].update(segments=2, eval_iters=[2 * TINY_MODEL["iters"]])
+    task = build_mim_task(preset_config("mim-cpu", **TINY_MODEL), recipe, str(cifar))
+    assert isinstance(task, TokensTask) and task.describe()["segments"] == 2
+    torch.manual_seed(0)
+    model = HyperSETModel(task.model)
+    batch = task.batch(0, 8, 0, torch.device("cpu"))
+    loss, _ = task.loss(model, batch)
+    T = task.model.iters
+    expected = [masked_token_loss(model(batch["inputs"], iters=k * T), batch["targets"], batch["mask"], 0.1)
+                for k in (1, 2)]
+    assert torch.allclose(loss, torch.stack(expected).mean(), atol=1e-5)
+    scores = task.evaluate(model, torch.device("cpu"), contextlib.nullcontext)
+    assert f"val/psnr@40_iters{2 * T}" in scores and scores[f"val/psnr@40_iters{2 * T}"] > 0
+    recipe["objective"]["segments"] = 0
+    with pytest.raises(ValueError, match="segments"):
+        build_mim_task(preset_config("mim-cpu", **TINY_MODEL), recipe, str(cifar))

@@ -244,6 +244,8 @@ class TokensTask:
     randomize_temp: float = 0.0
     schedule: str = "arccos"
     eval_batch: int = 250
+    segments: int = 1  # deep supervision: segments x the model's iterations, detached between segments
+    eval_iters: list[int] = field(default_factory=list)  # further depths whose PSNR is reported (not selected on)
     name: str = "mim"
     select_metric: str = field(default="", init=False)
 
@@ -253,6 +255,10 @@ class TokensTask:
                              "set [data] tokenizer (--set data.tokenizer=PATH) to a VQGAN checkpoint file "
                              "(e.g. the Taming vqgan_imagenet_f16_1024 last.ckpt) or a trained tokenizer folder")
         self.tokenizer = load_tokenizer(self.data.tokenizer or None, image_size=self.data.image_size)
+        if self.segments < 1:
+            raise ValueError(f"objective.segments must be >= 1, got {self.segments}")
+        if any(int(i) < 1 for i in self.eval_iters):
+            raise ValueError(f"objective.eval_iters must hold positive iteration counts, got {self.eval_iters}")
         check_compatible(self.tokenizer, _ProbeModel(self.model))
         self.train, self.val = _split(self.data)
         pct = round(100 * self.eval_ratio)
@@ -276,6 +282,7 @@ class TokensTask:
                 "grid": self.tokenizer.grid, "mask_id": self.mask_id,
                 "masking": f"each token masked with p = {self.max_mask_ratio} * U(0, 1) per sample",
                 "label_smoothing": self.label_smoothing,
+                "segments": self.segments,
                 "eval": {"ratio": self.eval_ratio, "steps": self.decode_steps, "temperature": self.temperature,
                          "randomize_temp": self.randomize_temp, "schedule": self.schedule,
                          "images": min(self.data.eval_images, len(self.val))},
@@ -315,8 +322,15 @@ class TokensTask:
         return float(batch["mask"].sum())
 
     def loss(self, model: torch.nn.Module, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, float]]:
-        logits = model(batch["inputs"])
-        loss = masked_token_loss(logits, batch["targets"], batch["mask"], self.label_smoothing)
+        if self.segments > 1:  # the loss after each segment of T iterations; the state runs on detached
+            T = self.model.iters
+            every = model(batch["inputs"], iters=T * self.segments, all_logits=True, detach_every=T)[T - 1:: T]
+            loss = torch.stack([masked_token_loss(lg, batch["targets"], batch["mask"], self.label_smoothing)
+                                for lg in every]).mean()
+            logits = every[-1]
+        else:
+            logits = model(batch["inputs"])
+            loss = masked_token_loss(logits, batch["targets"], batch["mask"], self.label_smoothing)
         with torch.no_grad():
             m = batch["mask"]
             acc = ((logits.argmax(-1) == batch["targets"]) & m).sum() / m.sum().clamp_min(1)
@@ -357,24 +371,31 @@ class TokensTask:
         images = self.val.floats(range(n))
         codes = self._val_codes[:n].long().view(n, g, g)
         mask = mask_by_ratio((n, g, g), self.eval_ratio, generator=_generator(self.data.seed, 8))
-        sampler = _generator(self.data.seed, 9)
 
-        def logits_fn(cur: Tensor) -> Tensor:
-            with autocast():
-                return model(cur).float()
+        def reconstruct(iters: int | None) -> Tensor:
+            def logits_fn(cur: Tensor) -> Tensor:
+                with autocast():
+                    return model(cur, iters=iters).float()
 
-        recon, ceiling = [], []
-        for i in range(0, n, self.eval_batch):
-            c, m = codes[i: i + self.eval_batch].to(device), mask[i: i + self.eval_batch].to(device)
-            filled = maskgit_decode(logits_fn, c, m, self.mask_id, steps=self.decode_steps,
-                                    temperature=self.temperature, mode=self.schedule,
-                                    randomize_temp=self.randomize_temp, generator=sampler)
-            recon.append(self.tokenizer.decode(filled).float().cpu())
-            ceiling.append(self.tokenizer.decode(c).float().cpu())
-        recon_t, ceiling_t = torch.cat(recon), torch.cat(ceiling)
-        return {f"val/psnr@{pct}": float(psnr(recon_t, images).mean()),
-                f"val/ssim@{pct}": float(ssim(recon_t, images).mean()) if self.data.image_size >= 11 else math.nan,
-                "val/tokenizer_psnr": float(psnr(ceiling_t, images).mean())}
+            sampler = _generator(self.data.seed, 9)  # the same draws at every depth
+            recon = []
+            for i in range(0, n, self.eval_batch):
+                c, m = codes[i: i + self.eval_batch].to(device), mask[i: i + self.eval_batch].to(device)
+                filled = maskgit_decode(logits_fn, c, m, self.mask_id, steps=self.decode_steps,
+                                        temperature=self.temperature, mode=self.schedule,
+                                        randomize_temp=self.randomize_temp, generator=sampler)
+                recon.append(self.tokenizer.decode(filled).float().cpu())
+            return torch.cat(recon)
+
+        recon_t = reconstruct(None)
+        ceiling_t = torch.cat([self.tokenizer.decode(codes[i: i + self.eval_batch].to(device)).float().cpu()
+                               for i in range(0, n, self.eval_batch)])
+        out = {f"val/psnr@{pct}": float(psnr(recon_t, images).mean()),
+               f"val/ssim@{pct}": float(ssim(recon_t, images).mean()) if self.data.image_size >= 11 else math.nan,
+               "val/tokenizer_psnr": float(psnr(ceiling_t, images).mean())}
+        for iters in self.eval_iters:
+            out[f"val/psnr@{pct}_iters{int(iters)}"] = float(psnr(reconstruct(int(iters)), images).mean())
+        return out
 
 
 class _ProbeModel:
