@@ -1,7 +1,7 @@
 """The Hyper-SET web app: a Sudoku solver that streams every iteration, and masked image reconstruction.
 
 Build it with :func:`build_demo` (one model instance shared by every visitor, requests queued one at a time)
-and launch it with ``demo.launch(...)`` or the ``hyperset-app`` command (``apps.cli``). The handlers are the
+and launch it with ``demo.launch(...)`` or the ``hyperset-app`` command (``hyperset.apps.cli``). The handlers are the
 methods of :class:`HyperSETApp`; they are plain Python (a generator for the Sudoku solve) and can be called
 without a server, which is how the tests exercise them.
 
@@ -66,7 +66,7 @@ __all__ = [
 # ----------------------------------------------------------------------------------------------------------
 # limits
 
-MAX_TEXT_CHARS = 20_000  # pasted puzzle text (request and image limits: apps.limits)
+MAX_TEXT_CHARS = 20_000  # pasted puzzle text (request and image limits: hyperset.apps.limits)
 MAX_ITER_FACTOR = 4  # iteration sliders go up to 4x the trained depth
 MAX_DECODE_STEPS = 64
 QUEUE_SIZE = 16  # requests waiting in the queue beyond the one running

@@ -6,7 +6,8 @@
 
 Listens on the loopback interface unless ``--host`` says otherwise; a public share link only with ``--share``.
 Both models are loaded once at start-up and shared by every visitor; requests are queued and run one at a time.
-Request bodies, image sizes and the time per solve are capped, and a solve nobody listens to stops (``apps.limits``).
+Request bodies, image sizes and the time per solve are capped, and a solve nobody listens to stops
+(``hyperset.apps.limits``).
 """
 
 from __future__ import annotations
@@ -120,8 +121,9 @@ def load_models(args: Any) -> tuple[Any, Any, str, str]:
         sudoku_note = f"The shipped Sudoku model is not in this package ({err}); start with --checkpoint DIR."
     if solver is not None and args.backend == "onnx":
         try:
-            from exports.solver_backend import create_backend
+            from hyperset.backends import backend_factory  # the "onnx" entry point: hyperset.exports
 
+            create_backend = backend_factory("onnx")
             solver = solver.with_backend(create_backend(solver.model, info=solver.info, path=args.onnx_model,
                                                         device=args.device, threads=threads))
         except Exception as err:

@@ -9,7 +9,7 @@
   header, before Gradio decodes it (the image editor's background, layers and composite included); the editor
   also keeps a bounded number of uploaded blobs and accepts only small layer indices.
 
-Uploaded and generated files are deleted after an hour by Gradio's own ``delete_cache`` (``apps.app``).
+Uploaded and generated files are deleted after an hour by Gradio's own ``delete_cache`` (``hyperset.apps.app``).
 """
 
 from __future__ import annotations

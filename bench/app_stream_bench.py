@@ -71,7 +71,7 @@ def time_cli(case: dict[str, Any], threads: int, folder: Path) -> tuple[float, f
 
 
 def time_app(app: Any, case: dict[str, Any]) -> tuple[float, int, dict[str, Any]]:
-    from apps.app import puzzle_to_grid
+    from hyperset.apps.app import puzzle_to_grid
 
     t0 = time.perf_counter()
     updates = 0
@@ -82,7 +82,7 @@ def time_app(app: Any, case: dict[str, Any]) -> tuple[float, int, dict[str, Any]
 
 
 def time_served(client: Any, case: dict[str, Any]) -> tuple[float, int, dict[str, Any]]:
-    from apps.app import puzzle_to_grid
+    from hyperset.apps.app import puzzle_to_grid
 
     grid = {"headers": [str(i) for i in range(1, 10)], "data": puzzle_to_grid(case["puzzle"])}
     t0 = time.perf_counter()
@@ -100,7 +100,7 @@ def main() -> None:
     p.add_argument("--out", default=str(OUT))
     args = p.parse_args()
     threads = set_cpu_threads(args.threads)
-    from apps.app import HyperSETApp
+    from hyperset.apps.app import HyperSETApp
 
     solver = Solver.load(None, "cpu")
     app = HyperSETApp(solver, None)
@@ -111,7 +111,7 @@ def main() -> None:
 
         import gradio_client
 
-        from apps.app import launch_kwargs
+        from hyperset.apps.app import launch_kwargs
 
         demo = app.build()
         with socket.socket() as s:

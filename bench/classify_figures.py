@@ -26,8 +26,8 @@ import torch
 from hyperset.checkpoint import CheckpointError, load_checkpoint
 from hyperset.device import describe, pick_device
 from hyperset.energies import average_angle, effective_rank
-from training.classify_task import load_split, sample
-from training.eval_classify import EvalError, data_for_checkpoint, resolve_checkpoint
+from hyperset.training.classify_task import load_split, sample
+from hyperset.training.eval_classify import EvalError, data_for_checkpoint, resolve_checkpoint
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -18,7 +18,7 @@ import click
 import torch
 
 from hyperset.checkpoint import CheckpointError, atomic_write_json, checkpoint_dir, read_config
-from training.eval_classify import EvalError, resolve_checkpoint, run_eval
+from hyperset.training.eval_classify import EvalError, resolve_checkpoint, run_eval
 
 RESULTS = Path(__file__).resolve().parent / "results"
 COMMAND = "hyperset-eval classify CHECKPOINT --data DIR --split test --iters N --json"

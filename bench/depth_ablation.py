@@ -37,9 +37,9 @@ from hyperset.models import HyperSETModel
 from hyperset.pretrained import pretrained_dir, resolve
 from hyperset.solve import DEFAULT_PASSES, DEFAULT_STRATEGY, Solver
 from hyperset.sudoku.data import find_split, givens_count, load_csv, protocol_split
-from training.cli import build_task
-from training.recipes import apply_overrides, load_recipe
-from training.trainer import TrainConfig, Trainer, make_optimizer
+from hyperset.training.cli import build_task
+from hyperset.training.recipes import apply_overrides, load_recipe
+from hyperset.training.trainer import TrainConfig, Trainer, make_optimizer
 
 ROOT = Path(__file__).resolve().parent
 RESULTS = ROOT / "results"

@@ -49,9 +49,9 @@ def _guarded(fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
 
 def amp_steps(preset: str, device: torch.device, steps: int = 5) -> dict[str, Any]:
     """AdamW steps on one random batch under the trainer's autocast dtype: the loss must stay finite and fall."""
-    from exports.export import example_inputs
     from hyperset.config import preset_config
     from hyperset.device import autocast_dtype
+    from hyperset.exports.export import example_inputs
     from hyperset.models import HyperSETModel
 
     torch.manual_seed(0)
@@ -101,7 +101,8 @@ def trainer_run(data: Path, out: Path, nproc: int = 1, device: str = "cuda") -> 
     """`hyperset-train sudoku` on the GPU(s), as a subprocess (under torchrun when nproc > 1)."""
     launcher = [sys.executable] + (["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
                                    if nproc > 1 else [])
-    cmd = [*launcher, "-m", "training", *TRAIN_ARGS, "--data", str(data), "--out", str(out), "--device", device]
+    cmd = [*launcher, "-m", "hyperset.training", *TRAIN_ARGS, "--data", str(data), "--out", str(out),
+           "--device", device]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT)
     if proc.returncode:
         raise RuntimeError(f"exit {proc.returncode}: {proc.stderr[-2000:]}")
@@ -146,9 +147,9 @@ def _median_seconds(fn: Callable[[], Any], repeats: int = 5) -> float:
 
 def onnx_check(folder: Path, batch: int = 256, devices: tuple[str, str] = ("cuda", "cpu")) -> dict[str, Any]:
     """The unrolled graph on ONNX Runtime's CUDA and CPU providers: parity with torch and boards/s."""
-    from exports import export as E
-    from exports.runtime import OrtSession
     from hyperset.checkpoint import load_checkpoint
+    from hyperset.exports import export as E
+    from hyperset.exports.runtime import OrtSession
     from hyperset.solve import bundled_checkpoint
 
     model, info = load_checkpoint(bundled_checkpoint(), task="sudoku")

@@ -20,9 +20,9 @@ import numpy as np
 import torch
 
 from hyperset.checkpoint import atomic_write_json
+from hyperset.training.eval_mim import evaluate_reconstruction, model_row, most_frequent_code
+from hyperset.training.mim_task import load_images
 from hyperset.vision.reconstruct import load_mim
-from training.eval_mim import evaluate_reconstruction, model_row, most_frequent_code
-from training.mim_task import load_images
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -113,8 +113,8 @@ def bench_boards(batch: int) -> torch.Tensor:
 
 
 def machine_info(threads: int) -> dict[str, Any]:
-    from exports.runtime import describe_runtime
     from hyperset.device import cpu_has_native_bf16, cpu_model
+    from hyperset.exports.runtime import describe_runtime
 
     cpu = cpu_model()
     rt = describe_runtime()
@@ -125,8 +125,8 @@ def machine_info(threads: int) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from exports import export as E
-    from exports.runtime import OrtSession
+    from hyperset.exports import export as E
+    from hyperset.exports.runtime import OrtSession
 
     torch.set_num_threads(args.threads)
     iters_list = [int(x) for x in args.iters.split(",")]

@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 
 from hyperset.checkpoint import atomic_write_json
-from training.trainer import parse_schedule, segment_budget
+from hyperset.training.trainer import parse_schedule, segment_budget
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"

@@ -1,5 +1,5 @@
 """ONNX export and ONNX Runtime helpers for Hyper-SET.
 
 Importing this package is cheap: it imports neither torch nor onnxruntime. Use the submodules directly,
-e.g. ``from exports.runtime import OrtSession`` or ``from exports.loop import wrap_in_loop``.
+e.g. ``from hyperset.exports.runtime import OrtSession`` or ``from hyperset.exports.loop import wrap_in_loop``.
 """

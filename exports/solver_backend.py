@@ -123,7 +123,7 @@ class OnnxSolverBackend:
     ``(boards (B, 81) int64, iters) -> (logits (B, 81, 9), energies)`` (= ``run``).
 
     ``run`` runs the Loop (or unrolled) graph; ``iterate`` the stem/step/head graphs given as ``steps`` (paths
-    as :func:`exports.export.step_paths` names them), else those next to the graph when they exist, else (when
+    as :func:`hyperset.exports.export.step_paths` names them), else those next to the graph when they exist, else (when
     ``model`` is given) those exported into the cache on first use. Energies are ``{"attn": (T, B), "ff": (T, B)}``
     float tensors, or ``{}`` for layers without an energy (Transformer, CRATE), like the torch path. Attributes:
     ``name`` (e.g. ``"onnxruntime (CPUExecutionProvider)"``), ``source`` (``"onnxruntime"``), ``device``

@@ -6,7 +6,7 @@ fast path of ``hyperset-solve``) or one iteration at a time (:meth:`SolverBacken
 that look at every iteration and for the app's frames). Both give the same numbers. The strategies
 (``hyperset.strategies``) are written once against this protocol.
 
-Other backends live outside this package (the ONNX Runtime one is ``exports.solver_backend``) and are found by
+Other backends live outside this package (the ONNX Runtime one is ``hyperset.exports.solver_backend``) and are found by
 name through the ``hyperset.backends`` entry-point group, or registered at run time with
 :func:`register_backend`. A backend factory is called as ``factory(model, info=..., path=..., device=...,
 threads=...)`` and returns a :class:`SolverBackend`.

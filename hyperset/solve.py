@@ -84,7 +84,7 @@ def _board_tensor(puzzles: Sequence[str], device: torch.device | str) -> torch.T
 
 class Solver:
     """Runs a Sudoku model on batches of boards through a :class:`~hyperset.backends.SolverBackend` (the model
-    itself by default; ONNX Runtime with the backend of ``exports.solver_backend``), with the strategies of
+    itself by default; ONNX Runtime with the backend of ``hyperset.exports.solver_backend``), with the strategies of
     :mod:`hyperset.strategies`."""
 
     def __init__(self, model: HyperSETModel, device: torch.device, info: dict[str, Any] | None = None,

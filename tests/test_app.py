@@ -13,7 +13,7 @@ import pytest
 import torch
 from PIL import Image
 
-from apps.app import (
+from hyperset.apps.app import (
     EXAMPLES,
     MAX_ITER_FACTOR,
     MAX_TEXT_CHARS,
@@ -240,7 +240,7 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def served(app: HyperSETApp):
     gradio_client = pytest.importorskip("gradio_client")
-    from apps.app import launch_kwargs
+    from hyperset.apps.app import launch_kwargs
 
     demo = app.build()
     SOLVERS[id(demo)] = app.solver
@@ -317,7 +317,7 @@ def test_build_demo_without_models():
 def test_cli_defaults_and_argument_errors(capsys, tmp_path: Path):
     from click.testing import CliRunner
 
-    from apps.cli import cli, main, options
+    from hyperset.apps.cli import cli, main, options
 
     args = options([])
     assert args.host == "127.0.0.1" and not args.share and args.backend == "torch" and args.port is None
@@ -337,7 +337,7 @@ def test_cli_defaults_and_argument_errors(capsys, tmp_path: Path):
 
 def test_onnx_backend_frames_come_from_onnxruntime(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     pytest.importorskip("onnxruntime")
-    from apps.cli import load_models, options
+    from hyperset.apps.cli import load_models, options
 
     monkeypatch.setenv("HYPERSET_CACHE_DIR", str(tmp_path / "cache"))
     torch_solver = tiny_solver(tmp_path / "sudoku")

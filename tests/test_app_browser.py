@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from apps.app import MAX_ITER_FACTOR
+from hyperset.apps.app import MAX_ITER_FACTOR
 
 CHROMIUM = Path("/usr/bin/chromium")
 ROOT = Path(__file__).resolve().parent.parent
@@ -70,7 +70,7 @@ def _models(tmp: Path):
 
 @pytest.fixture(scope="module")
 def url(tmp_path_factory: pytest.TempPathFactory):
-    from apps.app import build_demo, launch_kwargs
+    from hyperset.apps.app import build_demo, launch_kwargs
 
     solver, mim = _models(tmp_path_factory.mktemp("models"))
     solver.backend = counting = _CountingBackend(solver.engine)

@@ -26,10 +26,10 @@ from gradio.components.image_editor import EditorData, EditorDataBlobs
 from gradio.data_classes import FileData
 from test_app import EASY, TRAINED, tiny_mim, tiny_solver
 
-import apps.app as app_module
-import apps.limits as limits
-from apps.app import HyperSETApp, launch_kwargs, puzzle_to_grid
-from apps.limits import MAX_BODY_BYTES, MAX_EDITOR_LAYERS, RunGuard, StreamWatch, check_pixels, image_size
+import hyperset.apps.app as app_module
+import hyperset.apps.limits as limits
+from hyperset.apps.app import HyperSETApp, launch_kwargs, puzzle_to_grid
+from hyperset.apps.limits import MAX_BODY_BYTES, MAX_EDITOR_LAYERS, RunGuard, StreamWatch, check_pixels, image_size
 
 HUGE_SIDE = 12_000  # 144 M pixels: 432 MB once decoded as RGB, about 420 KB as a PNG of one colour
 MEMORY_CAP_MB = 200  # what the server's resident memory may grow under the load test
@@ -244,7 +244,7 @@ import sys
 sys.path.insert(0, sys.argv[1])
 from pathlib import Path
 from test_app import tiny_mim, tiny_solver
-from apps.app import build_demo, launch_kwargs
+from hyperset.apps.app import build_demo, launch_kwargs
 demo = build_demo(tiny_solver(Path(sys.argv[2])), tiny_mim())
 demo.launch(server_name="127.0.0.1", server_port=int(sys.argv[3]), prevent_thread_lock=True, quiet=True,
             **launch_kwargs())
@@ -336,7 +336,7 @@ def test_cli_port_in_use_and_bad_host_are_one_line_errors(args: list[str], words
         taken.listen()
         port = str(taken.getsockname()[1])
         args, words = [a.replace("PORT", port) for a in args], words.replace("PORT", port)
-        done = subprocess.run([sys.executable, "-m", "apps.cli", *args, "--threads", "1", "--device", "cpu"],
+        done = subprocess.run([sys.executable, "-m", "hyperset.apps.cli", *args, "--threads", "1", "--device", "cpu"],
                               cwd=Path(__file__).parents[1], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "Traceback" not in done.stderr + done.stdout
     lines = done.stderr.strip().splitlines()

@@ -294,7 +294,7 @@ def test_a_failed_save_leaves_no_temporary_file_and_the_old_checkpoint_intact(tm
 def test_resume_config_check_reads_missing_fields_as_defaults():
     """A run saved before a config field existed resumes; a real difference, or a new field set away from its
     default, is named."""
-    from training.state import model_config_diff
+    from hyperset.training.state import model_config_diff
 
     cfg = ModelConfig(task="sudoku", dim=32, heads=2, ff_hidden=64, iters=4)
     saved = cfg.to_dict()

@@ -22,10 +22,10 @@ from PIL import Image
 from hyperset.checkpoint import load_checkpoint, save_checkpoint
 from hyperset.config import preset_config
 from hyperset.models import HyperSETModel
-from training import eval_classify
-from training.classify_task import ImageSplit, build_classify_task, epochs_to_steps, load_split, top1
-from training.eval_classify import classify_command
-from training.trainer import TrainConfig, Trainer
+from hyperset.training import eval_classify
+from hyperset.training.classify_task import ImageSplit, build_classify_task, epochs_to_steps, load_split, top1
+from hyperset.training.eval_classify import classify_command
+from hyperset.training.trainer import TrainConfig, Trainer
 
 TINY = dict(dim=32, heads=2, ff_hidden=32, iters=2, patch_grid=4, time_dim=16)
 PRESETS = {"hyperset": "cifar10-small", "transformer": "cifar10-transformer", "crate": "cifar10-crate",
@@ -340,7 +340,7 @@ class _CallsGetcwd:
 def test_cli_reports_a_refused_cifar_file_and_bad_recipe_values_in_one_line(cifar10: Path, tmp_path: Path) -> None:
     import shutil
 
-    from training.cli import main as train_main
+    from hyperset.training.cli import main as train_main
 
     shutil.copytree(cifar10, tmp_path / "data")
     _dump(tmp_path / "data" / "cifar-10-batches-py" / "data_batch_2", {b"data": _CallsGetcwd(), b"labels": [0]})
@@ -389,8 +389,8 @@ def test_train_download_fetches_cifar_into_data_then_trains(cifar10: Path, tmp_p
     import hashlib
     import tarfile
 
+    from hyperset.training.cli import main as train_main
     from hyperset.vision import data as vd
-    from training.cli import main as train_main
 
     archive = tmp_path / "mirror.tar.gz"
     with tarfile.open(archive, "w:gz") as tar:

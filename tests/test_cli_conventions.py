@@ -10,10 +10,10 @@ import pytest
 from click.testing import CliRunner
 from conftest import write_sudoku_csvs
 
-from exports.cli import main as export_main
 from hyperset.cli_options import echo_json, package_version, renamed_option
-from training import cli as train_cli
-from training.evaluate import main as eval_main
+from hyperset.exports.cli import main as export_main
+from hyperset.training import cli as train_cli
+from hyperset.training.evaluate import main as eval_main
 
 
 def _commands() -> dict[str, click.Command]:

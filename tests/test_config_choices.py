@@ -81,15 +81,16 @@ def test_every_shipped_config_validates(path):
     assert model.cfg == ModelConfig.from_dict(model.cfg.to_dict())
 
 
-RECIPES = sorted(p.name for p in (resources.files("training") / "recipes").iterdir() if p.name.endswith(".toml"))
+RECIPES = sorted(p.name for p in (resources.files("hyperset.training") / "recipes").iterdir()
+                 if p.name.endswith(".toml"))
 
 
 @pytest.mark.parametrize("name", [r[: -len(".toml")] for r in RECIPES])
 def test_every_recipe_validates(name):
-    from training.cli import model_config
-    from training.epochs import epochs_to_steps
-    from training.recipes import load_recipe
-    from training.trainer import TrainConfig
+    from hyperset.training.cli import model_config
+    from hyperset.training.epochs import epochs_to_steps
+    from hyperset.training.recipes import load_recipe
+    from hyperset.training.trainer import TrainConfig
 
     _, recipe = load_recipe(name)
     cfg = model_config(recipe)

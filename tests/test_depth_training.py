@@ -15,8 +15,8 @@ from hyperset.checkpoint import load_checkpoint, save_checkpoint
 from hyperset.config import preset_config
 from hyperset.models import HyperSETModel
 from hyperset.solve import bundled_checkpoint
-from training.sudoku_task import SudokuData, SudokuTask
-from training.trainer import TrainConfig, Trainer
+from hyperset.training.sudoku_task import SudokuData, SudokuTask
+from hyperset.training.trainer import TrainConfig, Trainer
 
 STEP_PARAMS = ("L1.weight", "L1.bias", "L2.weight", "L2.bias", "L3.weight", "L3.bias")
 

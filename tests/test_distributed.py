@@ -15,16 +15,16 @@ from safetensors.torch import load_file
 
 from hyperset.checkpoint import load_checkpoint
 from hyperset.config import preset_config
-from training.sudoku_task import SudokuData, SudokuTask
-from training.trainer import TrainConfig, Trainer
+from hyperset.training.sudoku_task import SudokuData, SudokuTask
+from hyperset.training.trainer import TrainConfig, Trainer
 
 WORKER = textwrap.dedent('''
     import json, os, sys
     import torch
     from safetensors.torch import save_file
     from hyperset.config import preset_config
-    from training.sudoku_task import SudokuData, SudokuTask
-    from training.trainer import Trainer, TrainConfig
+    from hyperset.training.sudoku_task import SudokuData, SudokuTask
+    from hyperset.training.trainer import Trainer, TrainConfig
     data, out, steps, resume = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1"
     cfg = preset_config("sudoku-cpu", dim=32, heads=2, ff_hidden=64, time_dim=16, iters=2)
     task = SudokuTask(model=cfg, data=SudokuData(data_dir=data, n_train=0, n_val=8, n_select=8))

@@ -1,9 +1,9 @@
-"""One batch order and one epoch-to-step rule for every task (training.epochs)."""
+"""One batch order and one epoch-to-step rule for every task (hyperset.training.epochs)."""
 
 import numpy as np
 import pytest
 
-from training.epochs import epoch_indices, epochs_to_steps, steps_for
+from hyperset.training.epochs import epoch_indices, epochs_to_steps, steps_for
 
 
 def test_batches_are_seeded_epoch_permutations_laid_end_to_end():
@@ -18,9 +18,9 @@ def test_batches_are_seeded_epoch_permutations_laid_end_to_end():
 
 
 def test_every_task_draws_its_batches_from_the_one_function():
-    import training.classify_task as classify
-    import training.mim_task as mim
-    import training.sudoku_task as sudoku
+    import hyperset.training.classify_task as classify
+    import hyperset.training.mim_task as mim
+    import hyperset.training.sudoku_task as sudoku
 
     assert sudoku.epoch_indices is classify.epoch_indices is mim.epoch_indices is epoch_indices
 

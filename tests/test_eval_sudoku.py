@@ -12,7 +12,7 @@ from conftest import write_sudoku_csvs, write_tiny_sudoku_checkpoint
 
 from hyperset.solve import Solver
 from hyperset.sudoku.evaluate import evaluate, iteration_curve, load_boards, run_strategy, to_strings
-from training.evaluate import main as eval_main
+from hyperset.training.evaluate import main as eval_main
 
 
 @pytest.fixture(scope="module")

@@ -15,11 +15,11 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from exports import export as E
-from exports.runtime import OnnxModelError, OrtSession
-from exports.solver_backend import OnnxSolverBackend, attach_onnx_backend  # also registers the "onnx" backend
 from hyperset.checkpoint import load_checkpoint, save_checkpoint
 from hyperset.config import ModelConfig
+from hyperset.exports import export as E
+from hyperset.exports.runtime import OnnxModelError, OrtSession
+from hyperset.exports.solver_backend import OnnxSolverBackend, attach_onnx_backend  # also registers the "onnx" backend
 from hyperset.models import HyperSETModel
 from hyperset.solve import Solver
 
@@ -249,7 +249,7 @@ def test_hyperset_solve_onnx_backend_matches_torch(tiny_checkpoint: Path, tmp_pa
     cached = list((tmp_path / "cache").glob("sudoku-*.onnx"))
     assert len(cached) == 1  # exported once, reused for the second iteration count
     # an explicit file, written by hyperset-export, gives the same boards
-    from exports.cli import main as export_main
+    from hyperset.exports.cli import main as export_main
 
     out = tmp_path / "exp" / "model.onnx"
     out.parent.mkdir()  # hyperset-export creates no folders
@@ -268,7 +268,7 @@ def test_hyperset_solve_onnx_backend_matches_torch(tiny_checkpoint: Path, tmp_pa
 
 
 def test_hyperset_export_cli(tiny_checkpoint: Path, tmp_path: Path) -> None:
-    from exports.cli import main as export_main
+    from hyperset.exports.cli import main as export_main
 
     runner = CliRunner()
     out = tmp_path / "m.onnx"
@@ -322,7 +322,7 @@ def test_hyperset_export_write_error_names_the_output_file(tiny_checkpoint: Path
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     import tempfile
 
-    from exports.cli import main as export_main
+    from hyperset.exports.cli import main as export_main
 
     def disk_full(*args: object, **kwargs: object) -> None:
         raise OSError(28, "No space left on device", str(tmp_path / ".m.onnx.abc123.tmp"))

@@ -14,13 +14,13 @@ from click.testing import CliRunner
 
 from hyperset.config import preset_config
 from hyperset.models import HyperSETModel
+from hyperset.training.eval_mim import mim_command
+from hyperset.training.mim_task import TokensTask, build_mim_task, masked_token_loss
+from hyperset.training.trainer import TrainConfig, Trainer
 from hyperset.vision import reconstruct
 from hyperset.vision.maskgit import random_token_mask
 from hyperset.vision.reconstruct import MIMPipeline, Tokenizer, pixel_to_token_mask, sample_images
 from hyperset.vision.vq import VQConfig, VQTokenizer
-from training.eval_mim import mim_command
-from training.mim_task import TokensTask, build_mim_task, masked_token_loss
-from training.trainer import TrainConfig, Trainer
 
 TINY_VQ = {"hidden": 32, "num_res_blocks": 1, "codebook_size": 64, "code_dim": 16, "restart_after": 5}
 TINY_MODEL = {"dim": 32, "heads": 2, "ff_hidden": 32, "iters": 2, "time_dim": 32, "vocab_size": 65,
@@ -280,9 +280,9 @@ def test_sample_images_are_shipped_with_their_sources():
 
 
 def test_shipped_recipes_build(cifar: Path):
-    from training.epochs import epochs_to_steps
-    from training.mim_task import TokenizerTask
-    from training.recipes import load_recipe
+    from hyperset.training.epochs import epochs_to_steps
+    from hyperset.training.mim_task import TokenizerTask
+    from hyperset.training.recipes import load_recipe
 
     _, recipe = load_recipe("mim-cpu-tokenizer")
     recipe["data"]["n_val"] = 16

@@ -1,4 +1,4 @@
-"""Tests for exports.loop: a one-step torch export wrapped in an ONNX Loop, checked against torch."""
+"""Tests for hyperset.exports.loop: a one-step torch export wrapped in an ONNX Loop, checked against torch."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from exports.loop import wrap_in_loop
+from hyperset.exports.loop import wrap_in_loop
 
 torch = pytest.importorskip("torch")
 

@@ -1,4 +1,4 @@
-"""Tests for exports.runtime: runtime conflicts, the CUDA pre-check, provider choice and OrtSession."""
+"""Tests for hyperset.exports.runtime: runtime conflicts, the CUDA pre-check, provider choice and OrtSession."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from exports import runtime
-from exports.runtime import (
+from hyperset.exports import runtime
+from hyperset.exports.runtime import (
     CPU_PROVIDER,
     CUDA_PROVIDER,
     CudaProbe,

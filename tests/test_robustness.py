@@ -22,12 +22,12 @@ from click.testing import CliRunner
 from conftest import write_sudoku_csvs, write_tiny_sudoku_checkpoint
 from PIL import Image
 
-from exports.cli import main as export_main
 from hyperset.checkpoint import load_checkpoint
 from hyperset.cli import solve_main
 from hyperset.config import preset_config
-from training.cli import main as train_main
-from training.evaluate import main as eval_main
+from hyperset.exports.cli import main as export_main
+from hyperset.training.cli import main as train_main
+from hyperset.training.evaluate import main as eval_main
 
 ROOT = Path(__file__).resolve().parents[1]
 CLIS = {"solve": solve_main, "export": export_main, "train": train_main, "eval": eval_main}
@@ -281,8 +281,8 @@ class Killed(BaseException):
 
 
 def tiny_trainer(data: Path, out: Path, steps: int, resume: bool = False) -> Any:
-    from training.sudoku_task import SudokuData, SudokuTask
-    from training.trainer import TrainConfig, Trainer
+    from hyperset.training.sudoku_task import SudokuData, SudokuTask
+    from hyperset.training.trainer import TrainConfig, Trainer
 
     cfg = preset_config("sudoku-cpu", dim=16, heads=2, ff_hidden=16, time_dim=16, iters=1)
     task = SudokuTask(model=cfg, data=SudokuData(data_dir=str(data), n_train=0, n_val=4, n_select=4))
@@ -316,7 +316,7 @@ def save_points(monkeypatch: pytest.MonkeyPatch, kill_at: int | None) -> list[st
 
 def saved_weights(monkeypatch: pytest.MonkeyPatch) -> dict[int, dict[str, torch.Tensor]]:
     """The weights the trainer hands to each save (best/ and last/), by step."""
-    from training.trainer import Trainer
+    from hyperset.training.trainer import Trainer
 
     states: dict[int, dict[str, torch.Tensor]] = {}
     save = Trainer._save
@@ -356,7 +356,7 @@ def test_a_kill_at_any_point_of_a_save_leaves_whole_folders_and_resumes_to_the_s
 
 
 def test_a_second_trainer_on_the_same_folder_gets_one_line(sudoku_data: Path, tmp_path: Path) -> None:
-    from training.state import run_lock
+    from hyperset.training.state import run_lock
 
     out = tmp_path / "o"
     out.mkdir()

@@ -9,8 +9,8 @@ import torch
 
 from hyperset.checkpoint import load_checkpoint, read_config
 from hyperset.solve import Solver, bundled_checkpoint
+from hyperset.training.eval_classify import resolve_checkpoint
 from hyperset.vision.reconstruct import load_mim
-from training.eval_classify import resolve_checkpoint
 
 
 def test_shipped_sudoku_model_solves_an_easy_puzzle_and_records_its_training() -> None:

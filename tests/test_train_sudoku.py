@@ -12,10 +12,10 @@ from conftest import write_sudoku_csvs
 
 from hyperset.checkpoint import CheckpointError, load_checkpoint
 from hyperset.config import preset_config
-from training import state
-from training.cli import main as train_main
-from training.sudoku_task import SudokuData, SudokuTask
-from training.trainer import TrainConfig, Trainer, lr_at, parse_schedule
+from hyperset.training import state
+from hyperset.training.cli import main as train_main
+from hyperset.training.sudoku_task import SudokuData, SudokuTask
+from hyperset.training.trainer import TrainConfig, Trainer, lr_at, parse_schedule
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""`python -m training ...` (and `torchrun ... -m training ...`) is `hyperset-train ...`."""
+"""`python -m hyperset.training ...` (and `torchrun ... -m hyperset.training ...`) is `hyperset-train ...`."""
 
 from .cli import main
 

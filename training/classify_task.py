@@ -14,7 +14,7 @@ flip on ImageNet. Here:
   selected on it at the trained depth; the test split is never looked at during training (the authors'
   code selected on the test set).
 * Recipes may count in epochs: ``build_classify_task`` rewrites ``[train] epochs / warmup_epochs /
-  eval_every_epochs`` into steps with ``training.epochs.epochs_to_steps`` (ceil(epochs * n_train / batch_size),
+  eval_every_epochs`` into steps with ``hyperset.training.epochs.epochs_to_steps`` (ceil(epochs * n_train / batch_size),
   the rule of every task). The paper's scheduler steps once per epoch; ours steps per update, which is the same
   curve sampled finer.
 """
@@ -265,7 +265,7 @@ def top1(model: HyperSETModel, split: ImageSplit, iters: Sequence[int], device: 
 
 @dataclass
 class ClassifyTask:
-    """Classification for ``training.trainer.Trainer``: label-smoothed CE on the CLS logits, top-1 on val."""
+    """Classification for ``hyperset.training.trainer.Trainer``: label-smoothed CE on the CLS logits, top-1 on val."""
 
     model: ModelConfig
     data: ClassifyData

@@ -414,7 +414,7 @@ def build_mim_task(model_cfg: ModelConfig, recipe: dict[str, Any], data_dir: str
 
     Tables: ``[data]`` -> MIMData; ``[objective]`` -> TokensTask options (stage tokens) or ``eval_batch``;
     ``[tokenizer]`` -> VQConfig (stage tokenizer); ``[train] epochs`` (passes over the training images) are
-    converted to steps here (``training.epochs.epochs_to_steps``).
+    converted to steps here (``hyperset.training.epochs.epochs_to_steps``).
     """
     objective = dict(recipe.get("objective", {}))
     stage = objective.pop("stage", "tokens")

@@ -13,7 +13,7 @@ except ModuleNotFoundError:  # Python 3.10
 
 
 def recipe_names() -> list[str]:
-    folder = resources.files("training") / "recipes"
+    folder = resources.files("hyperset.training") / "recipes"
     return sorted(p.name[: -len(".toml")] for p in folder.iterdir() if p.name.endswith(".toml"))
 
 
@@ -23,7 +23,7 @@ def load_recipe(name_or_path: str) -> tuple[str, dict[str, Any]]:
     if path.suffix == ".toml" and path.is_file():
         text, name = path.read_text(), path.stem
     else:
-        resource = resources.files("training") / "recipes" / f"{name_or_path}.toml"
+        resource = resources.files("hyperset.training") / "recipes" / f"{name_or_path}.toml"
         if not resource.is_file():
             raise ValueError(f"unknown recipe {name_or_path!r}; shipped recipes: {', '.join(recipe_names())}")
         text, name = resource.read_text(), name_or_path
