@@ -97,3 +97,15 @@ def test_every_recipe_validates(name):
     train = dict(recipe.get("train", {}))
     epochs_to_steps(train, 50_000)
     TrainConfig.from_dict(train)
+
+
+def test_task_choices_name_the_key_and_the_choices_too():
+    from training.classify_task import ClassifyData
+    from training.mim_task import build_mim_task
+
+    with pytest.raises(ValueError, match=r"^data\.dataset='mnist': expected one of 'cifar10', 'cifar100', 'imagenet"):
+        ClassifyData(dataset="mnist")
+    with pytest.raises(ValueError, match=r"^data\.eval_mode='crop': expected one of 'resize', 'resize_center_crop'$"):
+        ClassifyData(eval_mode="crop")
+    with pytest.raises(ValueError, match=r"^objective\.stage='pixels': expected one of 'tokenizer', 'tokens'$"):
+        build_mim_task(get_preset("mim-cpu").config, {"objective": {"stage": "pixels"}}, "")
