@@ -21,6 +21,7 @@ class Line:
     select_metric: str = "neg_err"
     n: int = 40
     poison_at: int = -1  # from this step on the loss is NaN
+    nan_once_at: int = -1  # this step's loss alone is NaN, its gradient finite (as a step fp16 loss scaling skips)
     losses: list = field(default_factory=list)
 
 
@@ -42,6 +43,8 @@ class LineTask(Line, Task):
         loss = (model(batch["x"]) - batch["y"]).pow(2).mean()
         if 0 <= self.poison_at <= int(batch["step"][0]):
             loss = loss * float("nan")
+        if int(batch["step"][0]) == self.nan_once_at:
+            loss = loss + float("nan")
         self.losses.append(loss.detach())
         assert not isinstance(loss, float)
         return loss, {"twice": 2 * loss.detach()}
@@ -93,4 +96,12 @@ def test_log_lines_are_means_over_their_interval(tmp_path: Path):
 def test_a_nan_loss_ends_the_run_at_the_next_log_line_before_any_save(tmp_path: Path):
     with pytest.raises(DivergedError, match=r"diverged at step 3: the loss became nan; .*no state was saved yet"):
         Trainer(LineTask(poison_at=1), _cfg(), tmp_path, device="cpu", quiet=True).fit()
+    assert not (tmp_path / "last").exists() and not (tmp_path / "best").exists()
+
+
+def test_a_nan_loss_between_log_lines_ends_the_run_at_a_save_even_if_the_weights_stayed_finite(tmp_path: Path):
+    # the evaluation at step 2 comes before the log line at step 3; the weights and the next batch's loss are
+    # finite, but step 2's loss was not: nothing is saved
+    with pytest.raises(DivergedError, match=r"diverged at step 2: the loss became nan; .*no state was saved yet"):
+        Trainer(LineTask(nan_once_at=1), _cfg(eval_every=2), tmp_path, device="cpu", quiet=True).fit()
     assert not (tmp_path / "last").exists() and not (tmp_path / "best").exists()

@@ -497,12 +497,18 @@ class Trainer:
         self._saved_step = run.step
 
     def _check_finite(self, run: _Run) -> None:
-        """Before any save: the weights are finite and give a finite loss on the next batch. A step can leave
-        weights finite but useless (1e30 after lr=1e30); only the next forward pass shows it, so it runs here
-        (eval mode, no gradient, the random state untouched: the run goes on exactly as without it)."""
+        """Before any save: the losses since the last log line were finite, and the weights are finite and give a
+        finite loss on the next batch. A step can leave weights finite but useless (1e30 after lr=1e30); only the
+        next forward pass shows it, so it runs here (eval mode, no gradient, the random state untouched: the run
+        goes on exactly as without it)."""
         step, model = run.step, run.model
         if step == self._checked_step:  # best/ and last/ saved at one evaluation: checked once
             return
+        # a save between log lines reads the pending loss sum (one host sync per save): a non-finite loss whose
+        # step left the weights finite (fp16 loss scaling skips such a step) ends the run here, not at the log
+        pending = run.sums.get("loss")
+        if pending is not None and not bool(torch.isfinite(pending)):
+            raise self._diverged(step, f"the loss became {float(pending) / run.count}")
         bad = [name for name, p in model.named_parameters() if not bool(p.isfinite().all())]
         if bad:
             raise self._diverged(step, f"non-finite weights after the optimizer step ({', '.join(bad[:3])})")
