@@ -214,11 +214,12 @@ class TokenizerTask(Task):
 
 def masked_token_loss(logits: Tensor, targets: Tensor, mask: Tensor, label_smoothing: float = 0.1) -> Tensor:
     """Label-smoothed cross-entropy over the masked tokens only (the paper: "Training loss is computed only
-    for the masked tokens"). logits (B, N, K), targets (B, N), mask (B, N) bool. Zero when nothing is masked."""
+    for the masked tokens"). logits (B, N, K), targets (B, N), mask (B, N) bool. Zero when nothing is masked.
+    Shapes never depend on the mask, so a training step reads nothing back to the host here."""
     mask = mask.reshape(targets.shape).bool()
-    if not mask.any():
-        return logits.sum() * 0.0
-    return F.cross_entropy(logits[mask].float(), targets[mask], label_smoothing=label_smoothing)
+    ce = F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten(), label_smoothing=label_smoothing,
+                         reduction="none")
+    return torch.where(mask.flatten(), ce, 0.0).sum() / mask.sum().clamp_min(1)
 
 
 @torch.no_grad()
