@@ -397,7 +397,7 @@ def step_proto(model: HyperSETModel, layer: int = 0, opset: int = DEFAULT_OPSET,
     """One iteration of distinct layer ``layer``: ``(x, x0, t) -> (x_next, energy_attn, energy_ff)``."""
     if not 0 <= layer < model.cfg.n_layers:
         raise ValueError(f"layer must be in [0, {model.cfg.n_layers}), got {layer}")
-    with _eval_mode(model), model.core.tensor_t():
+    with _eval_mode(model):
         dev = _model_device(model)
         x0 = model.stem(example_inputs(model.cfg, batch=2).to(dev))
         x = x0 + 0.01 * torch.randn(x0.shape, generator=torch.Generator().manual_seed(1)).to(dev)

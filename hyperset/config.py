@@ -42,10 +42,16 @@ TASK_POS: dict[str, tuple[str, ...]] = {
 }
 
 
+def choice_error(section: str, key: str, value: Any, choices: Sequence[str], why: str = "") -> ValueError:
+    """The one-line error for a value that is none of a key's choices: ``model.stem='conv': expected one of
+    'ln-linear-ln', 'linear'`` (code that branches on a choice raises it past its last branch)."""
+    return ValueError(f"{section}.{key}={value!r}: expected one of {', '.join(repr(c) for c in choices)}{why}")
+
+
 def check_choice(section: str, key: str, value: Any, choices: Sequence[str], why: str = "") -> None:
     """A ValueError like ``model.stem='conv': expected one of 'ln-linear-ln', 'linear'`` unless value is a choice."""
     if value not in choices:
-        raise ValueError(f"{section}.{key}={value!r}: expected one of {', '.join(repr(c) for c in choices)}{why}")
+        raise choice_error(section, key, value, choices, why)
 
 
 # Iterations per pass, from any source (a checkpoint, a recipe, a command line): far past any useful depth, and a

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -77,24 +76,6 @@ class RecurrentCore(nn.Module):
             steps = self.step_sizes(t_value, cond)
         return layer.step(x, t, steps)
 
-    @contextmanager
-    def tensor_t(self) -> Iterator[None]:
-        """Within this block `step` and the layers' `energy` take the iteration t as an int64 tensor all the way
-        down, for tracing one step that serves every t (the ONNX step graph): a depth-wise LoRA adapter is then
-        gathered with clamp(t, 1, T) - 1 inside the graph, the index `DepthLoRA.deltas` computes for an int t.
-        Outputs are bit-identical to the int path."""
-        patched = []
-        for layer in self.layers:
-            lora = getattr(layer, "lora", None)
-            if lora is not None:
-                lora.deltas = lambda t, lora=lora: lora_deltas(lora, t)
-                patched.append(lora)
-        try:
-            yield
-        finally:
-            for lora in patched:
-                del lora.deltas
-
     def iterate(self, x0: Tensor, iters: int | None = None, skip: int = 0,
                 detach_every: int = 0) -> Iterator[tuple[nn.Module, int, Tensor]]:
         """Yield (layer, t, x_t) after every update. `iters` (per layer) may exceed the trained depth.
@@ -129,13 +110,3 @@ class RecurrentCore(nn.Module):
             if out.states is not None:
                 out.states.append(x)
         return out
-
-
-def lora_deltas(lora: nn.Module, t: int | Tensor) -> tuple[Tensor, Tensor]:
-    """DepthLoRA's (dW, dD) at iteration t, t an int or an int64 tensor (gathered in the graph, clamped to the
-    adapters there are: past the trained depth the last one is reused)."""
-    if not isinstance(t, Tensor):
-        return type(lora).deltas(lora, int(t))
-    i = t.reshape(1).to(torch.long).clamp(1, lora.attn_B.shape[0]) - 1
-    pick = lambda p: p.index_select(0, i)[0]  # noqa: E731
-    return lora.scale * pick(lora.attn_B) @ pick(lora.attn_A), lora.scale * pick(lora.ff_B) @ pick(lora.ff_A)

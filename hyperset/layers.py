@@ -130,9 +130,18 @@ class DepthLoRA(nn.Module):
         self.ff_B = nn.Parameter(torch.randn(T, d, r) * 0.02)
         self.ff_A = nn.Parameter(torch.randn(T, r, M) * 0.02)
 
-    def deltas(self, t: int) -> tuple[Tensor, Tensor]:
-        i = min(t, self.attn_B.shape[0]) - 1
-        return (self.scale * self.attn_B[i] @ self.attn_A[i], self.scale * self.ff_B[i] @ self.ff_A[i])
+    def deltas(self, t: int | Tensor) -> tuple[Tensor, Tensor]:
+        """(dW, dD) of iteration t (1-based), past the trained depth the last adapter's. t is an int, or an int64
+        tensor (one traced step serves every t, the ONNX step graph): the adapter is then gathered inside the graph
+        with clamp(t, 1, T) - 1, the index an int t gives, and the outputs are bit-identical."""
+        adapters = (self.attn_B, self.attn_A, self.ff_B, self.ff_A)
+        if isinstance(t, Tensor):
+            i = t.reshape(1).to(torch.long).clamp(1, self.attn_B.shape[0]) - 1
+            attn_B, attn_A, ff_B, ff_A = (p.index_select(0, i)[0] for p in adapters)
+        else:
+            i = min(t, self.attn_B.shape[0]) - 1
+            attn_B, attn_A, ff_B, ff_A = (p[i] for p in adapters)
+        return self.scale * attn_B @ attn_A, self.scale * ff_B @ ff_A
 
 
 class HyperSETLayer(nn.Module):
@@ -148,7 +157,7 @@ class HyperSETLayer(nn.Module):
         self.norm_ff = RMSNorm(M, cfg.norm_eps)
         self.lora = DepthLoRA(cfg) if cfg.lora_rank > 0 else None
 
-    def weights(self, t: int | None) -> tuple[Tensor, Tensor]:
+    def weights(self, t: int | Tensor | None) -> tuple[Tensor, Tensor]:
         if self.lora is None or t is None:
             return self.W, self.D
         dW, dD = self.lora.deltas(t)

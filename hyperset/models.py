@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .config import ModelConfig, get_preset
+from .config import CHOICES, ModelConfig, choice_error, get_preset
 from .core import RecurrentCore, Trace
 from .layers import RMSNorm
 
@@ -56,7 +56,7 @@ class TokenStem(nn.Module):
         elif cfg.pos == "sincos1d":
             self.register_buffer("pos", sincos_1d(n, d), persistent=False)
         else:
-            raise ValueError(f"unknown position code {cfg.pos!r} for a token stem")
+            raise choice_error("model", "pos", cfg.pos, CHOICES["pos"])
         if cfg.pos == "grid":  # Sudoku structure: learned row, column and box embeddings
             if n != 81:
                 raise ValueError("pos='grid' is for 9x9 Sudoku boards (seq_len 81)")
@@ -86,8 +86,10 @@ class PatchStem(nn.Module):
         f = self.patch * self.patch * cfg.channels
         if cfg.stem == "ln-linear-ln":
             self.embed = nn.Sequential(nn.LayerNorm(f), nn.Linear(f, cfg.dim), nn.LayerNorm(cfg.dim))
-        else:
+        elif cfg.stem == "linear":
             self.embed = nn.Linear(f, cfg.dim)
+        else:
+            raise choice_error("model", "stem", cfg.stem, CHOICES["stem"])
         self.cls = nn.Parameter(torch.randn(1, 1, cfg.dim))
         self.register_buffer("pos", sincos_1d(cfg.patch_grid**2 + 1, cfg.dim), persistent=False)
 
@@ -99,6 +101,24 @@ class PatchStem(nn.Module):
         x = self.embed(patches)
         x = torch.cat([self.cls.expand(b, -1, -1), x], dim=1)
         return x + self.pos
+
+
+def make_stem(cfg: ModelConfig) -> nn.Module:
+    """The stem of cfg.task: patches of an image for "classify", token embeddings for "sudoku" and "mim"."""
+    if cfg.task == "classify":
+        return PatchStem(cfg)
+    if cfg.task in ("sudoku", "mim"):
+        return TokenStem(cfg)
+    raise choice_error("model", "task", cfg.task, CHOICES["task"])
+
+
+def make_head_norm(cfg: ModelConfig) -> nn.Module:
+    """The norm before the head: "rms" (RMSNorm) or "layer" (LayerNorm)."""
+    if cfg.head_norm == "rms":
+        return RMSNorm(cfg.dim, cfg.norm_eps)
+    if cfg.head_norm == "layer":
+        return nn.LayerNorm(cfg.dim)
+    raise choice_error("model", "head_norm", cfg.head_norm, CHOICES["head_norm"])
 
 
 @dataclass
@@ -131,9 +151,9 @@ class HyperSETModel(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
-        self.stem = PatchStem(cfg) if cfg.task == "classify" else TokenStem(cfg)
+        self.stem = make_stem(cfg)
         self.core = RecurrentCore(cfg)
-        self.head_norm = RMSNorm(cfg.dim, cfg.norm_eps) if cfg.head_norm == "rms" else nn.LayerNorm(cfg.dim)
+        self.head_norm = make_head_norm(cfg)
         self.head = nn.Linear(cfg.dim, cfg.num_classes, bias=cfg.head_bias)
         nn.init.normal_(self.head.weight, std=0.02)
         if cfg.head_bias:

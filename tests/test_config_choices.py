@@ -2,6 +2,7 @@
 choices, and every shipped config and recipe still validates."""
 
 import json
+import re
 from importlib import resources
 from pathlib import Path
 
@@ -59,6 +60,20 @@ def test_every_accepted_stem_and_head_norm_means_what_it_says():
         assert type(model.stem.embed) is first
     for head_norm, kind in (("rms", RMSNorm), ("layer", nn.LayerNorm)):
         assert type(HyperSETModel(ModelConfig(**{**_base("sudoku"), "head_norm": head_norm})).head_norm) is kind
+    for task, stem in (("sudoku", "TokenStem"), ("mim", "TokenStem"), ("classify", "PatchStem")):
+        assert type(HyperSETModel(ModelConfig(**_base(task))).stem).__name__ == stem
+
+
+@pytest.mark.parametrize("task, key", [("classify", "stem"), ("sudoku", "head_norm"), ("classify", "head_norm"),
+                                       ("sudoku", "task"), ("sudoku", "pos"), ("mim", "pos")])
+def test_the_model_branches_on_every_choice_and_names_any_other_value(task, key):
+    """A config changed after its checks (a plain dataclass) reaches the model: a value that is no choice is the
+    same one-line error there, never a silent fallback to one of the choices."""
+    cfg = ModelConfig(**_base(task))
+    setattr(cfg, key, "bogus")
+    message = f"model.{key}='bogus': expected one of " + ", ".join(repr(c) for c in CHOICES[key])
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        HyperSETModel(cfg)
 
 
 @pytest.mark.parametrize("name", list_presets())
@@ -98,3 +113,15 @@ def test_every_recipe_validates(name):
     train = dict(recipe.get("train", {}))
     epochs_to_steps(train, 50_000)
     TrainConfig.from_dict(train)
+
+
+def test_task_choices_name_the_key_and_the_choices_too():
+    from hyperset.training.classify_task import ClassifyData
+    from hyperset.training.mim_task import build_mim_task
+
+    with pytest.raises(ValueError, match=r"^data\.dataset='mnist': expected one of 'cifar10', 'cifar100', 'imagenet"):
+        ClassifyData(dataset="mnist")
+    with pytest.raises(ValueError, match=r"^data\.eval_mode='crop': expected one of 'resize', 'resize_center_crop'$"):
+        ClassifyData(eval_mode="crop")
+    with pytest.raises(ValueError, match=r"^objective\.stage='pixels': expected one of 'tokenizer', 'tokens'$"):
+        build_mim_task(get_preset("mim-cpu").config, {"objective": {"stage": "pixels"}}, "")

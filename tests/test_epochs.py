@@ -18,11 +18,14 @@ def test_batches_are_seeded_epoch_permutations_laid_end_to_end():
 
 
 def test_every_task_draws_its_batches_from_the_one_function():
-    import hyperset.training.classify_task as classify
-    import hyperset.training.mim_task as mim
-    import hyperset.training.sudoku_task as sudoku
+    import hyperset.training.task as task
+    from hyperset.training.classify_task import ClassifyTask
+    from hyperset.training.mim_task import TokenizerTask, TokensTask
+    from hyperset.training.sudoku_task import SudokuTask
 
-    assert sudoku.epoch_indices is classify.epoch_indices is mim.epoch_indices is epoch_indices
+    assert task.epoch_indices is epoch_indices
+    for cls in (SudokuTask, ClassifyTask, TokenizerTask, TokensTask):
+        assert cls.batch_indices is task.Task.batch_indices, cls
 
 
 def test_epoch_counts_round_up_exactly():

@@ -338,6 +338,27 @@ def test_past_the_trained_depth_the_last_adapter_is_reused():
     assert torch.isfinite(out).all()
 
 
+def test_an_iteration_given_as_a_tensor_picks_the_same_adapter_bit_for_bit():
+    """The ONNX step graph traces one step for every t, t an int64 tensor: DepthLoRA.deltas gathers the adapter
+    itself (clamped past the trained depth), with the outputs of the int path."""
+    torch.manual_seed(0)
+    core = RecurrentCore(_cfg(iters=3, lora_rank=2, n_layers=2)).double().eval()
+    x0 = _randn(2, 5, 16, seed=14)
+    with torch.no_grad():
+        for layer in core.layers:
+            lora = layer.lora
+            for t in (1, 2, 3, 4, 9):
+                i = min(t, 3) - 1  # the adapter of iteration t, the last one past the trained depth
+                expected = (lora.scale * lora.attn_B[i] @ lora.attn_A[i], lora.scale * lora.ff_B[i] @ lora.ff_A[i])
+                for got in (lora.deltas(t), lora.deltas(torch.tensor(t)), lora.deltas(torch.tensor([t]))):
+                    assert all(torch.equal(a, b) for a, b in zip(got, expected)), t
+                x = x0 + 0.1 * _randn(2, 5, 16, seed=t)
+                a, b = core.step(x, x0, t, layer), core.step(x, x0, torch.tensor(t), layer)
+                assert torch.equal(a, b), t
+                for k, v in layer.energy(a, t).items():
+                    assert torch.equal(v, layer.energy(b, torch.tensor(t))[k]), (t, k)
+
+
 # ------------------------------------------------------------------------------------ 4. Energy Transformer
 
 

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from hyperset.config import ModelConfig, check_table
+from hyperset.config import ModelConfig, check_choice, check_table
 from hyperset.models import HyperSETModel
 from hyperset.vision.data import (
     DATASETS,
@@ -48,7 +48,8 @@ from hyperset.vision.data import (
     train_val_split,
 )
 
-from .epochs import epoch_indices, epochs_to_steps
+from .epochs import epochs_to_steps
+from .task import Task
 
 CIFAR_SIZE = 32
 DATA_KEYS = ("dataset", "val_fraction", "seed", "n_train", "n_val", "image_size", "eval_mode", "classes", "workers")
@@ -89,14 +90,11 @@ class ClassifyData:
     workers: int = 0
 
     def __post_init__(self) -> None:
-        if self.dataset not in DATASETS:
-            raise ValueError(f"unknown dataset {self.dataset!r}; choose from {', '.join(DATASETS)}")
+        check_choice("data", "dataset", self.dataset, DATASETS)
         if not 0.0 < self.val_fraction < 1.0:
             raise ValueError(f"data.val_fraction must be in (0, 1), got {self.val_fraction}: a held-out part of "
                              "the training set selects the best checkpoint (the test split is never used for it)")
-        if self.eval_mode not in EVAL_MODES:
-            raise ValueError(f"data.eval_mode={self.eval_mode!r}: expected one of "
-                             f"{', '.join(repr(m) for m in EVAL_MODES)}")
+        check_choice("data", "eval_mode", self.eval_mode, tuple(EVAL_MODES))
         if self.n_train < 0 or self.n_val < 0:
             raise ValueError("data.n_train and data.n_val must be >= 0 (0 means all)")
 
@@ -264,7 +262,7 @@ def top1(model: HyperSETModel, split: ImageSplit, iters: Sequence[int], device: 
 
 
 @dataclass
-class ClassifyTask:
+class ClassifyTask(Task):
     """Classification for ``hyperset.training.trainer.Trainer``: label-smoothed CE on the CLS logits, top-1 on val."""
 
     model: ModelConfig
@@ -300,6 +298,9 @@ class ClassifyTask:
     def model_config(self) -> ModelConfig:
         return self.model
 
+    def train_size(self) -> int:
+        return len(self.train)
+
     def describe(self) -> dict[str, Any]:
         d = self.data
         out: dict[str, Any] = {
@@ -318,16 +319,16 @@ class ClassifyTask:
 
     def batch(self, step: int, batch_size: int, seed: int, device: torch.device) -> dict[str, Tensor]:
         """Deterministic in (seed, step): epochs are seeded permutations, augmentation is seeded per step."""
-        idx = epoch_indices(step, batch_size, len(self.train), seed)
+        idx = self.batch_indices(step, batch_size, seed)
         images, labels = self.train.batch(idx, seed=[seed, step, 1])
         return {"images": images.to(device), "labels": labels.to(device)}
 
-    def loss(self, model: HyperSETModel, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, float]]:
+    def loss(self, model: HyperSETModel, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
         logits = model(batch["images"])
         loss = F.cross_entropy(logits.float(), batch["labels"], label_smoothing=self.label_smoothing)
         with torch.no_grad():
             acc = (logits.argmax(-1) == batch["labels"]).float().mean()
-        return loss, {"acc": acc.item()}
+        return loss, {"acc": acc}
 
     @torch.no_grad()
     def evaluate(self, model: HyperSETModel, device: torch.device, autocast: Any) -> dict[str, float]:

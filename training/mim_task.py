@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from hyperset.checkpoint import save_module
-from hyperset.config import ModelConfig, check_table
+from hyperset.config import ModelConfig, check_choice, check_table
 from hyperset.vision.data import ImageSource, cifar_dir, train_val_split
 from hyperset.vision.maskgit import decode as maskgit_decode
 from hyperset.vision.maskgit import mask_by_ratio, random_token_mask
@@ -36,7 +36,8 @@ from hyperset.vision.metrics import psnr, ssim
 from hyperset.vision.reconstruct import TOKENIZER_KIND, Tokenizer, check_compatible, load_tokenizer
 from hyperset.vision.vq import VQConfig, VQTokenizer
 
-from .epochs import epoch_indices, epochs_to_steps
+from .epochs import epochs_to_steps
+from .task import Task
 
 STAGES = ("tokenizer", "tokens")
 
@@ -150,7 +151,7 @@ def _split(data: MIMData) -> tuple[ImageSet, ImageSet]:
 
 
 @dataclass
-class TokenizerTask:
+class TokenizerTask(Task):
     """Train the VQ tokenizer: reconstruction MSE + commitment, EMA codebook (hyperset.vision.vq)."""
 
     vq: VQConfig
@@ -162,8 +163,11 @@ class TokenizerTask:
     def __post_init__(self) -> None:
         self.train, self.val = _split(self.data)
 
-    def model_config(self) -> VQConfig:  # type: ignore[override]
+    def model_config(self) -> VQConfig:
         return self.vq
+
+    def train_size(self) -> int:
+        return len(self.train)
 
     def build_model(self) -> VQTokenizer:
         return VQTokenizer(self.vq)
@@ -178,16 +182,16 @@ class TokenizerTask:
                 "seed": self.data.seed}
 
     def batch(self, step: int, batch_size: int, seed: int, device: torch.device) -> dict[str, Tensor]:
-        idx = epoch_indices(step, batch_size, len(self.train), seed)
+        idx = self.batch_indices(step, batch_size, seed)
         images = self.train.floats(idx)
         if self.data.flip:
             flip = torch.rand(len(idx), generator=_generator(seed, step, 1)) < 0.5
             images = torch.where(flip[:, None, None, None], images.flip(-1), images)
         return {"images": images.to(device)}
 
-    def loss(self, model: torch.nn.Module, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, float]]:
+    def loss(self, model: torch.nn.Module, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
         _, losses, _ = model(batch["images"])
-        return losses["total"], {"recon": losses["recon"].item(), "perplexity": losses["perplexity"].item()}
+        return losses["total"], {"recon": losses["recon"].detach(), "perplexity": losses["perplexity"].detach()}
 
     @torch.no_grad()
     def evaluate(self, model: torch.nn.Module, device: torch.device, autocast: Any) -> dict[str, float]:
@@ -210,11 +214,12 @@ class TokenizerTask:
 
 def masked_token_loss(logits: Tensor, targets: Tensor, mask: Tensor, label_smoothing: float = 0.1) -> Tensor:
     """Label-smoothed cross-entropy over the masked tokens only (the paper: "Training loss is computed only
-    for the masked tokens"). logits (B, N, K), targets (B, N), mask (B, N) bool. Zero when nothing is masked."""
+    for the masked tokens"). logits (B, N, K), targets (B, N), mask (B, N) bool. Zero when nothing is masked.
+    Shapes never depend on the mask, so a training step reads nothing back to the host here."""
     mask = mask.reshape(targets.shape).bool()
-    if not mask.any():
-        return logits.sum() * 0.0
-    return F.cross_entropy(logits[mask].float(), targets[mask], label_smoothing=label_smoothing)
+    ce = F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten(), label_smoothing=label_smoothing,
+                         reduction="none")
+    return torch.where(mask.flatten(), ce, 0.0).sum() / mask.sum().clamp_min(1)
 
 
 @torch.no_grad()
@@ -231,7 +236,7 @@ def encode_all(tokenizer: Tokenizer, images: ImageSet, flip: bool, batch: int, d
 
 
 @dataclass
-class TokensTask:
+class TokensTask(Task):
     """Masked token modeling on frozen tokenizer codes (see the module docstring)."""
 
     model: ModelConfig
@@ -274,6 +279,10 @@ class TokensTask:
     def model_config(self) -> ModelConfig:
         return self.model
 
+    def train_size(self) -> int:
+        """The (image, mirror image) pairs when flipping, else the images: the rows of the encoded codes."""
+        return len(self.train) * (2 if self.data.flip else 1)
+
     def describe(self) -> dict[str, Any]:
         return {"stage": "tokens", "source": self.train.source, "train_images": len(self.train),
                 "val_images": len(self.val), "image_size": self.data.image_size, "flip": self.data.flip,
@@ -311,17 +320,17 @@ class TokensTask:
         """Deterministic in (seed, step): seeded epochs over (image, mirror) pairs and a seeded mask."""
         self._ensure_codes(device)
         assert self._codes is not None
-        idx = epoch_indices(step, batch_size, len(self._codes), seed)
+        idx = self.batch_indices(step, batch_size, seed)
         targets = self._codes[torch.from_numpy(idx)].long()
         mask = random_token_mask(tuple(targets.shape), self.max_mask_ratio, generator=_generator(seed, step, 2))
         inputs = targets.masked_fill(mask, self.mask_id)
         return {"inputs": inputs.to(device), "targets": targets.to(device), "mask": mask.to(device)}
 
-    def loss_weight(self, batch: dict[str, Tensor]) -> float:
+    def loss_weight(self, batch: dict[str, Tensor]) -> Tensor:
         """Supervised units of a (micro-)batch: its masked tokens (the loss is their mean)."""
-        return float(batch["mask"].sum())
+        return batch["mask"].sum()
 
-    def loss(self, model: torch.nn.Module, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, float]]:
+    def loss(self, model: torch.nn.Module, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
         if self.segments > 1:  # the loss after each segment of T iterations; the state runs on detached
             T = self.model.iters
             every = model(batch["inputs"], iters=T * self.segments, all_logits=True, detach_every=T)[T - 1:: T]
@@ -334,7 +343,7 @@ class TokensTask:
         with torch.no_grad():
             m = batch["mask"]
             acc = ((logits.argmax(-1) == batch["targets"]) & m).sum() / m.sum().clamp_min(1)
-        return loss, {"acc": acc.item(), "masked": m.float().mean().item()}
+        return loss, {"acc": acc, "masked": m.float().mean()}
 
     @torch.no_grad()
     def evaluate(self, model: torch.nn.Module, device: torch.device, autocast: Any) -> dict[str, float]:
@@ -418,8 +427,7 @@ def build_mim_task(model_cfg: ModelConfig, recipe: dict[str, Any], data_dir: str
     """
     objective = dict(recipe.get("objective", {}))
     stage = objective.pop("stage", "tokens")
-    if stage not in STAGES:
-        raise ValueError(f"[objective] stage must be one of {', '.join(STAGES)}, got {stage!r}")
+    check_choice("objective", "stage", stage, STAGES)
     data_table = dict(recipe.get("data", {}))
     check_table(MIMData, data_table, "data")
     task_cls = TokenizerTask if stage == "tokenizer" else TokensTask

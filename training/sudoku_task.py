@@ -10,12 +10,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from hyperset.config import ModelConfig
+from hyperset.config import ModelConfig, check_choice
 from hyperset.models import HyperSETModel
 from hyperset.sudoku.board import UNITS
 from hyperset.sudoku.data import augment, find_split, load_csv, protocol_split
 
-from .epochs import epoch_indices
+from .task import Task
 
 
 @dataclass
@@ -60,7 +60,7 @@ def constraint_loss(logits: torch.Tensor, puzzles: torch.Tensor) -> torch.Tensor
 
 
 @dataclass
-class SudokuTask:
+class SudokuTask(Task):
     model: ModelConfig
     data: SudokuData
     supervise: str = "all"  # all: mean CE over every iteration; last: the paper's final-iteration loss
@@ -100,8 +100,7 @@ class SudokuTask:
             if r and not (len(r) == 2 and 0 <= r[0] <= r[1] and (key == "skip_iters" or r[0] >= 1)):
                 raise ValueError(f"objective.{key} must be [lo, hi] with {0 if key == 'skip_iters' else 1} <= lo <= "
                                  f"hi, got {r}")
-        if self.supervise not in ("all", "last"):
-            raise ValueError(f"objective.supervise must be 'all' or 'last', got {self.supervise!r}")
+        check_choice("objective", "supervise", self.supervise, ("all", "last"))
         if self.segments < 1:
             raise ValueError(f"objective.segments must be >= 1, got {self.segments}")
         if self.select_iters < 0:
@@ -112,6 +111,9 @@ class SudokuTask:
     def model_config(self) -> ModelConfig:
         return self.model
 
+    def train_size(self) -> int:
+        return len(self.train_puzzles)
+
     def describe(self) -> dict[str, Any]:
         return {"data_dir": str(self.data.data_dir), "train_puzzles": int(len(self.train_puzzles)),
                 "val_puzzles": int(len(self.val[0])), "select_puzzles": int(len(self.select[0])),
@@ -121,13 +123,14 @@ class SudokuTask:
 
     def batch(self, step: int, batch_size: int, seed: int, device: torch.device) -> dict[str, torch.Tensor]:
         """Deterministic in (seed, step): epochs are seeded permutations, so a resumed run sees the same data."""
-        idx = epoch_indices(step, batch_size, len(self.train_puzzles), seed)
+        idx = self.batch_indices(step, batch_size, seed)
         p, s = self.train_puzzles[idx], self.train_solutions[idx]
         if self.data.augment:
             p, s = augment(p, s, np.random.default_rng([seed, step, 1]))
         puzzles = torch.from_numpy(np.ascontiguousarray(p)).long().to(device)
         solutions = torch.from_numpy(np.ascontiguousarray(s)).long().to(device)
-        depth = torch.tensor(self.depth_draw(step, seed), device=device).expand(len(puzzles), 2)
+        # on the CPU: the loss reads it as Python ints, which must not wait for the device
+        depth = torch.tensor(self.depth_draw(step, seed)).expand(len(puzzles), 2)
         return {"puzzles": puzzles, "solutions": solutions, "depth": depth}
 
     def depth_draw(self, step: int, seed: int) -> tuple[int, int]:
@@ -138,7 +141,8 @@ class SudokuTask:
         skip = int(rng.integers(self.skip_iters[0], self.skip_iters[1] + 1)) if self.skip_iters else 0
         return iters, skip
 
-    def loss(self, model: HyperSETModel, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+    def loss(self, model: HyperSETModel, batch: dict[str, torch.Tensor]
+             ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         puzzles, solutions = batch["puzzles"], batch["solutions"]
         target = torch.where(puzzles == 0, solutions - 1, torch.full_like(solutions, -100))
         iters, skip = (int(v) for v in batch["depth"][0]) if "depth" in batch else (self.model.iters, 0)
@@ -153,15 +157,15 @@ class SudokuTask:
         if self.constraint_weight:
             lc = constraint_loss(logits.float(), puzzles)
             ce = ce + self.constraint_weight * lc
-            logs["constraint"] = lc.item()
+            logs["constraint"] = lc.detach()
         with torch.no_grad():
             blank = puzzles == 0
             acc = ((final.argmax(-1) + 1 == solutions) & blank).sum() / blank.sum().clamp_min(1)
-        return ce, {"acc": acc.item(), **logs}
+        return ce, {"acc": acc, **logs}
 
-    def loss_weight(self, batch: dict[str, torch.Tensor]) -> int:
+    def loss_weight(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Supervised cells in a batch: micro-batches are weighted by it, so accumulation equals one big batch."""
-        return int((batch["puzzles"] == 0).sum())
+        return (batch["puzzles"] == 0).sum()
 
     @torch.no_grad()
     def evaluate(self, model: HyperSETModel, device: torch.device, autocast: Any) -> dict[str, float]:

@@ -14,21 +14,24 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from hyperset.checkpoint import checkpoint_dir, load_weights_into, save_checkpoint
-from hyperset.config import ModelConfig, check_table
+from hyperset.checkpoint import checkpoint_dir, load_weights_into
+from hyperset.config import check_table
 from hyperset.device import autocast_dtype, describe, pick_device
-from hyperset.models import HyperSETModel
 
 from .state import check_run, load_training_state, recover_folder, replace_folder, run_lock, save_training_state
+from .task import Task
+
+__all__ = ["DivergedError", "Task", "TrainConfig", "Trainer", "lr_at", "parse_schedule"]
 
 # the largest global batch a recipe may ask for: far past what fits in memory at once (accum_steps splits a batch)
 MAX_BATCH = 65_536
@@ -88,22 +91,6 @@ class DivergedError(RuntimeError):
     """The loss or the weights stopped being finite; nothing of the diverged steps was saved."""
 
 
-class Task(Protocol):
-    name: str
-    select_metric: str  # a key of evaluate()'s result; higher is better
-
-    def model_config(self) -> ModelConfig: ...
-
-    def batch(self, step: int, batch_size: int, seed: int, device: torch.device) -> dict[str, torch.Tensor]: ...
-
-    def loss(self, model: HyperSETModel, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
-        ...
-
-    def evaluate(self, model: HyperSETModel, device: torch.device, autocast: Any) -> dict[str, float]: ...
-
-    def describe(self) -> dict[str, Any]: ...
-
-
 def split_batch(batch: dict[str, torch.Tensor], parts: int) -> list[dict[str, torch.Tensor]]:
     """Split every tensor of a batch into `parts` equal row chunks (processes x accumulation steps)."""
     if parts == 1:
@@ -148,14 +135,12 @@ class DistEnv:
             return contextlib.nullcontext()
         return net.no_sync()
 
-    def sum(self, values: dict[str, float]) -> dict[str, float]:
-        """Sum over processes (each holds its share of a weighted mean over the global batch)."""
-        if self.world == 1:
-            return values
-        keys = sorted(values)
-        t = torch.tensor([values[k] for k in keys], dtype=torch.float64, device=self.device)
-        dist.all_reduce(t)
-        return dict(zip(keys, t.tolist()))
+    def sum(self, values: torch.Tensor) -> torch.Tensor:
+        """Sum a tensor over processes (each holds its share of a weighted mean over the global batch)."""
+        if self.world > 1:
+            values = values.clone()
+            dist.all_reduce(values)
+        return values
 
     def any(self, flag: bool) -> bool:
         if self.world == 1:
@@ -238,7 +223,37 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Opti
 
 
 @dataclass
+class _Run:
+    """The state one fit shares between its steps, its logging and its checkpoints."""
+
+    env: DistEnv
+    model: torch.nn.Module  # this process's replica (what is saved and evaluated)
+    opt: torch.optim.Optimizer
+    step_model: torch.nn.Module  # the model wrapped for DDP (and compiled): what the loss runs
+    scaler: torch.amp.GradScaler
+    autocast: Callable[[], Any]
+    micro: int  # processes x accumulation steps: the parts of a global batch
+    step: int = 0
+    best: float = -math.inf
+    best_metrics: dict[str, float] = field(default_factory=dict)
+    t0: float = 0.0
+    last_save: float = 0.0
+    lr: float = 0.0
+    # since the last log line, on the device: this process's shares of the loss and the logged values (summed
+    # over steps; an all-reduce at the log adds the other processes' shares), the gradient norms, the steps
+    sums: dict[str, torch.Tensor] = field(default_factory=dict)
+    count: int = 0
+
+    @property
+    def device(self) -> torch.device:
+        return self.env.device
+
+
+@dataclass
 class Trainer:
+    """One training run of a task: ``fit`` = resume, then train steps, with logging, evaluation and checkpoints
+    at their intervals, until the step budget or a stop signal (SIGTERM / SIGINT: the state is saved first)."""
+
     task: Task
     cfg: TrainConfig
     out: Path
@@ -258,194 +273,124 @@ class Trainer:
     _saved_step: int | None = field(default=None, init=False)
     _checked_step: int | None = field(default=None, init=False)  # the step whose weights _check_finite passed
 
-    def _amp_dtype(self, device: torch.device) -> torch.dtype | None:
-        if self.cfg.amp == "off":
-            return None
-        return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.cfg.amp) or autocast_dtype(device)
-
-    def _autocast(self, device: torch.device) -> Any:
-        dtype = self._amp_dtype(device)
-        if dtype is None:
-            return contextlib.nullcontext
-        return lambda: torch.autocast(device_type=device.type, dtype=dtype)
-
-    def _log(self, record: dict[str, Any]) -> None:
-        with open(self.out / "metrics.jsonl", "a") as f:
-            f.write(json.dumps(record) + "\n")
-
-    def _info(self, device: torch.device, step: int, metrics: dict[str, float] | None) -> dict[str, Any]:
-        return {"task": self.task.name, "recipe": self.recipe_name, "train": asdict(self.cfg),
-                "data": self.task.describe(), "trained_iterations": getattr(self.task.model_config(), "iters", None),
-                "steps": step, "schedule": self._schedule, "device": describe(device), "metrics": metrics or {}}
-
-    def _handle_signal(self, signum: int, frame: Any) -> None:
-        self._stop = True
+    # ------------------------------------------------------------------------------------------------ the run
 
     def fit(self) -> dict[str, Any]:
         if self.plan:
             self.cfg = replace(self.cfg, steps=self.plan[-1]["steps"])
-        cfg = self.cfg
-        if cfg.threads:
-            torch.set_num_threads(cfg.threads)
-        dist_env = DistEnv.setup(self.device)
-        self.quiet = self.quiet or not dist_env.is_main
+        if self.cfg.threads:
+            torch.set_num_threads(self.cfg.threads)
+        env = DistEnv.setup(self.device)
+        self.quiet = self.quiet or not env.is_main
         with contextlib.ExitStack() as held:
-            if dist_env.is_main:
+            if env.is_main:
                 self.out.mkdir(parents=True, exist_ok=True)
                 held.enter_context(run_lock(self.out))  # before anything in the folder is read or changed
                 for folder in ("last", "best"):
                     recover_folder(self.out / folder)
-            dist_env.barrier()
-            return self._train(dist_env)
+            env.barrier()
+            return self._train(env)
 
-    def _train(self, dist_env: DistEnv) -> dict[str, Any]:
-        cfg, device = self.cfg, dist_env.device
-        torch.manual_seed(cfg.seed)
-        build = getattr(self.task, "build_model", None)  # tasks that train another module (VQ tokenizer)
-        model = (build() if build else HyperSETModel(self.task.model_config())).to(device)
-        self.model = model  # the trained module (this process's replica), for callers that inspect it
-        opt = make_optimizer(model, cfg)
-        start, best, best_metrics, elapsed = 0, -math.inf, {}, 0.0
-        self._saved_step = self._checked_step = None
-        self._schedule = [{"from_step": 0, "steps": segment_budget(self.plan, 0) if self.plan else cfg.steps}]
-        last_dir = self.out / "last"
-        if self.resume and (last_dir / "trainer.json").is_file():
-            # the state is global (replicas are identical), so any number of processes can resume it
-            check_run(last_dir, self.task.name, self.recipe_name)
-            progress = load_training_state(last_dir, model, opt)
-            start, best = progress["step"], progress.get("best", -math.inf)
-            self._saved_step = start
-            if cfg.steps < start:
-                raise ValueError(f"the run in {self.out} is at step {start}; --steps {cfg.steps} would end it before "
-                                 "that (give at least the steps it has done)")
-            best_metrics, elapsed = progress.get("best_metrics", {}), progress.get("elapsed", 0.0)
-            self._say(f"resumed from {last_dir} at step {start} (best {self.task.select_metric} = {best})")
-            self._schedule = (check_schedule(progress["schedule"], str(last_dir / "trainer.json"))
-                              if progress.get("schedule") else
-                              [{"from_step": 0, "steps": progress.get("saved_steps") or cfg.steps}])
-            before = self._schedule[-1]["steps"]
-            if self.plan:
-                for boundary in sorted({p["from_step"] for p in self._schedule + self.plan if p["from_step"] < start}):
-                    had, planned = segment_budget(self._schedule, boundary), segment_budget(self.plan, boundary)
-                    if had != planned:
-                        raise ValueError(f"the run in {self.out} followed a cosine over {had} steps at step "
-                                         f"{boundary}, the planned schedule says {planned}; it cannot be replayed")
-            elif before != cfg.steps:
-                self._schedule.append({"from_step": start, "steps": cfg.steps})
-                self._say(f"schedule changed at step {start}: {before} -> {cfg.steps} steps "
-                          f"(lr {lr_at(start, cfg, before):.3g} -> {lr_at(start, cfg):.3g})")
-        elif not self.resume and (last_dir / "trainer.json").is_file():
-            raise ValueError(f"{self.out} already holds a training run; pass --resume to continue it "
-                             "or choose another --out")
-        elif self.resume:
-            self._say(f"nothing to resume in {self.out} (no {last_dir / 'trainer.json'}): starting a new run")
-        if self.init_from and start == 0:
-            self._start_from(model, Path(self.init_from))
-        autocast = self._autocast(device)
-        # fp16 needs loss scaling; bf16 and fp32 do not
-        scaler = torch.amp.GradScaler(device.type, enabled=self._amp_dtype(device) == torch.float16)
-        net = dist_env.wrap(model)
-        step_model = torch.compile(net) if cfg.compile else net
-        micro = dist_env.world * cfg.accum_steps
-        if cfg.batch_size % micro:
-            raise ValueError(f"global batch {cfg.batch_size} is not divisible by processes x accum-steps = {micro}")
-        n_params = sum(p.numel() for p in model.parameters())
-        self._say(f"training {self.task.name} on {describe(device)} x {dist_env.world} process(es): "
-                  f"{n_params:,} parameters, {cfg.steps} steps, global batch {cfg.batch_size} "
-                  f"({cfg.batch_size // micro} per process and micro-step, {cfg.accum_steps} accumulation steps), "
-                  f"lr {cfg.lr:g}, amp={cfg.amp}")
+    def _train(self, env: DistEnv) -> dict[str, Any]:
+        cfg = self.cfg
+        run = self._start(env)
         old_handlers = {s: signal.signal(s, self._handle_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-        t0, last_save = time.time() - elapsed, time.time()
-
-        def save_state(step: int) -> None:
-            if dist_env.is_main:
-                self._check_finite(model, step, device, autocast, micro)
-                progress = {"step": step, "best": best, "best_metrics": best_metrics, "elapsed": time.time() - t0,
-                            "world_size": dist_env.world, "schedule": self._schedule}
-                save_training_state(last_dir, model, opt, progress, self._info(device, step, best_metrics),
-                                    self._save)
-                self._saved_step = step
-
-        bar = tqdm(total=cfg.steps, initial=start, disable=self.quiet, dynamic_ncols=True,
+        bar = tqdm(total=cfg.steps, initial=run.step, disable=self.quiet, dynamic_ncols=True,
                    mininterval=1.0 if sys.stderr.isatty() else 60.0, desc=self.task.name)
-        running: dict[str, float] = {}
-        count = 0
-        step = start
-        plan = self.plan or self._schedule  # the cosine segments to follow (a resume without a plan: its record)
         try:
-            while step < cfg.steps and not dist_env.any(self._stop):
-                budget = segment_budget(plan, step)
-                if budget != self._schedule[-1]["steps"]:  # a planned segment starts here
-                    self._schedule.append({"from_step": step, "steps": budget})
-                    self._say(f"planned schedule: from step {step} a cosine over {budget} steps "
-                              f"(lr {lr_at(step, cfg, self._schedule[-2]['steps']):.3g} -> "
-                              f"{lr_at(step, cfg, budget):.3g})")
-                lr = lr_at(step, cfg, budget)
-                for group in opt.param_groups:
-                    group["lr"] = lr
-                model.train()
-                batch = self.task.batch(step, cfg.batch_size, cfg.seed, device)
-                pieces = split_batch(batch, micro)
-                weights = [self._weight(p) for p in pieces]
-                total = sum(weights)
-                opt.zero_grad(set_to_none=True)
-                loss_sum, logs_sum = 0.0, {}
-                mine = range(dist_env.rank * cfg.accum_steps, (dist_env.rank + 1) * cfg.accum_steps)
-                for j, i in enumerate(mine):
-                    sync = j == cfg.accum_steps - 1
-                    with dist_env.maybe_no_sync(net, sync), autocast():
-                        loss, logs = self.task.loss(step_model, pieces[i])
-                    if not torch.isfinite(loss):
-                        raise self._diverged(step + 1, f"the loss became {loss.item()}")
-                    # weighted so that micro-batches and processes add up to the mean over the global batch;
-                    # DDP averages gradients over processes, hence the factor world
-                    scale = weights[i] / total * dist_env.world
-                    scaler.scale(loss * scale).backward()
-                    loss_sum += loss.item() * weights[i] / total
-                    for k, v in logs.items():
-                        logs_sum[k] = logs_sum.get(k, 0.0) + v * weights[i] / total
-                scaler.unscale_(opt)
-                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip if cfg.clip > 0 else 1e9)
-                scaler.step(opt)
-                scaler.update()
-                step += 1
-                reduced = dist_env.sum({"loss": loss_sum, **logs_sum})  # metrics reduced across processes
-                for k, v in {**reduced, "grad_norm": grad_norm.item()}.items():
-                    running[k] = running.get(k, 0.0) + v
-                count += 1
+            while run.step < cfg.steps and not self._agreed(run, self._stop):
+                self._train_step(run)
                 bar.update(1)
-                if dist_env.is_main and (step % cfg.log_every == 0 or step == cfg.steps):
-                    avg = {k: v / count for k, v in running.items()}
-                    running, count = {}, 0
-                    bar.set_postfix({k: f"{v:.3f}" for k, v in avg.items() if k in ("loss", "acc")})
-                    self._log({"step": step, "time": round(time.time() - t0, 1), "lr": lr, **avg})
-                if step % cfg.eval_every == 0 or step == cfg.steps:
-                    if dist_env.is_main:
-                        metrics = self.task.evaluate(model, device, autocast)
-                        self._log({"step": step, "time": round(time.time() - t0, 1), "eval": metrics})
-                        self._say(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
-                        score = metrics[self.task.select_metric]
-                        if score > best:
-                            self._check_finite(model, step, device, autocast, micro)
-                            best, best_metrics = score, metrics
-                            info = self._info(device, step, metrics)
-                            replace_folder(self.out / "best", partial(self._save, model=model, info=info))
-                        save_state(step)
-                    dist_env.barrier()
-                    last_save = time.time()
-                elif dist_env.any(time.time() - last_save > cfg.save_every_seconds):
-                    save_state(step)
-                    last_save = time.time()
+                if run.step % cfg.log_every == 0 or run.step == cfg.steps:
+                    self._log_interval(run, bar)
+                if run.step % cfg.eval_every == 0 or run.step == cfg.steps:
+                    self._evaluate_and_checkpoint(run)
+                elif self._agreed(run, time.time() - run.last_save > cfg.save_every_seconds):
+                    self._save_last(run)
+                    run.last_save = time.time()
         finally:
             bar.close()
             for s, h in old_handlers.items():
                 signal.signal(s, h)
-        save_state(step)
-        dist_env.barrier()
-        if dist_env.any(self._stop):
-            self._say(f"stopped at step {step}; state saved in {last_dir} (continue with --resume)")
-        return {"step": step, "best": best, "best_metrics": best_metrics, "out": str(self.out),
-                "finished": step >= cfg.steps, "world_size": dist_env.world}
+        self._save_last(run)
+        env.barrier()
+        if env.any(self._stop):
+            self._say(f"stopped at step {run.step}; state saved in {self.out / 'last'} (continue with --resume)")
+        return {"step": run.step, "best": run.best, "best_metrics": run.best_metrics, "out": str(self.out),
+                "finished": run.step >= cfg.steps, "world_size": env.world}
+
+    def _agreed(self, run: _Run, flag: bool) -> bool:
+        """A decision every process takes together (stop, save on the clock): one process reads its flag at every
+        step; a process group agrees on it (one all-reduce) at logging intervals only."""
+        if run.env.world == 1:
+            return flag
+        return run.env.any(flag) if run.step % self.cfg.log_every == 0 else False
+
+    # ------------------------------------------------------------------------------------------------ resume
+
+    def _start(self, env: DistEnv) -> _Run:
+        """The model and optimizer, from last/ when resuming (with the schedule ledger), wrapped for the run."""
+        cfg, device = self.cfg, env.device
+        torch.manual_seed(cfg.seed)
+        model = self.task.build_model().to(device)
+        self.model = model  # the trained module (this process's replica), for callers that inspect it
+        opt = make_optimizer(model, cfg)
+        self._saved_step = self._checked_step = None
+        progress = self._resume(model, opt)
+        if self.init_from and progress["step"] == 0:
+            self._start_from(model, Path(self.init_from))
+        micro = env.world * cfg.accum_steps
+        if cfg.batch_size % micro:
+            raise ValueError(f"global batch {cfg.batch_size} is not divisible by processes x accum-steps = {micro}")
+        net = env.wrap(model)
+        # fp16 needs loss scaling; bf16 and fp32 do not
+        scaler = torch.amp.GradScaler(device.type, enabled=self._amp_dtype(device) == torch.float16)
+        run = _Run(env, model, opt, torch.compile(net) if cfg.compile else net, scaler, self._autocast(device),
+                   micro, step=progress["step"], best=progress["best"], best_metrics=progress["best_metrics"],
+                   t0=time.time() - progress["elapsed"], last_save=time.time())
+        self._say(f"training {self.task.name} on {describe(device)} x {env.world} process(es): "
+                  f"{sum(p.numel() for p in model.parameters()):,} parameters, {cfg.steps} steps, global batch "
+                  f"{cfg.batch_size} ({cfg.batch_size // micro} per process and micro-step, {cfg.accum_steps} "
+                  f"accumulation steps), lr {cfg.lr:g}, amp={cfg.amp}")
+        return run
+
+    def _resume(self, model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict[str, Any]:
+        """Load last/ into model and optimizer when resuming and set the schedule ledger; the progress to go on
+        from (step 0 for a new run)."""
+        cfg, last_dir = self.cfg, self.out / "last"
+        self._schedule = [{"from_step": 0, "steps": segment_budget(self.plan, 0) if self.plan else cfg.steps}]
+        fresh = {"step": 0, "best": -math.inf, "best_metrics": {}, "elapsed": 0.0}
+        if not (last_dir / "trainer.json").is_file():
+            if self.resume:
+                self._say(f"nothing to resume in {self.out} (no {last_dir / 'trainer.json'}): starting a new run")
+            return fresh
+        if not self.resume:
+            raise ValueError(f"{self.out} already holds a training run; pass --resume to continue it "
+                             "or choose another --out")
+        # the state is global (replicas are identical), so any number of processes can resume it
+        check_run(last_dir, self.task.name, self.recipe_name)
+        progress = {**fresh, **load_training_state(last_dir, model, opt)}
+        start = progress["step"]
+        self._saved_step = start
+        if cfg.steps < start:
+            raise ValueError(f"the run in {self.out} is at step {start}; --steps {cfg.steps} would end it before "
+                             "that (give at least the steps it has done)")
+        self._say(f"resumed from {last_dir} at step {start} (best {self.task.select_metric} = {progress['best']})")
+        self._schedule = (check_schedule(progress["schedule"], str(last_dir / "trainer.json"))
+                          if progress.get("schedule") else
+                          [{"from_step": 0, "steps": progress.get("saved_steps") or cfg.steps}])
+        before = self._schedule[-1]["steps"]
+        if self.plan:
+            for boundary in sorted({p["from_step"] for p in self._schedule + self.plan if p["from_step"] < start}):
+                had, planned = segment_budget(self._schedule, boundary), segment_budget(self.plan, boundary)
+                if had != planned:
+                    raise ValueError(f"the run in {self.out} followed a cosine over {had} steps at step "
+                                     f"{boundary}, the planned schedule says {planned}; it cannot be replayed")
+        elif before != cfg.steps:
+            self._schedule.append({"from_step": start, "steps": cfg.steps})
+            self._say(f"schedule changed at step {start}: {before} -> {cfg.steps} steps "
+                      f"(lr {lr_at(start, cfg, before):.3g} -> {lr_at(start, cfg):.3g})")
+        return progress
 
     def _start_from(self, model: torch.nn.Module, directory: Path) -> None:
         """Load another checkpoint's weights (same shapes) into a new run's model; a time network trained dead
@@ -458,20 +403,119 @@ class Trainer:
         self._say(f"weights from {directory}" + ("; its dead time network revived (L1 re-initialised)"
                                                   if revived else ""))
 
-    def _check_finite(self, model: torch.nn.Module, step: int, device: torch.device, autocast: Any,
-                      micro: int) -> None:
-        """Before any save: the weights are finite and give a finite loss on the next batch. A step can leave
-        weights finite but useless (1e30 after lr=1e30); only the next forward pass shows it, so it runs here
-        (eval mode, no gradient, the random state untouched: the run goes on exactly as without it)."""
+    # ------------------------------------------------------------------------------------------------ a step
+
+    def _lr(self, step: int) -> float:
+        """The learning rate of a step under the schedule it follows (a planned segment starting here enters the
+        ledger)."""
+        budget = segment_budget(self.plan or self._schedule, step)  # a resume without a plan: its record
+        if budget != self._schedule[-1]["steps"]:  # a planned segment starts here
+            self._schedule.append({"from_step": step, "steps": budget})
+            self._say(f"planned schedule: from step {step} a cosine over {budget} steps "
+                      f"(lr {lr_at(step, self.cfg, self._schedule[-2]['steps']):.3g} -> "
+                      f"{lr_at(step, self.cfg, budget):.3g})")
+        return lr_at(step, self.cfg, budget)
+
+    def _train_step(self, run: _Run) -> None:
+        """One optimizer update on the global batch of run.step: this process's micro-batches, each weighted by
+        its share of the supervised units, gradients accumulated, clipped, applied. Nothing is read back to the
+        host here: the loss and logged values are summed on the device for the next log line."""
+        cfg, env, task = self.cfg, run.env, self.task
+        run.lr = self._lr(run.step)
+        for group in run.opt.param_groups:
+            group["lr"] = run.lr
+        run.model.train()
+        pieces = split_batch(task.batch(run.step, cfg.batch_size, cfg.seed, run.device), run.micro)
+        weights = [task.loss_weight(p) for p in pieces]
+        total = sum(weights)
+        run.opt.zero_grad(set_to_none=True)
+        mine = range(env.rank * cfg.accum_steps, (env.rank + 1) * cfg.accum_steps)
+        for j, i in enumerate(mine):
+            with env.maybe_no_sync(run.step_model, j == cfg.accum_steps - 1), run.autocast():
+                loss, logs = task.loss(run.step_model, pieces[i])
+            # weighted so that micro-batches and processes add up to the mean over the global batch;
+            # DDP averages gradients over processes, hence the factor world
+            share = weights[i] / total
+            run.scaler.scale(loss * (share * env.world)).backward()
+            self._accumulate(run, {"loss": loss, **logs}, share)
+        run.scaler.unscale_(run.opt)
+        grad_norm = torch.nn.utils.clip_grad_norm_(run.model.parameters(), cfg.clip if cfg.clip > 0 else 1e9)
+        run.scaler.step(run.opt)
+        run.scaler.update()
+        self._accumulate(run, {"grad_norm": grad_norm}, 1.0 / env.world)  # the same on every process
+        run.step += 1
+        run.count += 1
+
+    @staticmethod
+    def _accumulate(run: _Run, values: dict[str, torch.Tensor | float], weight: torch.Tensor | float) -> None:
+        dtype = torch.float32 if run.device.type == "mps" else torch.float64
+        for k, v in values.items():
+            v = torch.as_tensor(v).detach().to(run.device, dtype) * weight
+            run.sums[k] = run.sums[k] + v if k in run.sums else v
+
+    def _log_interval(self, run: _Run, bar: Any) -> None:
+        """The means since the last log line (one all-reduce, one read to the host): metrics.jsonl and the
+        progress bar; a loss that stopped being finite ends the run here (nothing of it is saved)."""
+        keys = sorted(run.sums)
+        means = dict(zip(keys, (run.env.sum(torch.stack([run.sums[k] for k in keys])) / run.count).tolist()))
+        run.sums, run.count = {}, 0
+        if not math.isfinite(means.get("loss", 0.0)):
+            raise self._diverged(run.step, f"the loss became {means['loss']}")
+        if run.env.is_main:
+            bar.set_postfix({k: f"{v:.3f}" for k, v in means.items() if k in ("loss", "acc")})
+            self._log({"step": run.step, "time": round(time.time() - run.t0, 1), "lr": run.lr,
+                       **{k: means[k] for k in ("loss", *sorted(set(keys) - {"loss", "grad_norm"}), "grad_norm")}})
+
+    # ------------------------------------------------------------------------------------------------ checkpoints
+
+    def _evaluate_and_checkpoint(self, run: _Run) -> None:
+        """Evaluate (main process); a new best goes to best/, the state to last/."""
+        if run.env.is_main:
+            metrics = self.task.evaluate(run.model, run.device, run.autocast)
+            self._log({"step": run.step, "time": round(time.time() - run.t0, 1), "eval": metrics})
+            self._say(f"step {run.step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+            score = metrics[self.task.select_metric]
+            if score > run.best:
+                self._check_finite(run)
+                run.best, run.best_metrics = score, metrics
+                info = self._info(run.device, run.step, metrics)
+                replace_folder(self.out / "best", partial(self._save, model=run.model, info=info))
+            self._save_last(run)
+        run.env.barrier()
+        run.last_save = time.time()
+
+    def _save_last(self, run: _Run) -> None:
+        """The training state (weights, optimizer, RNG, progress) to last/, from the main process, once the
+        weights passed _check_finite."""
+        if not run.env.is_main:
+            return
+        self._check_finite(run)
+        progress = {"step": run.step, "best": run.best, "best_metrics": run.best_metrics,
+                    "elapsed": time.time() - run.t0, "world_size": run.env.world, "schedule": self._schedule}
+        save_training_state(self.out / "last", run.model, run.opt, progress,
+                            self._info(run.device, run.step, run.best_metrics), self._save)
+        self._saved_step = run.step
+
+    def _check_finite(self, run: _Run) -> None:
+        """Before any save: the losses since the last log line were finite, and the weights are finite and give a
+        finite loss on the next batch. A step can leave weights finite but useless (1e30 after lr=1e30); only the
+        next forward pass shows it, so it runs here (eval mode, no gradient, the random state untouched: the run
+        goes on exactly as without it)."""
+        step, model = run.step, run.model
         if step == self._checked_step:  # best/ and last/ saved at one evaluation: checked once
             return
+        # a save between log lines reads the pending loss sum (one host sync per save): a non-finite loss whose
+        # step left the weights finite (fp16 loss scaling skips such a step) ends the run here, not at the log
+        pending = run.sums.get("loss")
+        if pending is not None and not bool(torch.isfinite(pending)):
+            raise self._diverged(step, f"the loss became {float(pending) / run.count}")
         bad = [name for name, p in model.named_parameters() if not bool(p.isfinite().all())]
         if bad:
             raise self._diverged(step, f"non-finite weights after the optimizer step ({', '.join(bad[:3])})")
-        batch = split_batch(self.task.batch(step, self.cfg.batch_size, self.cfg.seed, device), micro)[0]
+        batch = split_batch(self.task.batch(step, self.cfg.batch_size, self.cfg.seed, run.device), run.micro)[0]
         was_training = model.training
-        devices = [device.index or 0] if device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices), torch.no_grad(), autocast():
+        devices = [run.device.index or 0] if run.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices), torch.no_grad(), run.autocast():
             model.eval()
             try:
                 loss, _ = self.task.loss(model, batch)
@@ -488,17 +532,33 @@ class Trainer:
         return DivergedError(f"training diverged at step {step}: {what}; nothing of it was saved, {kept}; "
                              "resume with --resume and a smaller train.lr")
 
-    def _weight(self, batch: dict[str, torch.Tensor]) -> float:
-        """How many supervised units a micro-batch holds (tasks may say; default: its rows)."""
-        weigh = getattr(self.task, "loss_weight", None)
-        return float(weigh(batch)) if weigh else float(len(next(iter(batch.values()))))
-
     def _save(self, directory: Path, model: torch.nn.Module, info: dict[str, Any]) -> None:
-        save = getattr(self.task, "save", None)  # (directory, model, info) for tasks with their own module kind
-        if save:
-            save(directory, model, info)
-        else:
-            save_checkpoint(directory, model, info)
+        self.task.save(directory, model, info)
+
+    # ------------------------------------------------------------------------------------------------ helpers
+
+    def _amp_dtype(self, device: torch.device) -> torch.dtype | None:
+        if self.cfg.amp == "off":
+            return None
+        return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.cfg.amp) or autocast_dtype(device)
+
+    def _autocast(self, device: torch.device) -> Callable[[], Any]:
+        dtype = self._amp_dtype(device)
+        if dtype is None:
+            return contextlib.nullcontext
+        return lambda: torch.autocast(device_type=device.type, dtype=dtype)
+
+    def _log(self, record: dict[str, Any]) -> None:
+        with open(self.out / "metrics.jsonl", "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def _info(self, device: torch.device, step: int, metrics: dict[str, float] | None) -> dict[str, Any]:
+        return {"task": self.task.name, "recipe": self.recipe_name, "train": asdict(self.cfg),
+                "data": self.task.describe(), "trained_iterations": getattr(self.task.model_config(), "iters", None),
+                "steps": step, "schedule": self._schedule, "device": describe(device), "metrics": metrics or {}}
+
+    def _handle_signal(self, signum: int, frame: Any) -> None:
+        self._stop = True
 
     def _say(self, message: str) -> None:
         if not self.quiet:

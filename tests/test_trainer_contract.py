@@ -1,0 +1,108 @@
+"""The trainer's contract with a task (hyperset.training.task.Task) and its logging: values stay on the device
+between log lines and are averaged there; a loss that stops being finite ends the run before anything of it is
+saved."""
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from hyperset.training.task import Task
+from hyperset.training.trainer import DivergedError, TrainConfig, Trainer
+
+
+@dataclass
+class Line:
+    """A one-parameter regression: y = 3x, examples drawn with the shared epoch order."""
+
+    name: str = "line"
+    select_metric: str = "neg_err"
+    n: int = 40
+    poison_at: int = -1  # from this step on the loss is NaN
+    nan_once_at: int = -1  # this step's loss alone is NaN, its gradient finite (as a step fp16 loss scaling skips)
+    losses: list = field(default_factory=list)
+
+
+class LineTask(Line, Task):
+    def model_config(self):
+        return {"dim": 1}
+
+    def build_model(self):
+        return torch.nn.Linear(1, 1, bias=False)
+
+    def train_size(self):
+        return self.n
+
+    def batch(self, step, batch_size, seed, device):
+        x = torch.from_numpy(self.batch_indices(step, batch_size, seed).astype(np.float32))[:, None] / self.n
+        return {"x": x.to(device), "y": (3 * x).to(device), "step": torch.full((batch_size,), step)}
+
+    def loss(self, model, batch):
+        loss = (model(batch["x"]) - batch["y"]).pow(2).mean()
+        if 0 <= self.poison_at <= int(batch["step"][0]):
+            loss = loss * float("nan")
+        if int(batch["step"][0]) == self.nan_once_at:
+            loss = loss + float("nan")
+        self.losses.append(loss.detach())
+        assert not isinstance(loss, float)
+        return loss, {"twice": 2 * loss.detach()}
+
+    def evaluate(self, model, device, autocast):
+        return {"neg_err": -abs(float(model.weight.detach()) - 3.0)}
+
+    def save(self, directory, model, info):
+        directory.mkdir(parents=True, exist_ok=True)
+        torch.save(model.state_dict(), directory / "w.pt")
+        (directory / "config.json").write_text(json.dumps({"model": {}, **info}))
+
+
+def _cfg(**kw):
+    base = dict(steps=7, batch_size=4, lr=0.1, warmup_steps=0, amp="off", eval_every=100, log_every=3,
+                save_every_seconds=1e9, threads=1)
+    return TrainConfig(**{**base, **kw})
+
+
+def test_a_task_must_give_every_required_hook_and_gets_the_optional_ones():
+    class Partial(Task):
+        name, select_metric = "p", "m"
+
+        def model_config(self):
+            return None
+
+    with pytest.raises(TypeError, match="abstract"):
+        Partial()
+    task = LineTask()
+    assert task.loss_weight({"x": torch.zeros(5, 1)}) == 5.0 and task.describe() == {}
+    assert task.batch_indices(3, 4, 0).tolist() == task.batch_indices(3, 4, 0).tolist()
+
+
+def test_log_lines_are_means_over_their_interval(tmp_path: Path):
+    task = LineTask()
+    result = Trainer(task, _cfg(), tmp_path, device="cpu", quiet=True).fit()
+    assert result["finished"] and result["step"] == 7
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    train = [x for x in lines if "loss" in x]
+    assert [x["step"] for x in train] == [3, 6, 7]
+    # the losses of the training steps (the last one is _check_finite's look at the next batch before a save)
+    steps = [float(v) for v in task.losses[:7]]
+    for line, (a, b) in zip(train, [(0, 3), (3, 6), (6, 7)]):
+        assert line["loss"] == pytest.approx(np.mean(steps[a:b]), rel=1e-6)
+        assert line["twice"] == pytest.approx(2 * line["loss"], rel=1e-6)
+        assert set(line) == {"step", "time", "lr", "loss", "twice", "grad_norm"}
+
+
+def test_a_nan_loss_ends_the_run_at_the_next_log_line_before_any_save(tmp_path: Path):
+    with pytest.raises(DivergedError, match=r"diverged at step 3: the loss became nan; .*no state was saved yet"):
+        Trainer(LineTask(poison_at=1), _cfg(), tmp_path, device="cpu", quiet=True).fit()
+    assert not (tmp_path / "last").exists() and not (tmp_path / "best").exists()
+
+
+def test_a_nan_loss_between_log_lines_ends_the_run_at_a_save_even_if_the_weights_stayed_finite(tmp_path: Path):
+    # the evaluation at step 2 comes before the log line at step 3; the weights and the next batch's loss are
+    # finite, but step 2's loss was not: nothing is saved
+    with pytest.raises(DivergedError, match=r"diverged at step 2: the loss became nan; .*no state was saved yet"):
+        Trainer(LineTask(nan_once_at=1), _cfg(eval_every=2), tmp_path, device="cpu", quiet=True).fit()
+    assert not (tmp_path / "last").exists() and not (tmp_path / "best").exists()

@@ -1,0 +1,82 @@
+"""The contract between a task (Sudoku, classification, the two MIM stages) and the shared trainer.
+
+A task subclasses ``Task``: it must say what it trains (``model_config``), how big its training set is
+(``train_size``), what a batch is (``batch``), the loss and the evaluation. The optional hooks have defaults here:
+the module built from the config (``build_model``), the order of examples (``batch_indices``), the weight of a
+micro-batch (``loss_weight``), how a checkpoint is written (``save``) and what the run records about the data
+(``describe``). The trainer calls every hook directly; it never looks one up.
+"""
+
+from __future__ import annotations
+
+import abc
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from hyperset.checkpoint import save_checkpoint
+from hyperset.models import HyperSETModel
+
+from .epochs import epoch_indices
+
+Batch = dict[str, torch.Tensor]
+
+
+class Task(abc.ABC):
+    """What the trainer needs from a task.
+
+    Attributes: ``name`` (recorded in checkpoints; a resume must match it) and ``select_metric`` (a key of
+    ``evaluate``'s result, higher is better: the best checkpoint is chosen on it).
+    """
+
+    name: str
+    select_metric: str
+
+    # ------------------------------------------------------------------ required
+
+    @abc.abstractmethod
+    def model_config(self) -> Any:
+        """The config of the trained module (a ModelConfig, or the VQ tokenizer's VQConfig)."""
+
+    @abc.abstractmethod
+    def train_size(self) -> int:
+        """How many training examples ``batch_indices`` draws from."""
+
+    @abc.abstractmethod
+    def batch(self, step: int, batch_size: int, seed: int, device: torch.device) -> Batch:
+        """The global batch of optimizer step ``step``: a pure function of (seed, step), so that a resumed run
+        replays it. Every tensor's first dimension is the example (the trainer splits batches along it)."""
+
+    @abc.abstractmethod
+    def loss(self, model: torch.nn.Module, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor | float]]:
+        """(the loss to minimise, logged values): mean over the batch's supervised units. Logged values stay
+        tensors on the device (detached): the trainer averages them and reads them only at logging intervals."""
+
+    @abc.abstractmethod
+    def evaluate(self, model: torch.nn.Module, device: torch.device, autocast: Any) -> dict[str, float]:
+        """Validation metrics, ``select_metric`` among them (``autocast()`` gives the run's mixed precision)."""
+
+    # ------------------------------------------------------------------ optional, with defaults
+
+    def build_model(self) -> torch.nn.Module:
+        """The module to train (default: a HyperSETModel of ``model_config``)."""
+        return HyperSETModel(self.model_config())
+
+    def batch_indices(self, step: int, batch_size: int, seed: int) -> np.ndarray:
+        """The training examples of step ``step`` (default: seeded epoch permutations, ``epoch_indices``)."""
+        return epoch_indices(step, batch_size, self.train_size(), seed)
+
+    def loss_weight(self, batch: Batch) -> torch.Tensor | float:
+        """How many supervised units a (micro-)batch holds (default: its rows). Micro-batches are weighted by it,
+        so that accumulation and processes add up to the mean over the global batch."""
+        return float(len(next(iter(batch.values()))))
+
+    def save(self, directory: Path, model: torch.nn.Module, info: dict[str, Any]) -> None:
+        """Write a loadable checkpoint of ``model`` into ``directory`` (default: a Hyper-SET checkpoint)."""
+        save_checkpoint(directory, model, info)
+
+    def describe(self) -> dict[str, Any]:
+        """What the run records about its data and objective (config.json "data")."""
+        return {}
