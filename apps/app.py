@@ -22,11 +22,15 @@ Sudoku tab
     boards, so it runs on torch only.
 
 Reconstruction tab
-    A sample image (or an upload, resized to the tokenizer's input size) is tokenized; a share of the tokens
-    is masked at random (seeded) or where the user paints; the token model fills them in with MaskGIT decoding
-    and the tokenizer decodes the result. Original, masked input and reconstruction are shown side by side
-    (upscaled with nearest-neighbour) with PSNR and SSIM, plus the energies of the token model's last forward
-    pass per iteration.
+    A sample image (the default: the cat, the sample closest to the CIFAR-10 images the shipped models were
+    trained on; or an upload, resized to the tokenizer's input size) is tokenized; a share of the tokens is
+    masked at random (seeded; 40% by default) or where the user paints; the token model fills them in with
+    MaskGIT decoding and the tokenizer decodes the result. Four columns (upscaled with nearest-neighbour):
+    original, masked input, the tokenizer alone (the image encoded and decoded with no mask: the ceiling of any
+    token model) and the model's output, by default with the unmasked pixels pasted back from the original;
+    PSNR and SSIM of each. Above them, the token model's training budget and measured PSNR as its config.json
+    records them; below, the energies of the token model's last forward pass per iteration and what they show
+    (the step sizes' signs of that pass).
 """
 
 from __future__ import annotations
@@ -58,7 +62,9 @@ __all__ = [
     "InputError",
     "build_demo",
     "energy_figure",
+    "energy_note",
     "grid_to_puzzle",
+    "mim_training_note",
     "puzzle_to_grid",
     "render_board",
 ]
@@ -79,6 +85,8 @@ PLOT_COST_GUESS = 0.05  # seconds a plot is taken to cost before the first one i
 SEND_SHARE = 0.25  # ...and send an update while the consumer (Gradio) takes at most this share to pass them on
 DISPLAY_SIDE = 256  # images are shown upscaled to about this many pixels
 DRAW_THRESHOLD = 0.25  # a token is masked when this share of its pixels is painted
+DEFAULT_SAMPLE = "chelsea"  # the cat: of the shipped samples, the closest to CIFAR-10 (a CIFAR class, close-up)
+DEFAULT_MASK_RATIO = 0.4  # the share of tokens the random mask hides by default (the training maximum)
 STRATEGIES = ("single", "commit", "auto")
 ENERGY_LABELS = {"attn": "E_ATTN", "ff": "E_FF"}
 
@@ -261,6 +269,116 @@ def energy_figure(passes: Sequence[dict[str, Sequence[float]]], trained: int, x_
         ax.legend(fontsize=8, loc="best")
     fig.suptitle(title or "Energy per iteration (dashed: the depth the model was trained with)", fontsize=10)
     return fig
+
+
+# ----------------------------------------------------------------------------------------------------------
+# reconstruction: what the token model's config.json records, and what the energy plot shows
+
+
+def _count(value: Any) -> int | None:
+    """A positive whole number from a config value, else None (missing, null, a string, a bool, zero)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        return None
+    return int(value)
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def mim_training_note(info: dict[str, Any] | None, parameters: int | None = None,
+                      trained_iters: int | None = None) -> str:
+    """The token model's training budget and measured PSNR, as its checkpoint's config.json records them (``info``:
+    the dict ``load_mim`` keeps as ``MIMPipeline.info``), in one Markdown paragraph. Every fact is read at run
+    time and is optional: a field the file lacks is left out, never guessed; with none, the note says so."""
+    info = info if isinstance(info, dict) else {}
+    section = lambda key: info.get(key) if isinstance(info.get(key), dict) else {}  # noqa: E731
+    train, data = section("train"), section("data")
+    model = [f"{parameters / 1e6:.2f} M parameters" if parameters else "",
+             f"trained depth {trained_iters}" if trained_iters else ""]
+    facts = []
+    steps, planned, batch = _count(info.get("steps")), _count(train.get("steps")), _count(train.get("batch_size"))
+    train_images = _count(data.get("train_images"))
+    source = str(data.get("source") or "").split(" (")[0]
+    if steps:
+        budget = f"trained for {steps:,} steps"
+        if batch:
+            budget += f" of {batch} images ({steps * batch:,} images seen"
+            if train_images:
+                budget += f": {steps * batch / train_images:.1f} epochs of {train_images:,}"
+                budget += f" {source} images)" if source else " training images)"
+            else:
+                budget += ")"
+        if planned and planned > steps:
+            budget += f", step {steps:,} of the {planned:,} its recipe plans (an early snapshot)"
+        facts.append(budget)
+    elif train_images:
+        facts.append(f"trained on {train_images:,} {source or 'training'} images")
+    if info.get("device"):
+        facts.append(f"on {info['device']}")
+    metrics = section("metrics")
+    evaluation = data.get("eval") if isinstance(data.get("eval"), dict) else {}
+    measured = []
+    for key in sorted(metrics):
+        value = _number(metrics[key])
+        name = str(key).split("/")[-1]
+        if value is None or not name.startswith("psnr"):
+            continue
+        where = f" with {name.split('@', 1)[1]}% of the tokens masked" if "@" in name else ""
+        measured.append(f"PSNR **{value:.2f} dB**{where}")
+    ceiling = _number(metrics.get("val/tokenizer_psnr"))
+    if measured and ceiling is not None:
+        measured.append(f"tokenizer alone {ceiling:.2f} dB")
+    text = "**Token model** (from its config.json): " + ", ".join(m for m in model if m)
+    text += ("; " if any(model) else "") + (", ".join(facts) if facts else "no training budget recorded") + "."
+    if measured:
+        n_eval, n_steps = _count(evaluation.get("images")), _count(evaluation.get("steps"))
+        on = [f"{n_eval:,} validation images" if n_eval else "validation images",
+              f"{n_steps} decoding steps" if n_steps else ""]
+        text += (f" Validation metrics it records ({', '.join(o for o in on if o)}): " + ", ".join(measured) +
+                 " (the model's raw output, nothing pasted back).")
+    else:
+        text += " No measured PSNR recorded."
+    return text
+
+
+def energy_note(energy: dict[str, Sequence[float]], step_sizes: dict[str, Sequence[float]] | None = None) -> str:
+    """What the reconstruction tab's energy plot shows, with this run's numbers: which energies, which forward
+    pass, the signs of the step sizes and whether E_ATTN and E_ATTN + E_FF fell (from the values, never assumed)."""
+    attn, ff = list(energy.get("attn") or []), list(energy.get("ff") or [])
+    if not attn:
+        return "This model defines no energy."
+    n = len(attn)
+    text = (f"**What the plot shows:** E_ATTN and E_FF as the paper defines them (normalization first, without the "
+            f"learned gains) after each of the {n} iterations of the token model's forward pass at the last decoding "
+            "step. Each iteration is an attention step x − α ∇E_ATTN, then a feedforward step x − γ ∇E_FF (eq. 8 and "
+            "10); α and γ are learned per token and channel with no sign constraint.")
+    alpha_neg = list((step_sizes or {}).get("alpha_negative") or [])
+    gamma_neg = list((step_sizes or {}).get("gamma_negative") or [])
+    if alpha_neg:
+        text += (f" In this pass {float(np.mean(alpha_neg)):.0%} of the α entries" +
+                 (f" and {float(np.mean(gamma_neg)):.0%} of the γ entries" if gamma_neg else "") +
+                 " are negative; where α < 0 the attention step climbs E_ATTN instead of descending it.")
+    if n > 1:
+        went = "rose" if attn[-1] > attn[0] else "fell"
+        text += f" Here E_ATTN {went} from {attn[0]:,.0f} (iteration 1) to {attn[-1]:,.0f} (iteration {n})"
+        if ff:
+            total = np.asarray(attn[:len(ff)], dtype=np.float64) + np.asarray(ff[:len(attn)], dtype=np.float64)
+            ups = int((np.diff(total) > 1e-5 * np.abs(total[:-1]).clip(min=1.0)).sum())
+            text += (", and E_ATTN + E_FF never rose" if not ups else
+                     f", and E_ATTN + E_FF rose at {ups} of {len(total) - 1} iterations")
+        text += "."
+    signed = list((step_sizes or {}).get("attn_step") or [])
+    unsigned = list((step_sizes or {}).get("attn_step_abs") or [])
+    if signed and unsigned:
+        up, up_abs = float(np.sum(signed)), float(np.sum(unsigned))
+        text += (f" The attention steps of this pass changed E_ATTN by {up:+,.0f} in all; each of them with |α| in "
+                 f"place of α (the same magnitudes) would have changed it by {up_abs:+,.0f} in all")
+        text += (": the rise comes from the negative α, a property of the trained step sizes." if up > 0 > up_abs
+                 else ".")
+    return text
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -695,11 +813,15 @@ class HyperSETApp:
             m = F.interpolate(m[None, None].float(), size=(s, s), mode="nearest")[0, 0] > 0.5
         return pixel_to_token_mask(m, g, threshold=DRAW_THRESHOLD)
 
-    def reconstruct(self, editor: Any, mask_mode: Any = "random", ratio: Any = 0.5, seed: Any = 0,
-                    iterations: Any = None, steps: Any = 24, temperature: Any = 1.0) -> tuple[Any, ...]:
-        """-> (original, masked, reconstruction) images, metrics text, energy plot, details."""
+    def reconstruct(self, editor: Any, mask_mode: Any = "random", ratio: Any = DEFAULT_MASK_RATIO, seed: Any = 0,
+                    iterations: Any = None, steps: Any = 24, temperature: Any = 1.0,
+                    paste_back: Any = True) -> tuple[Any, ...]:
+        """-> (original, masked input, tokenizer only, model output) images, metrics text, energy plot, what the
+        plot shows, details. The tokenizer-only image is the original encoded and decoded with no mask (the
+        ceiling of any token model); with ``paste_back`` the model output's unmasked pixels are the original's."""
         from hyperset.vision.maskgit import mask_by_ratio
         from hyperset.vision.metrics import psnr, ssim
+        from hyperset.vision.reconstruct import paste_unmasked
 
         t0 = time.perf_counter()
         try:
@@ -724,35 +846,53 @@ class HyperSETApp:
                 raise InputError("the mask covers no token: raise the ratio or paint a larger area")
         except InputError as err:
             _toast(str(err))
-            return gr.skip(), gr.skip(), gr.skip(), _error_md(str(err)), gr.skip(), {"error": str(err)}
+            return (*(gr.skip(),) * 4, _error_md(str(err)), gr.skip(), gr.skip(), {"error": str(err)})
+        paste = paste_back is None or bool(paste_back)
         result = self.mim.reconstruct(image, mask[None], iters=iters, steps=n_steps, temperature=temp,
                                       generator=torch.Generator().manual_seed(seed_v))
-        recon = result.images.float().clamp(0, 1)
-        p = float(psnr(recon, image, max_db=100.0)[0])
-        q = float(ssim(recon, image)[0])
-        ceiling = float(psnr(result.tokenizer_images.float().clamp(0, 1), image, max_db=100.0)[0])
+        raw = result.images.float().clamp(0, 1)
+        shown = paste_unmasked(raw, image, result.mask) if paste else raw
+        tokenizer_only = result.tokenizer_images.float().clamp(0, 1)
+        s = self.mim.image_size
+        hidden = F.interpolate(result.mask[:, None].float(), size=(s, s), mode="nearest").bool().expand_as(image)
+
+        def masked_psnr(x: torch.Tensor) -> float:
+            mse = float((x - image).pow(2)[hidden].mean())
+            return min(100.0, 10 * math.log10(1.0 / mse)) if mse > 0 else 100.0
+
+        p_shown, q_shown = float(psnr(shown, image, max_db=100.0)[0]), float(ssim(shown, image)[0])
+        p_raw = float(psnr(raw, image, max_db=100.0)[0])
+        p_tok, q_tok = float(psnr(tokenizer_only, image, max_db=100.0)[0]), float(ssim(tokenizer_only, image)[0])
+        p_hidden, p_tok_hidden = masked_psnr(raw), masked_psnr(tokenizer_only)
         n_masked, n_tokens = int(mask.sum()), mask.numel()
         seconds = time.perf_counter() - t0
-        metrics = (f"**PSNR {p:.2f} dB · SSIM {q:.3f}** (reconstruction vs original, "
-                   f"{self.mim.image_size}x{self.mim.image_size} px) · {n_masked}/{n_tokens} tokens masked · "
-                   f"{iters} iterations (trained {trained}), {n_steps} decoding steps, temperature {temp:g} · "
-                   f"tokenizer alone: PSNR {ceiling:.2f} dB · {seconds:.2f} s")
-        details = {"psnr": round(p, 4), "ssim": round(q, 5), "tokenizer_psnr": round(ceiling, 4),
-                   "masked_tokens": n_masked, "tokens": n_tokens, "iterations": iters, "trained_depth": trained,
-                   "steps": n_steps, "temperature": temp, "seed": seed_v, "image_size": self.mim.image_size,
-                   "energy": result.energy, "seconds": round(seconds, 3)}
+        how = "unmasked pixels pasted back from the original" if paste else "the raw output, nothing pasted back"
+        metrics = (f"**Model: PSNR {p_shown:.2f} dB · SSIM {q_shown:.3f}** ({how}; raw output {p_raw:.2f} dB) · "
+                   f"**tokenizer only: PSNR {p_tok:.2f} dB · SSIM {q_tok:.3f}** (no mask: the ceiling of the raw "
+                   f"output) · on the masked pixels alone: model {p_hidden:.2f} dB, tokenizer only "
+                   f"{p_tok_hidden:.2f} dB · {n_masked}/{n_tokens} tokens masked · {iters} iterations (trained "
+                   f"{trained}), {n_steps} decoding steps, temperature {temp:g} · {s}x{s} px · {seconds:.2f} s")
+        details = {"psnr": round(p_shown, 4), "ssim": round(q_shown, 5), "paste_back": paste,
+                   "raw_psnr": round(p_raw, 4), "masked_pixels_psnr": round(p_hidden, 4),
+                   "tokenizer_psnr": round(p_tok, 4), "tokenizer_ssim": round(q_tok, 5),
+                   "tokenizer_masked_pixels_psnr": round(p_tok_hidden, 4), "masked_tokens": n_masked,
+                   "tokens": n_tokens, "iterations": iters, "trained_depth": trained, "steps": n_steps,
+                   "temperature": temp, "seed": seed_v, "image_size": s, "energy": result.energy,
+                   "step_sizes": result.step_sizes, "seconds": round(seconds, 3)}
         plot = energy_figure([result.energy], trained, x_max=iters,
-                             title="Energy per iteration of the token model at the last decoding step")
-        return (_to_display(image), _to_display(result.masked_images.float()), _to_display(recon), metrics, plot,
-                details)
+                             title="Token model's last forward pass: energies after each iteration")
+        return (_to_display(image), _to_display(result.masked_images.float()), _to_display(tokenizer_only),
+                _to_display(shown), metrics, plot, energy_note(result.energy, result.step_sizes), details)
 
     # ---- layout -------------------------------------------------------------------------------------------
 
     def header(self) -> str:
         parts = ["# Hyper-SET\nTransformers designed as **hyperspherical energy minimization** (ICLR 2026): every "
-                 "iteration of the shared layer is a step that lowers an attention energy E_ATTN and a "
-                 "feed-forward energy E_FF. Run it for more iterations than it was trained with and watch "
-                 "the energies and the answer."]
+                 "iteration of the shared layer is a gradient step on an attention energy E_ATTN, then one on a "
+                 "feed-forward energy E_FF, with learned step sizes. The step sizes have no sign constraint: "
+                 "where one is negative, its step climbs the energy, so a trained model's energies need not fall "
+                 "at every iteration. Run it for more iterations than it was trained with and watch the energies "
+                 "and the answer."]
         if self.solver is not None:
             n = sum(p.numel() for p in self.solver.model.parameters())
             parts.append(f"Sudoku model: {n / 1e3:.0f}k parameters, trained depth {self.trained_iters}, "
@@ -848,11 +988,15 @@ class HyperSETApp:
             return
         trained, s = self.mim_trained_iters, self.mim.image_size
         names = list(self.samples)
-        first = self.editor_value(self.samples[names[0]]) if names else None
+        default = DEFAULT_SAMPLE if DEFAULT_SAMPLE in self.samples else (names[0] if names else None)
+        first = self.editor_value(self.samples[default]) if default else None
+        n_params = sum(p.numel() for p in self.mim.model.parameters())
+        gr.Markdown(mim_training_note(getattr(self.mim, "info", None), n_params, trained), elem_id="mim-training")
         with gr.Row(equal_height=False):
-            with gr.Column(scale=4):
-                sample = gr.Dropdown(names, value=names[0] if names else None, label="Sample image",
-                                     elem_id="mim-sample")
+            with gr.Column(scale=3):
+                sample = gr.Dropdown(names, value=default, elem_id="mim-sample",
+                                     label=f"Sample image ({s}x{s}; the default, a cat, is the closest to the CIFAR-10 "
+                                           "images the models were trained on)")
                 upload = gr.Image(type="filepath", sources=["upload", "clipboard"], height=120,
                                   label=f"...or upload an image (centre square resized to {s}x{s})",
                                   elem_id="mim-upload")
@@ -865,27 +1009,37 @@ class HyperSETApp:
                     limit_pixels(image_input)  # a picture too large is refused from its header, before decoding
                 mask_mode = gr.Radio(["random", "drawn"], value="random", label="Mask", elem_id="mim-mask-mode",
                                      info="random: a share of the tokens (seeded) · drawn: the tokens you paint")
-                ratio = gr.Slider(0.05, 1.0, value=0.5, step=0.05, label="Masked share of tokens (random mask)")
+                ratio = gr.Slider(0.05, 1.0, value=DEFAULT_MASK_RATIO, step=0.05,
+                                  label="Masked share of tokens (random mask)")
                 seed = gr.Number(value=0, precision=0, minimum=0, label="Seed (mask and sampling)")
+                paste_back = gr.Checkbox(value=True, elem_id="mim-paste-back",
+                                         label="Paste the unmasked pixels back into the model's output (then only "
+                                               "the masked tokens' pixels are the model's)")
                 iters = gr.Slider(1, MAX_ITER_FACTOR * trained, value=trained, step=1,
                                   label=f"Token-model iterations (trained depth {trained}; up to {MAX_ITER_FACTOR}x)")
                 steps = gr.Slider(1, MAX_DECODE_STEPS, value=24, step=1, label="Decoding steps (MaskGIT; paper: 24)")
                 temperature = gr.Slider(0.0, 2.0, value=1.0, step=0.1, label="Sampling temperature (0 = argmax)")
                 recon_btn = gr.Button("Reconstruct", variant="primary", elem_id="reconstruct-btn")
-            with gr.Column(scale=6):
+            with gr.Column(scale=7):
                 with gr.Row():
                     original = gr.Image(label="Original", format="png", interactive=False, elem_id="mim-original")
-                    masked = gr.Image(label="Masked input", format="png", interactive=False)
-                    recon = gr.Image(label="Reconstructed", format="png", interactive=False, elem_id="mim-recon")
+                    masked = gr.Image(label="Masked input", format="png", interactive=False, elem_id="mim-masked")
+                    tokenizer = gr.Image(label="Tokenizer only", format="png", interactive=False,
+                                         elem_id="mim-tokenizer")
+                    recon = gr.Image(label="Model output", format="png", interactive=False, elem_id="mim-recon")
+                gr.Markdown("Tokenizer only: the original encoded and decoded with no mask, the best any token model "
+                            "can do. Model output: the masked tokens filled in by the token model (MaskGIT decoding), "
+                            "decoded by the same tokenizer.", elem_id="mim-columns")
                 metrics = gr.Markdown("Choose an image and a mask, then press **Reconstruct**.",
                                       elem_id="mim-metrics")
                 plot = gr.Plot(label="Energy per iteration", show_label=False, elem_id="mim-energy", format="png")
+                note = gr.Markdown("", elem_id="mim-energy-note")
                 with gr.Accordion("Details (JSON)", open=False):
                     details = gr.JSON(label="Last result")
         sample.change(self.sample_editor, [sample], [editor], api_name="sample", concurrency_limit=None)
         upload.upload(self.upload_image, [upload], [editor, metrics], api_name="upload", concurrency_limit=None)
-        recon_btn.click(self.reconstruct, [editor, mask_mode, ratio, seed, iters, steps, temperature],
-                        [original, masked, recon, metrics, plot, details], api_name="reconstruct",
+        recon_btn.click(self.reconstruct, [editor, mask_mode, ratio, seed, iters, steps, temperature, paste_back],
+                        [original, masked, tokenizer, recon, metrics, plot, note, details], api_name="reconstruct",
                         concurrency_id=MODEL_QUEUE)
 
 

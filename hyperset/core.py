@@ -67,14 +67,20 @@ class RecurrentCore(nn.Module):
         self.layers = nn.ModuleList(LAYER_TYPES[cfg.layer](cfg) for _ in range(cfg.n_layers))
         self.step_sizes = StepSizes(cfg) if cfg.layer == "hyperset" else None
 
+    def steps_at(self, x: Tensor, x0: Tensor, t: int | Tensor) -> tuple[Tensor, Tensor] | None:
+        """The step sizes (alpha_t, gamma_t) that `step` uses at iteration t from state x (each (B, N, d), or
+        scalars for fixed steps); None for layers without them. They carry no sign constraint unless
+        ``step_sign = "positive"``: where an entry is negative, that coordinate of the update moves up its energy's
+        gradient instead of down."""
+        if self.step_sizes is None:
+            return None
+        cond = x0 if self.cfg.step_cond == "x0" else x
+        t_value = t.to(torch.float32) if isinstance(t, Tensor) else torch.tensor(float(t), device=x.device)
+        return self.step_sizes(t_value, cond)
+
     def step(self, x: Tensor, x0: Tensor, t: int | Tensor, layer: nn.Module) -> Tensor:
         """One update of `layer` at iteration t (1-based): the step sizes from t and the condition, then the step."""
-        steps = None
-        if self.step_sizes is not None:
-            cond = x0 if self.cfg.step_cond == "x0" else x
-            t_value = t.to(torch.float32) if isinstance(t, Tensor) else torch.tensor(float(t), device=x.device)
-            steps = self.step_sizes(t_value, cond)
-        return layer.step(x, t, steps)
+        return layer.step(x, t, self.steps_at(x, x0, t))
 
     def iterate(self, x0: Tensor, iters: int | None = None, skip: int = 0,
                 detach_every: int = 0) -> Iterator[tuple[nn.Module, int, Tensor]]:

@@ -4,6 +4,7 @@ Tiny untrained models keep this fast; the shipped ones are not needed."""
 
 from __future__ import annotations
 
+import json
 import socket
 import warnings
 from pathlib import Path
@@ -14,13 +15,18 @@ import torch
 from PIL import Image
 
 from hyperset.apps.app import (
+    DEFAULT_MASK_RATIO,
+    DEFAULT_SAMPLE,
     EXAMPLES,
     MAX_ITER_FACTOR,
     MAX_TEXT_CHARS,
     HyperSETApp,
     InputError,
+    _to_display,
     build_demo,
+    energy_note,
     grid_to_puzzle,
+    mim_training_note,
     puzzle_to_grid,
     render_board,
 )
@@ -28,7 +34,7 @@ from hyperset.checkpoint import save_checkpoint
 from hyperset.config import preset_config
 from hyperset.models import HyperSETModel
 from hyperset.solve import Solver
-from hyperset.vision.reconstruct import MIMPipeline, Tokenizer
+from hyperset.vision.reconstruct import MIMPipeline, Tokenizer, default_model_dir
 from hyperset.vision.vq import VQConfig, VQTokenizer
 
 TRAINED = 3
@@ -195,13 +201,84 @@ def test_load_text_examples(app: HyperSETApp):
 
 def test_reconstruct_random_mask(app: HyperSETApp):
     editor = app.sample_editor(next(iter(app.samples)))
-    original, masked, recon, metrics, plot, details = app.reconstruct(editor, "random", 0.5, 3, 5, 6, 1.0)
-    for img in (original, masked, recon):
+    original, masked, tok, recon, metrics, plot, note, details = app.reconstruct(editor, "random", 0.5, 3, 5, 6, 1.0)
+    for img in (original, masked, tok, recon):
         assert img.shape == (256, 256, 3) and img.dtype == np.uint8
     assert np.isfinite(details["psnr"]) and np.isfinite(details["ssim"]) and "PSNR" in metrics
     assert details["masked_tokens"] == 32 and len(details["energy"]["attn"]) == 5
+    assert len(details["step_sizes"]["alpha_negative"]) == 5 and "What the plot shows" in note
     again = app.reconstruct(editor, "random", 0.5, 3, 5, 6, 1.0)  # seeded: the same result
-    assert np.array_equal(again[2], recon)
+    assert np.array_equal(again[3], recon)
+
+
+def _token_blocks(mask: torch.Tensor, side: int = 256) -> np.ndarray:
+    """A token mask (g, g) -> (side, side, 3) bool over the displayed pixels."""
+    scale = side // mask.shape[-1]
+    return np.repeat(np.repeat(mask.numpy(), scale, 0), scale, 1)[..., None].repeat(3, 2)
+
+
+def test_reconstruct_defaults_show_four_columns_the_ceiling_and_pasted_pixels(app: HyperSETApp):
+    """The default run: the default sample, 40% random mask, paste-back on. The tokenizer column is
+    decode(encode(x)) of the original; with paste-back every unmasked pixel is the original's, without it not."""
+    from hyperset.vision.maskgit import mask_by_ratio
+
+    assert DEFAULT_SAMPLE in app.samples
+    editor = app.sample_editor(DEFAULT_SAMPLE)
+    original, masked, tok, model, metrics, _, note, details = app.reconstruct(editor)
+    assert details["masked_tokens"] == round(DEFAULT_MASK_RATIO * 64) and details["paste_back"] is True
+    image = app._editor_image(editor)[0]
+    tokenizer = app.mim.tokenizer
+    assert np.array_equal(tok, _to_display(tokenizer.decode(tokenizer.encode(image))))
+    assert np.array_equal(original, _to_display(image))
+    mask = mask_by_ratio((1, 8, 8), DEFAULT_MASK_RATIO, generator=torch.Generator().manual_seed(0))[0]
+    shown = _token_blocks(mask)
+    assert np.array_equal(model[~shown], original[~shown])  # unmasked pixels: exactly the original's
+    assert not np.array_equal(model[shown], original[shown])  # the masked ones are the model's
+    raw = app.reconstruct(editor, paste_back=False)[3]
+    assert np.array_equal(raw[shown], model[shown])  # the same decoding either way
+    assert not np.array_equal(raw[~shown], original[~shown])  # the tokenizer's pixels, not the original's
+    assert "pasted back" in metrics and "tokenizer only" in metrics and "E_ATTN" in note
+
+
+def test_mim_training_note_reads_what_the_config_records():
+    info = {"steps": 1000, "device": "cpu (1 threads)", "train": {"steps": 8000, "batch_size": 64},
+            "data": {"train_images": 48000, "source": "cifar10 train (data/cifar10)",
+                     "eval": {"images": 128, "steps": 24}},
+            "metrics": {"val/psnr@40": 17.2643, "val/tokenizer_psnr": 25.3576, "val/token_acc@40": 0.04}}
+    note = mim_training_note(info, 214_432, 12)
+    for words in ("0.21 M parameters", "trained depth 12", "1,000 steps of 64 images", "64,000 images seen",
+                  "1.3 epochs of 48,000 cifar10 train images", "step 1,000 of the 8,000", "on cpu (1 threads)",
+                  "17.26 dB** with 40% of the tokens masked", "tokenizer alone 25.36 dB", "128 validation images",
+                  "24 decoding steps"):
+        assert words in note, (words, note)
+    finished = mim_training_note({**info, "steps": 8000, "metrics": {}})
+    assert "early snapshot" not in finished and "No measured PSNR recorded" in finished
+    assert "no training budget recorded" in mim_training_note({}) and "No measured" in mim_training_note(None)
+    odd = mim_training_note({"steps": "many", "train": [], "data": None, "metrics": {"val/psnr@40": None}})
+    assert "no training budget recorded" in odd and "No measured PSNR" in odd
+
+
+def test_mim_training_note_of_the_shipped_model_reads_its_config():
+    path = default_model_dir() / "config.json"
+    if not path.is_file():
+        pytest.skip("no shipped token model")
+    info = json.loads(path.read_text())
+    note = mim_training_note(info)
+    assert f"{info['steps']:,} steps" in note
+    psnr = {k: v for k, v in info.get("metrics", {}).items() if k.split("/")[-1].startswith("psnr")}
+    assert all(f"{v:.2f} dB" in note for v in psnr.values())
+
+
+def test_energy_note_states_what_the_values_show():
+    rising = energy_note({"attn": [10.0, 11.0, 12.0], "ff": [-1.0, -1.5, -2.0]},
+                         {"alpha_negative": [0.3, 0.2, 0.25], "gamma_negative": [0.3, 0.3, 0.3],
+                          "attn_step": [5.0, 1.0, 1.0], "attn_step_abs": [-5.0, -2.0, -1.0]})
+    assert "E_ATTN rose from 10 (iteration 1) to 12 (iteration 3)" in rising and "25% of the α entries" in rising
+    assert "rose at 2 of 2 iterations" in rising and "+7 in all" in rising and "-8 in all" in rising
+    assert "the rise comes from the negative α" in rising
+    falling = energy_note({"attn": [12.0, 11.0], "ff": [-1.0, -1.5]}, {})
+    assert "E_ATTN fell" in falling and "never rose" in falling and "negative α" not in falling
+    assert "no energy" in energy_note({})
 
 
 def test_reconstruct_drawn_mask_and_upload(app: HyperSETApp, tmp_path: Path):
@@ -212,14 +289,14 @@ def test_reconstruct_drawn_mask_and_upload(app: HyperSETApp, tmp_path: Path):
     layer = np.zeros((256, 256, 4), np.uint8)
     layer[:64, :96, 3] = 255  # two token rows x three token columns
     out = app.reconstruct(dict(editor, layers=[layer]), "drawn", 0.5, 0, 2, 4, 0.0)
-    assert out[2].shape == (256, 256, 3) and out[5]["masked_tokens"] == 6
-    assert "paint over" in app.reconstruct(editor, "drawn")[3]  # nothing painted
+    assert out[3].shape == (256, 256, 3) and out[7]["masked_tokens"] == 6
+    assert "paint over" in app.reconstruct(editor, "drawn")[4]  # nothing painted
 
 
 def test_reconstruct_bad_input_is_a_message(app: HyperSETApp, tmp_path: Path):
-    assert "choose a sample" in app.reconstruct(None, "random")[3]
+    assert "choose a sample" in app.reconstruct(None, "random")[4]
     editor = app.sample_editor(next(iter(app.samples)))
-    assert "iterations must be from" in app.reconstruct(editor, "random", 0.5, 0, 999)[3]
+    assert "iterations must be from" in app.reconstruct(editor, "random", 0.5, 0, 999)[4]
     bad = tmp_path / "not-an-image.png"
     bad.write_bytes(b"hello")
     assert "could not read" in app.upload_image(str(bad))[1]
@@ -280,8 +357,8 @@ def test_client_bad_input_and_reconstruction(served):
     editor = client.predict("coffee", api_name="/sample")
     value = {"background": handle_file(editor["background"]), "layers": [],
              "composite": handle_file(editor["composite"])}
-    original, masked, recon, metrics, plot, details = client.predict(value, "random", 0.5, 1, 4, 8, 1.0,
-                                                                     api_name="/reconstruct")
+    original, masked, tok, recon, metrics, plot, note, details = client.predict(value, "random", 0.5, 1, 4, 8, 1.0,
+                                                                                True, api_name="/reconstruct")
     with Image.open(recon) as im:
         assert im.size == (256, 256)
     assert np.isfinite(details["psnr"]) and "PSNR" in metrics

@@ -158,7 +158,7 @@ def test_solve_stop_and_reconstruct_in_chromium(url):
             page.mouse.up()
             page.get_by_label("drawn").check()
             page.locator("#reconstruct-btn").click()
-            page.locator("#mim-metrics").get_by_text("PSNR").wait_for()
+            page.locator("#mim-metrics").get_by_text("PSNR").first.wait_for()
             masked = int(re.search(r"(\d+)/(\d+) tokens masked", page.locator("#mim-metrics").inner_text()).group(1))
             assert 0 < masked < 32  # the stroke, not the whole image
             page.locator("#mim-recon img").first.wait_for()
@@ -168,6 +168,46 @@ def test_solve_stop_and_reconstruct_in_chromium(url):
         except Exception:
             if page is not None:  # keep what the page showed for the test report
                 _save(page, "failure.png")
+            raise
+        finally:
+            browser.close()
+
+
+def test_reconstruction_default_run_shows_four_columns_in_chromium(url):
+    """The reconstruction tab as it opens: press Reconstruct with the defaults (the default sample, a 40% random
+    mask, paste-back on) and the four image columns, the metrics, the energy plot and its note all render."""
+    url, _ = url
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS, headless=True)
+        page = None
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.set_default_timeout(TIMEOUT_MS)
+            page.goto(url)
+            page.get_by_role("tab", name="Reconstruction").click()
+            page.locator("#reconstruct-btn").wait_for()
+            assert "Token model" in page.locator("#mim-training").inner_text()
+            assert page.locator("#mim-paste-back input[type=checkbox]").is_checked()
+            page.locator("#reconstruct-btn").click()
+            page.locator("#mim-metrics").get_by_text("tokens masked").first.wait_for()
+            columns = ("mim-original", "mim-masked", "mim-tokenizer", "mim-recon")
+            for column in columns:
+                img = page.locator(f"#{column} img").first
+                img.wait_for()
+                assert img.evaluate("el => el.complete && el.naturalWidth") >= 32, column
+            sources = {page.locator(f"#{c} img").first.get_attribute("src") for c in columns}
+            assert len(sources) == 4  # four different pictures
+            metrics = page.locator("#mim-metrics").inner_text()
+            masked = int(re.search(r"(\d+)/(\d+) tokens masked", metrics).group(1))
+            assert masked == round(0.4 * int(re.search(r"\d+/(\d+) tokens masked", metrics).group(1)))
+            assert "pasted back" in metrics
+            page.locator("#mim-energy img").first.wait_for()
+            assert "What the plot shows" in page.locator("#mim-energy-note").inner_text()
+            assert _save(page, "mim_tab.png").stat().st_size > 10_000
+        except Exception:
+            if page is not None:
+                _save(page, "failure_mim.png")
             raise
         finally:
             browser.close()

@@ -169,6 +169,40 @@ def test_reconstruct_fills_masked_tokens_and_keeps_the_others():
         pipe.reconstruct(torch.rand(1, 3, 16, 16), mask[:1])
 
 
+def test_paste_unmasked_keeps_the_unmasked_pixels_exact():
+    recon, original = torch.rand(2, 3, 32, 32), torch.rand(2, 3, 32, 32)
+    mask = torch.zeros(2, 8, 8, dtype=torch.bool)
+    mask[0, 1, 2] = mask[1, 7, 7] = mask[1, 0, 0] = True
+    out = reconstruct.paste_unmasked(recon, original, mask)
+    pixels = mask.repeat_interleave(4, 1).repeat_interleave(4, 2)[:, None].expand_as(recon)  # 4x4 px per token
+    assert torch.equal(out[~pixels], original[~pixels]) and torch.equal(out[pixels], recon[pixels])
+    assert int(pixels.sum()) == 3 * 3 * 16
+    with pytest.raises(ValueError, match="differ in shape"):
+        reconstruct.paste_unmasked(recon, original[:1], mask)
+
+
+def test_step_size_stats_report_the_signs_the_core_uses():
+    pipe = _tiny_pipeline()
+    tokens = torch.randint(0, 65, (3, 64), generator=torch.Generator().manual_seed(2))
+    steps = pipe.model.core.step_sizes
+    stats = reconstruct.step_size_stats(pipe.model, tokens, 3)
+    assert stats["alpha_negative"] == [0.0] * 3  # step_init everywhere at first
+    assert stats["alpha_mean"] == pytest.approx([0.1] * 3, rel=1e-5)
+    assert stats["attn_step"] == pytest.approx(stats["attn_step_abs"])  # |alpha| = alpha: the same steps
+    with torch.no_grad():
+        d = pipe.model.cfg.dim
+        steps.L3.bias[:d] = -0.1  # every alpha negative: the attention steps climb E_ATTN
+        steps.L3.weight.normal_(0, 0.05, generator=torch.Generator().manual_seed(3))
+    stats = reconstruct.step_size_stats(pipe.model, tokens, 3)
+    alpha, _ = pipe.model.core.steps_at(pipe.model.stem(tokens), pipe.model.stem(tokens), 1)
+    assert stats["alpha_negative"][0] == pytest.approx(float((alpha < 0).float().mean()))
+    assert 0.5 < stats["alpha_negative"][0] < 1.0 and 0.0 < stats["gamma_negative"][0] < 1.0
+    assert len(stats["gamma_mean"]) == len(stats["attn_step"]) == 3
+    assert stats["attn_step"] != pytest.approx(stats["attn_step_abs"])
+    res = pipe.reconstruct(torch.rand(1, 3, 32, 32), torch.ones(8, 8, dtype=torch.bool), iters=3, steps=1)
+    assert set(res.step_sizes) == set(stats) and len(res.step_sizes["alpha_negative"]) == 3
+
+
 def test_pixel_mask_to_token_mask():
     pixels = torch.zeros(32, 32, dtype=torch.bool)
     pixels[0:4, 0:4] = True  # all of token (0, 0)

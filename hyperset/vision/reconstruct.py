@@ -150,8 +150,11 @@ class ReconstructionResult:
     masked_images: the inputs with every masked token's pixel block painted mid-gray (for display).
     energy: {"attn": [T], "ff": [T]} E_ATTN and E_FF after each iteration t = 1..T of the token model's
         forward pass at the final decoding step (its input: the codes with the last still-masked tokens),
-        averaged over the batch; empty for baselines without an energy (Transformer).
+        averaged over the batch; empty for baselines without an energy (Transformer). As the trace defines
+        them: "normalization first", without the learned gains (``hyperset.energies``).
     energy_per_image: the same, per image: {"attn": (B, T), "ff": (B, T)}.
+    step_sizes: the step sizes of that same forward pass per iteration (``step_size_stats``): the mean of
+        alpha_t and gamma_t and the share of their entries below zero; empty for models without them.
     iters, steps, temperature: the settings used.
     """
 
@@ -163,6 +166,7 @@ class ReconstructionResult:
     masked_images: Tensor
     energy: dict[str, list[float]] = field(default_factory=dict)
     energy_per_image: dict[str, Tensor] = field(default_factory=dict)
+    step_sizes: dict[str, list[float]] = field(default_factory=dict)
     iters: int = 0
     steps: int = 0
     temperature: float = 1.0
@@ -193,6 +197,45 @@ def paint_mask(images: Tensor, mask: Tensor, value: float = 0.5) -> Tensor:
     h, w = images.shape[-2:]
     pixels = F.interpolate(mask[:, None].float(), size=(h, w), mode="nearest").bool()
     return images.masked_fill(pixels, value)
+
+
+def paste_unmasked(images: Tensor, originals: Tensor, mask: Tensor) -> Tensor:
+    """``images`` with the pixels of every unmasked token (mask (B, h, w), True = masked) taken from
+    ``originals`` unchanged: only the masked tokens' pixels remain the model's. Both (B, 3, H, W)."""
+    if images.shape != originals.shape:
+        raise ValueError(f"images {tuple(images.shape)} and originals {tuple(originals.shape)} differ in shape")
+    h, w = images.shape[-2:]
+    pixels = F.interpolate(mask[:, None].float(), size=(h, w), mode="nearest").bool()
+    return torch.where(pixels, images, originals.to(images.dtype))
+
+
+@torch.no_grad()
+def step_size_stats(model: HyperSETModel, tokens: Tensor, iters: int | None = None) -> dict[str, list[float]]:
+    """The step sizes of the token model's forward pass on ``tokens`` (B, N), per iteration t = 1..iters (means
+    over the batch): ``alpha_mean``, ``gamma_mean`` and ``alpha_negative``, ``gamma_negative``, the share of
+    their entries (images x tokens x channels) below zero. Where alpha (gamma) is negative, that coordinate of the
+    attention (feedforward) step moves up its energy's gradient. For layers with an attention step
+    (``attn_grad``) also ``attn_step``: the change of E_ATTN (as the trace reports it) in the attention half of
+    iteration t, and ``attn_step_abs``: the same step with |alpha| instead of alpha. Empty for models without
+    step sizes."""
+    core = model.core
+    if core.step_sizes is None:
+        return {}
+    out: dict[str, list[float]] = {}
+    x0 = model.stem(tokens)
+    prev = x0
+    for layer, t, x in core.iterate(x0, iters):
+        alpha, gamma = (v.expand_as(prev) for v in core.steps_at(prev, x0, t))
+        for name, value in (("alpha", alpha), ("gamma", gamma)):
+            out.setdefault(f"{name}_mean", []).append(float(value.float().mean()))
+            out.setdefault(f"{name}_negative", []).append(float((value < 0).float().mean()))
+        if hasattr(layer, "attn_grad"):
+            update = layer.attn_grad(prev, layer.weights(t)[0])
+            before = layer.energy(prev, t)["attn"]
+            for key, a in (("attn_step", alpha), ("attn_step_abs", alpha.abs())):
+                out.setdefault(key, []).append(float((layer.energy(prev - a * update, t)["attn"] - before).mean()))
+        prev = x
+    return out
 
 
 def prepare_images(images: Tensor | Image.Image | list[Image.Image], size: int) -> Tensor:
@@ -310,6 +353,7 @@ class MIMPipeline:
             images=self.decode(filled), codes=filled, input_codes=codes, mask=mask,
             tokenizer_images=self.decode(codes), masked_images=paint_mask(images.cpu().float(), mask),
             energy={k: v.mean(0).tolist() for k, v in per_image.items()}, energy_per_image=per_image,
+            step_sizes=step_size_stats(self.model, final_input.reshape(b, -1), iters),
             iters=iters, steps=steps, temperature=temperature)
 
 
