@@ -302,7 +302,9 @@ def mim_training_note(info: dict[str, Any] | None, parameters: int | None = None
     steps, planned, batch = _count(info.get("steps")), _count(train.get("steps")), _count(train.get("batch_size"))
     train_images = _count(data.get("train_images"))
     source = str(data.get("source") or "").split(" (")[0]
-    if steps:
+    if isinstance(info.get("budget"), str) and info["budget"]:
+        facts.append(info["budget"])  # the whole budget, as recorded, when it spans several runs
+    elif steps:
         budget = f"trained for {steps:,} steps"
         if batch:
             budget += f" of {batch} images ({steps * batch:,} images seen"
@@ -326,7 +328,8 @@ def mim_training_note(info: dict[str, Any] | None, parameters: int | None = None
         name = str(key).split("/")[-1]
         if value is None or not name.startswith("psnr"):
             continue
-        where = f" with {name.split('@', 1)[1]}% of the tokens masked" if "@" in name else ""
+        pct, _, depth = name.split("@", 1)[1].partition("_iters") if "@" in name else ("", "", "")
+        where = (f" with {pct}% of the tokens masked" if pct else "") + (f" at {depth} iterations" if depth else "")
         measured.append(f"PSNR **{value:.2f} dB**{where}")
     ceiling = _number(metrics.get("val/tokenizer_psnr"))
     if measured and ceiling is not None:
@@ -341,6 +344,17 @@ def mim_training_note(info: dict[str, Any] | None, parameters: int | None = None
                  " (the model's raw output, nothing pasted back).")
     else:
         text += " No measured PSNR recorded."
+    test = section("evaluation")
+    by_depth = test.get("by_iterations") if isinstance(test.get("by_iterations"), dict) else {}
+    scores = [(k, _number(v.get("psnr"))) for k, v in by_depth.items() if isinstance(v, dict)]
+    scores = [(k, v) for k, v in scores if v is not None]
+    if scores:
+        n_test, pct = _count(test.get("images")), _number(test.get("mask_ratio"))
+        where = ", ".join(x for x in (f"{n_test:,} {test.get('split') or 'test'} images" if n_test else "",
+                                      f"{100 * pct:.0f}% of the tokens masked" if pct is not None else "") if x)
+        text += (f" Measured ({where}; nothing pasted back): PSNR " +
+                 " / ".join(f"{v:.2f}" for _, v in scores) + " dB at " + " / ".join(k for k, _ in scores) +
+                 " iterations.")
     return text
 
 

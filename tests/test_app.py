@@ -254,6 +254,14 @@ def test_mim_training_note_reads_what_the_config_records():
     finished = mim_training_note({**info, "steps": 8000, "metrics": {}})
     assert "early snapshot" not in finished and "No measured PSNR recorded" in finished
     assert "no training budget recorded" in mim_training_note({}) and "No measured" in mim_training_note(None)
+    runs = mim_training_note({**info, "budget": "10,000 steps over two runs",
+                              "metrics": {"val/psnr@40_iters24": 18.26},
+                              "evaluation": {"images": 1000, "split": "CIFAR-10 test", "mask_ratio": 0.4,
+                                             "by_iterations": {"12": {"psnr": 19.388}, "24": {"psnr": 19.41}}}})
+    for words in ("10,000 steps over two runs", "18.26 dB** with 40% of the tokens masked at 24 iterations",
+                  "1,000 CIFAR-10 test images, 40% of the tokens masked", "19.39 / 19.41 dB at 12 / 24 iterations"):
+        assert words in runs, (words, runs)
+    assert "1,000 steps of 64" not in runs
     odd = mim_training_note({"steps": "many", "train": [], "data": None, "metrics": {"val/psnr@40": None}})
     assert "no training budget recorded" in odd and "No measured PSNR" in odd
 
@@ -264,7 +272,9 @@ def test_mim_training_note_of_the_shipped_model_reads_its_config():
         pytest.skip("no shipped token model")
     info = json.loads(path.read_text())
     note = mim_training_note(info)
-    assert f"{info['steps']:,} steps" in note
+    assert (info["budget"] if isinstance(info.get("budget"), str) else f"{info['steps']:,} steps") in note
+    for scores in (info.get("evaluation") or {}).get("by_iterations", {}).values():
+        assert f"{scores['psnr']:.2f}" in note
     psnr = {k: v for k, v in info.get("metrics", {}).items() if k.split("/")[-1].startswith("psnr")}
     assert all(f"{v:.2f} dB" in note for v in psnr.values())
 
