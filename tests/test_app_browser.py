@@ -8,12 +8,15 @@ HYPERSET_APP_MIM_CHECKPOINT), else tiny untrained ones.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
 import socket
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -99,8 +102,10 @@ def _save(page, name: str) -> Path:
     return path
 
 
-def test_solve_stop_and_reconstruct_in_chromium(url):
-    url, counting = url
+@contextlib.contextmanager
+def _chromium_page(url: str, failure: str = "failure.png") -> Iterator[Any]:
+    """A headless Chromium page at `url` (1400x1000, the test timeout); when the test fails, what the page showed
+    is saved as `failure` for the test report."""
     sync_api = pytest.importorskip("playwright.sync_api")
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS, headless=True)
@@ -109,105 +114,98 @@ def test_solve_stop_and_reconstruct_in_chromium(url):
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             page.set_default_timeout(TIMEOUT_MS)
             page.goto(url)
-            page.locator("#solve-btn").wait_for()
-            # edit a cell of the grid (the easy example is preloaded; r1c3 is blank): the board follows
-            page.locator("#sudoku-grid [data-testid=cell-0-2]").dblclick()
-            page.keyboard.type("1")
-            page.keyboard.press("Enter")
-            page.locator("#verdict").get_by_text("38 givens").wait_for()
-            # load an example through its button, then solve it (the default commit strategy: several passes)
-            page.get_by_text("Hard: 23 givens", exact=True).first.click()
-            page.locator("#verdict").get_by_text("Loaded a puzzle with 23 givens").wait_for()
-            page.locator("#solve-btn").click()
-            page.locator("#verdict").get_by_text("Verdict:").wait_for()
-            verdict = page.locator("#verdict").inner_text()
-            assert "solved" in verdict and "iterations" in verdict
-            assert page.locator("#sudoku-board td").count() == 81
-            page.locator("#sudoku-energy img").first.wait_for()
-            assert _save(page, "sudoku.png").stat().st_size > 10_000
-            # bad text gives a message, not a stack trace
-            page.locator("#sudoku-text textarea").fill("12345")
-            page.get_by_role("button", name="Put text in the grid").click()
-            page.locator("#verdict").get_by_text("expected 9 cells in a grid row").wait_for()
-
-            # Stop cancels a long solve: commit at the maximum depth runs up to 16 passes of 4T iterations
-            counting.pause = 0.05  # 16 x 4T iterations now take far longer than the check below
-            page.get_by_label("commit").check()
-            number = page.locator("#sudoku-iters input[type=number]")
-            number.fill(str(MAX_ITER_FACTOR * counting.trained_iters))
-            number.press("Enter")
-            page.locator("#solve-btn").click()
-            page.locator("#verdict").get_by_text("pass 1").wait_for()
-            page.locator("#stop-btn").click()
-            time.sleep(1.0)
-            stopped_at = counting.iterations
-            time.sleep(1.5)
-            assert counting.iterations == stopped_at  # the server-side generator is no longer running
-            assert "Verdict:" not in page.locator("#verdict").inner_text()
-
-            # reconstruction with a painted mask: one stroke across the upper left of the image
-            page.get_by_role("tab", name="Reconstruction").click()
-            canvas = page.locator("#mim-editor canvas").first
-            canvas.wait_for()
-            box = canvas.bounding_box()
-            x, y = box["x"] + 0.3 * box["width"], box["y"] + 0.3 * box["height"]
-            page.mouse.move(x, y)
-            page.mouse.down()
-            for k in range(1, 21):
-                page.mouse.move(x + 6 * k, y + 3 * k)
-            page.mouse.up()
-            page.get_by_label("drawn").check()
-            page.locator("#reconstruct-btn").click()
-            page.locator("#mim-metrics").get_by_text("PSNR").first.wait_for()
-            masked = int(re.search(r"(\d+)/(\d+) tokens masked", page.locator("#mim-metrics").inner_text()).group(1))
-            assert 0 < masked < 32  # the stroke, not the whole image
-            page.locator("#mim-recon img").first.wait_for()
-            page.locator("#mim-energy img").first.wait_for()
-            assert "SSIM" in page.locator("#mim-metrics").inner_text()
-            assert _save(page, "reconstruction.png").stat().st_size > 10_000
+            yield page
         except Exception:
-            if page is not None:  # keep what the page showed for the test report
-                _save(page, "failure.png")
+            if page is not None:
+                _save(page, failure)
             raise
         finally:
             browser.close()
+
+
+def test_solve_stop_and_reconstruct_in_chromium(url):
+    url, counting = url
+    with _chromium_page(url) as page:
+        page.locator("#solve-btn").wait_for()
+        # edit a cell of the grid (the easy example is preloaded; r1c3 is blank): the board follows
+        page.locator("#sudoku-grid [data-testid=cell-0-2]").dblclick()
+        page.keyboard.type("1")
+        page.keyboard.press("Enter")
+        page.locator("#verdict").get_by_text("38 givens").wait_for()
+        # load an example through its button, then solve it (the default commit strategy: several passes)
+        page.get_by_text("Hard: 23 givens", exact=True).first.click()
+        page.locator("#verdict").get_by_text("Loaded a puzzle with 23 givens").wait_for()
+        page.locator("#solve-btn").click()
+        page.locator("#verdict").get_by_text("Verdict:").wait_for()
+        verdict = page.locator("#verdict").inner_text()
+        assert "solved" in verdict and "iterations" in verdict
+        assert page.locator("#sudoku-board td").count() == 81
+        page.locator("#sudoku-energy img").first.wait_for()
+        assert _save(page, "sudoku.png").stat().st_size > 10_000
+        # bad text gives a message, not a stack trace
+        page.locator("#sudoku-text textarea").fill("12345")
+        page.get_by_role("button", name="Put text in the grid").click()
+        page.locator("#verdict").get_by_text("expected 9 cells in a grid row").wait_for()
+
+        # Stop cancels a long solve: commit at the maximum depth runs up to 16 passes of 4T iterations
+        counting.pause = 0.05  # 16 x 4T iterations now take far longer than the check below
+        page.get_by_label("commit").check()
+        number = page.locator("#sudoku-iters input[type=number]")
+        number.fill(str(MAX_ITER_FACTOR * counting.trained_iters))
+        number.press("Enter")
+        page.locator("#solve-btn").click()
+        page.locator("#verdict").get_by_text("pass 1").wait_for()
+        page.locator("#stop-btn").click()
+        time.sleep(1.0)
+        stopped_at = counting.iterations
+        time.sleep(1.5)
+        assert counting.iterations == stopped_at  # the server-side generator is no longer running
+        assert "Verdict:" not in page.locator("#verdict").inner_text()
+
+        # reconstruction with a painted mask: one stroke across the upper left of the image
+        page.get_by_role("tab", name="Reconstruction").click()
+        canvas = page.locator("#mim-editor canvas").first
+        canvas.wait_for()
+        box = canvas.bounding_box()
+        x, y = box["x"] + 0.3 * box["width"], box["y"] + 0.3 * box["height"]
+        page.mouse.move(x, y)
+        page.mouse.down()
+        for k in range(1, 21):
+            page.mouse.move(x + 6 * k, y + 3 * k)
+        page.mouse.up()
+        page.get_by_label("drawn").check()
+        page.locator("#reconstruct-btn").click()
+        page.locator("#mim-metrics").get_by_text("PSNR").first.wait_for()
+        masked = int(re.search(r"(\d+)/(\d+) tokens masked", page.locator("#mim-metrics").inner_text()).group(1))
+        assert 0 < masked < 32  # the stroke, not the whole image
+        page.locator("#mim-recon img").first.wait_for()
+        page.locator("#mim-energy img").first.wait_for()
+        assert "SSIM" in page.locator("#mim-metrics").inner_text()
+        assert _save(page, "reconstruction.png").stat().st_size > 10_000
 
 
 def test_reconstruction_default_run_shows_four_columns_in_chromium(url):
     """The reconstruction tab as it opens: press Reconstruct with the defaults (the default sample, a 40% random
     mask, paste-back on) and the four image columns, the metrics, the energy plot and its note all render."""
     url, _ = url
-    sync_api = pytest.importorskip("playwright.sync_api")
-    with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS, headless=True)
-        page = None
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.set_default_timeout(TIMEOUT_MS)
-            page.goto(url)
-            page.get_by_role("tab", name="Reconstruction").click()
-            page.locator("#reconstruct-btn").wait_for()
-            assert "Token model" in page.locator("#mim-training").inner_text()
-            assert page.locator("#mim-paste-back input[type=checkbox]").is_checked()
-            page.locator("#reconstruct-btn").click()
-            page.locator("#mim-metrics").get_by_text("tokens masked").first.wait_for()
-            columns = ("mim-original", "mim-masked", "mim-tokenizer", "mim-recon")
-            for column in columns:
-                img = page.locator(f"#{column} img").first
-                img.wait_for()
-                assert img.evaluate("el => el.complete && el.naturalWidth") >= 32, column
-            sources = {page.locator(f"#{c} img").first.get_attribute("src") for c in columns}
-            assert len(sources) == 4  # four different pictures
-            metrics = page.locator("#mim-metrics").inner_text()
-            masked = int(re.search(r"(\d+)/(\d+) tokens masked", metrics).group(1))
-            assert masked == round(0.4 * int(re.search(r"\d+/(\d+) tokens masked", metrics).group(1)))
-            assert "pasted back" in metrics
-            page.locator("#mim-energy img").first.wait_for()
-            assert "What the plot shows" in page.locator("#mim-energy-note").inner_text()
-            assert _save(page, "mim_tab.png").stat().st_size > 10_000
-        except Exception:
-            if page is not None:
-                _save(page, "failure_mim.png")
-            raise
-        finally:
-            browser.close()
+    with _chromium_page(url, "failure_mim.png") as page:
+        page.get_by_role("tab", name="Reconstruction").click()
+        page.locator("#reconstruct-btn").wait_for()
+        assert "Token model" in page.locator("#mim-training").inner_text()
+        assert page.locator("#mim-paste-back input[type=checkbox]").is_checked()
+        page.locator("#reconstruct-btn").click()
+        page.locator("#mim-metrics").get_by_text("tokens masked").first.wait_for()
+        columns = ("mim-original", "mim-masked", "mim-tokenizer", "mim-recon")
+        for column in columns:
+            img = page.locator(f"#{column} img").first
+            img.wait_for()
+            assert img.evaluate("el => el.complete && el.naturalWidth") >= 32, column
+        sources = {page.locator(f"#{c} img").first.get_attribute("src") for c in columns}
+        assert len(sources) == 4  # four different pictures
+        metrics = page.locator("#mim-metrics").inner_text()
+        masked = int(re.search(r"(\d+)/(\d+) tokens masked", metrics).group(1))
+        assert masked == round(0.4 * int(re.search(r"\d+/(\d+) tokens masked", metrics).group(1)))
+        assert "pasted back" in metrics
+        page.locator("#mim-energy img").first.wait_for()
+        assert "What the plot shows" in page.locator("#mim-energy-note").inner_text()
+        assert _save(page, "mim_tab.png").stat().st_size > 10_000
