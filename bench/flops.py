@@ -7,7 +7,8 @@
 The model is a list of the matmuls one training step or one forward pass runs (`matmuls`), each named, sized and
 given to a component: projections (X W and the back-projection), attention_maps (Z Z^T and S Z per head),
 feedforward (X D and act(U) D^T), step_sizes (L3 per token and the time MLP L1, L2 once per iteration for the
-whole batch), readout (the head), stem (the patch embedding), lora and energies (the trace's X W, Z Z^T, X D).
+whole batch; at inference once per pass when they do not depend on t, see `steps_once`), readout (the head), stem
+(the patch embedding), lora and energies (the trace's X W, Z Z^T, X D).
 A training step adds, for every matmul C = A B, the two of its backward (dA = dC B^T, dB = A^T dC) where the operand
 needs a gradient. FLOPs are 2 per multiply-add, as torch.utils.flop_counter counts them (the test checks the count
 against it for several configs). Elementwise work (norms, softmax, GELU, residual updates) is not in the FLOPs: it
@@ -106,8 +107,16 @@ def _lora(cfg: ModelConfig, component: str) -> list[MatMul]:
     return [MatMul(component, "B_t A_t (W)", d, r, d), MatMul(component, "B'_t A'_t (D)", d, r, M)]
 
 
-def _hyperset_layer(cfg: ModelConfig, batch: int) -> list[MatMul]:
+def steps_once(cfg: ModelConfig) -> bool:
+    """Whether inference computes the step sizes once per pass (hyperset.core.RecurrentCore._fixed_steps): they are
+    conditioned on x0 and the time network gives every t the same output (the authors' zero init leaves it dead;
+    a config says so by time_init "zero")."""
+    return cfg.step == "adaptive" and cfg.step_cond == "x0" and cfg.time_mlp and cfg.time_init == "zero"
+
+
+def _hyperset_layer(cfg: ModelConfig, batch: int, inference: bool = False) -> list[MatMul]:
     R, d, M = batch * tokens(cfg), cfg.dim, cfg.ff_hidden
+    once = inference and steps_once(cfg)
     mms = [MatMul("projections", "X W", R, d, d), *_attention_maps(cfg, batch),
            MatMul("projections", "G W^T", R, d, d),
            MatMul("feedforward", "X D", R, d, M), MatMul("feedforward", "act(U) D^T", R, M, d)]
@@ -115,9 +124,9 @@ def _hyperset_layer(cfg: ModelConfig, batch: int) -> list[MatMul]:
         mms += _lora(cfg, "lora")
     if cfg.step == "adaptive":
         if cfg.time_mlp:  # one time embedding per iteration, shared by the batch; sin(t) needs no gradient
-            mms += [MatMul("step_sizes", "L1 sin(t)", 1, cfg.time_dim, d, grad_a=False),
-                    MatMul("step_sizes", "L2", 1, d, d)]
-        mms.append(MatMul("step_sizes", "L3 (per token)", R, d, 2 * d))
+            mms += [MatMul("step_sizes", "L1 sin(t)", 1, cfg.time_dim, d, grad_a=False, once=once),
+                    MatMul("step_sizes", "L2", 1, d, d, once=once)]
+        mms.append(MatMul("step_sizes", "L3 (per token)", R, d, 2 * d, once=once))
     return mms
 
 
@@ -155,9 +164,10 @@ def _once(cfg: ModelConfig, batch: int) -> list[MatMul]:
     return [MatMul("readout", "head", batch * tokens(cfg), d, C, once=True)]
 
 
-def matmuls(cfg: ModelConfig, batch: int, energies: bool = False) -> list[MatMul]:
-    """The matmuls of one forward pass, per iteration (once=False) and per pass (once=True)."""
-    layer = _hyperset_layer(cfg, batch) if cfg.layer == "hyperset" else _baseline_layer(cfg, batch)
+def matmuls(cfg: ModelConfig, batch: int, energies: bool = False, inference: bool = True) -> list[MatMul]:
+    """The matmuls of one forward pass, per iteration (once=False) and per pass (once=True); at inference step
+    sizes that do not depend on t are made once per pass."""
+    layer = _hyperset_layer(cfg, batch, inference) if cfg.layer == "hyperset" else _baseline_layer(cfg, batch)
     if energies:
         if cfg.layer != "hyperset":
             raise ValueError(f"layer {cfg.layer!r} defines no energies")
@@ -167,12 +177,14 @@ def matmuls(cfg: ModelConfig, batch: int, energies: bool = False) -> list[MatMul
 
 def training_matmuls(cfg: ModelConfig, batch: int) -> list[MatMul]:
     """Forward and backward matmuls of one training step (no trace; the loss on the last iteration)."""
-    forward = matmuls(cfg, batch)
+    forward = matmuls(cfg, batch, inference=False)
     return forward + [b for mm in forward for b in mm.backward()]
 
 
-def elementwise_bytes(cfg: ModelConfig, batch: int, energies: bool = False) -> dict[str, int]:
-    """Per-iteration bytes read + written by the Hyper-SET layer's elementwise ops, by component (see module doc)."""
+def elementwise_bytes(cfg: ModelConfig, batch: int, energies: bool = False,
+                      once_steps: bool = False) -> dict[str, int]:
+    """Per-iteration bytes read + written by the Hyper-SET layer's elementwise ops, by component (see module doc);
+    `once_steps`: the step sizes are made once per pass (inference, `steps_once`)."""
     if cfg.layer != "hyperset":
         return {}
     R, d, M, H, N = batch * tokens(cfg), cfg.dim, cfg.ff_hidden, cfg.heads, tokens(cfg)
@@ -186,11 +198,15 @@ def elementwise_bytes(cfg: ModelConfig, batch: int, energies: bool = False) -> d
         "projections": rms * R * d + 2 * R * d + 3 * R * d + 3 * R * d,
         # beta Z, softmax, P + P^T
         "attention_maps": 2 * R * d + 2 * S + 3 * S,
-        # RMSNorm of U, activation, gamma * (.), x + (.)
-        "feedforward": rms * R * M + 2 * R * M + 3 * R * d + 3 * R * d,
+        # ReLU: the norm of U (r), ReLU (r+w), 1/rms(U) * (.) after D^T, gamma * (.), x + (.) (the RMSNorm folded
+        # into the weights, hyperset.layers.HyperSETLayer.ff_descent); other activations: RMSNorm of U, activation
+        "feedforward": (R * M + 2 * R * M + 3 * R * d if cfg.feedforward == "relu" else rms * R * M + 2 * R * M)
+                       + 3 * R * d + 3 * R * d,
     }
-    if energies:  # RMSNorm of Z without gain, beta Z, logsumexp; RMSNorm of U, ReLU, square, sum
-        out["energies"] = 5 * R * d + 2 * R * d + S + batch * H * N + 5 * R * M + 2 * R * M + 2 * R * M + R * M
+    if once_steps:
+        out["step_sizes"] = 0  # made once per pass
+    if energies:  # RMSNorm of Z without gain, beta Z, logsumexp; the norms of U and ReLU(U), ReLU
+        out["energies"] = 5 * R * d + 2 * R * d + S + batch * H * N + R * M + 2 * R * M + R * M
     return {k: BYTES * v for k, v in out.items()}
 
 
@@ -207,7 +223,7 @@ def count(cfg: ModelConfig, batch: int, iters: int | None = None, energies: bool
     energy trace) and training step (forward + backward), at `iters` iterations per layer."""
     steps = (cfg.iters if iters is None else iters) * cfg.n_layers
     fwd, train = matmuls(cfg, batch, energies), training_matmuls(cfg, batch)
-    ew = elementwise_bytes(cfg, batch, energies)
+    ew = elementwise_bytes(cfg, batch, energies, steps_once(cfg))
     flops_it, flops_once = _by_component(fwd, "flops", False), _by_component(fwd, "flops", True)
     bytes_it = _by_component(fwd, "bytes", False)
     for k, v in ew.items():

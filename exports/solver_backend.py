@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import tempfile
 import warnings
-from collections.abc import Iterator
+from collections.abc import Generator
 from pathlib import Path
 from typing import Any
 
@@ -202,8 +202,9 @@ class OnnxSolverBackend:
                                    OrtSession(files["head"], dev, **options))
         return self._step_sessions
 
-    def iterate(self, boards: torch.Tensor, iters: int) -> Iterator[BackendStep]:
-        """One :class:`~hyperset.backends.BackendStep` per iteration, from the ONNX step graphs."""
+    def iterate(self, boards: torch.Tensor, iters: int) -> Generator[BackendStep, torch.Tensor | None, None]:
+        """One :class:`~hyperset.backends.BackendStep` per iteration, from the ONNX step graphs; rows to keep may
+        be sent (``generator.send``), as the protocol says."""
         stem, steps, head = self._sessions()
         device = boards.device
         x0 = stem.run({stem.input_names[0]: boards.detach().cpu().numpy().astype(np.int64, copy=False)})["x0"]
@@ -215,7 +216,10 @@ class OnnxSolverBackend:
                 step += 1
                 logits = torch.from_numpy(head.run({"x": x})["logits"]).float().to(device)
                 energies = {k: torch.from_numpy(out[f"energy_{k}"]).float().to(device) for k in self.energies}
-                yield BackendStep(step, logits, energies)
+                rows = yield BackendStep(step, logits, energies)
+                if rows is not None:
+                    keep = rows.detach().cpu().numpy()
+                    x, x0 = x[keep], x0[keep]
 
     def run(self, boards: torch.Tensor, iters: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         return self(boards, iters)

@@ -14,13 +14,14 @@ threads=...)`` and returns a :class:`SolverBackend`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
 
+from .core import relay
 from .device import describe
 
 __all__ = ["BACKEND_GROUP", "BackendStep", "CallableBackend", "SolverBackend", "TorchBackend", "backend_factory",
@@ -60,8 +61,9 @@ class SolverBackend(Protocol):
     def run(self, boards: Tensor, iters: int) -> tuple[Tensor, dict[str, Tensor]]:
         """(B, 81) boards -> logits (B, 81, 9) after `iters` iterations and energies {name: (T, B)}."""
 
-    def iterate(self, boards: Tensor, iters: int) -> Iterator[BackendStep]:
-        """The same computation one iteration at a time."""
+    def iterate(self, boards: Tensor, iters: int) -> Generator[BackendStep, Tensor | None, None]:
+        """The same computation one iteration at a time. The consumer may send the rows of the batch to keep (an
+        index tensor, ``generator.send``): the following steps run and report those rows only, in that order."""
 
 
 class TorchBackend:
@@ -89,10 +91,10 @@ class TorchBackend:
             raise ValueError(f"iterations must be >= 1, got {iters}")
         return self.model.readout(x).float(), {k: torch.stack(v) for k, v in energies.items()}
 
-    @torch.no_grad()
-    def iterate(self, boards: Tensor, iters: int) -> Iterator[BackendStep]:
-        for frame in self.model.frames(boards.to(self.torch_device), iters, energies=True):
-            yield BackendStep(frame.step, frame.logits.float(), frame.energies)
+    @torch.no_grad()  # on a generator: every resume runs without gradient, and sends pass through
+    def iterate(self, boards: Tensor, iters: int) -> Generator[BackendStep, Tensor | None, None]:
+        frames = self.model.frames(boards.to(self.torch_device), iters, energies=True)
+        yield from relay(frames, lambda f: BackendStep(f.step, f.logits.float(), f.energies))
 
     def __repr__(self) -> str:
         return f"TorchBackend({self.device_name!r})"

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor, nn
@@ -12,6 +13,22 @@ from .baselines import CRATELayer, EnergyTransformerLayer, TransformerLayer
 from .config import ModelConfig
 from .energies import average_angle, effective_rank
 from .layers import HyperSETLayer, StepSizes
+
+_In = TypeVar("_In")
+_Out = TypeVar("_Out")
+
+
+def relay(source: Generator[_In, Any, Any], fn: Callable[[_In], _Out]) -> Generator[_Out, Any, None]:
+    """Yield fn(item) for every item of `source`, handing on to `source` whatever the consumer sends (rows to
+    keep, for :meth:`RecurrentCore.iterate`); a plain ``for`` loop sends nothing."""
+    sent = None
+    while True:
+        try:
+            item = source.send(sent)
+        except StopIteration:
+            return
+        sent = yield fn(item)
+
 
 LAYER_TYPES = {
     "hyperset": HyperSETLayer,
@@ -78,13 +95,26 @@ class RecurrentCore(nn.Module):
         t_value = t.to(torch.float32) if isinstance(t, Tensor) else torch.tensor(float(t), device=x.device)
         return self.step_sizes(t_value, cond)
 
+    def _fixed_steps(self, x0: Tensor) -> tuple[Tensor, Tensor] | None:
+        """The step sizes, computed once, when they are the same at every iteration and no gradient is taken:
+        conditioned on x0 and with a time network that gives every t the same c_t (a dead one, L2's weight = 0,
+        as the authors' init leaves it, or fixed steps). Else None: `step` computes them at every t."""
+        sizes = self.step_sizes
+        if torch.is_grad_enabled() or sizes is None or self.cfg.step_cond != "x0" or not sizes.constant_in_t():
+            return None
+        return self.steps_at(x0, x0, 1)
+
     def step(self, x: Tensor, x0: Tensor, t: int | Tensor, layer: nn.Module) -> Tensor:
         """One update of `layer` at iteration t (1-based): the step sizes from t and the condition, then the step."""
         return layer.step(x, t, self.steps_at(x, x0, t))
 
     def iterate(self, x0: Tensor, iters: int | None = None, skip: int = 0,
-                detach_every: int = 0) -> Iterator[tuple[nn.Module, int, Tensor]]:
+                detach_every: int = 0) -> Generator[tuple[nn.Module, int, Tensor], Tensor | None, None]:
         """Yield (layer, t, x_t) after every update. `iters` (per layer) may exceed the trained depth.
+
+        The consumer may send the batch rows to keep (an index tensor, ``generator.send``): the following updates
+        run on those rows only, in that order (a solver drops the boards it has finished). A ``for`` loop sends
+        nothing and every row runs every update.
 
         Training options for depth (both off by default): `skip` iterations first run without gradient and are not
         yielded (t = 1..skip; the yielded ones are t = skip+1..skip+iters), and `detach_every` = k cuts the graph
@@ -94,6 +124,7 @@ class RecurrentCore(nn.Module):
         if iters < 0 or skip < 0 or detach_every < 0:
             raise ValueError(f"iters, skip and detach_every must be >= 0, got {iters}, {skip} and {detach_every}")
         x = x0
+        fixed = self._fixed_steps(x0)
         for layer in self.layers:
             if skip:  # t restarts for every distinct layer, as in the authors' code
                 with torch.no_grad():
@@ -101,8 +132,12 @@ class RecurrentCore(nn.Module):
                         x = self.step(x, x0, t, layer)
                 x = x.detach()
             for t in range(skip + 1, skip + iters + 1):
-                x = self.step(x, x0, t, layer)
-                yield layer, t, x
+                x = self.step(x, x0, t, layer) if fixed is None else layer.step(x, t, fixed)
+                rows = yield layer, t, x
+                if rows is not None:
+                    x, x0 = x[rows], x0[rows]
+                    if fixed is not None:
+                        fixed = tuple(s[rows] if s.dim() else s for s in fixed)
                 if detach_every and (t - skip) % detach_every == 0:
                     x = x.detach()
 

@@ -92,8 +92,14 @@ def attn_energy(X: Tensor, W: Tensor, heads: int, kind: str = "bisoftmax", norma
 
 def ff_energy(X: Tensor, D: Tensor, kind: str = "relu", normalize: bool = True, phi: str = "sigmoid",
               eps: float = 1e-6) -> Tensor:
-    """E_FF(X; D), eq. (4), per sample (B,)."""
+    """E_FF(X; D), eq. (4), per sample (B,).
+
+    The ReLU energy is positively homogeneous, so the normalised one needs no normalised copy of U:
+    -1/2 sum_m ReLU(u_m / rms(u))^2 = -1/2 |ReLU(u)|^2 / rms(u)^2 per token (rms with its eps)."""
     U = X @ D
+    if normalize and kind == "relu":
+        sq = torch.linalg.vector_norm(U, dim=-1).square()
+        return -0.5 * (torch.linalg.vector_norm(F.relu(U), dim=-1).square() / (sq / U.shape[-1] + eps)).sum(-1)
     return ff_energy_hidden(rms_normalize(U, eps) if normalize else U, kind, phi)
 
 

@@ -15,10 +15,10 @@ from torch import Tensor, nn
 
 from .config import ModelConfig
 from .energies import (
+    attn_energy,
     attn_energy_grad_heads,
-    attn_energy_heads,
+    ff_energy,
     ff_energy_grad_hidden,
-    ff_energy_hidden,
     merge_heads,
     rms_normalize,
     split_heads,
@@ -88,6 +88,13 @@ class StepSizes(nn.Module):
             return False
         self.L1.reset_parameters()
         return True
+
+    def constant_in_t(self) -> bool:
+        """Whether the step sizes depend on the condition only: fixed steps, or a time network whose L2 weight is
+        zero (c_t = L2's bias for every t)."""
+        if self.cfg.step == "fixed":
+            return True
+        return self.cfg.time_mlp and not bool(self.L2.weight.any())
 
     def time_embedding(self, t: Tensor) -> Tensor:
         if self.cfg.time_max:
@@ -172,7 +179,19 @@ class HyperSETLayer(nn.Module):
         return merge_heads(G) @ W.transpose(0, 1)  # back-projection through the same W
 
     def ff_descent(self, X: Tensor, D: Tensor, normalize: bool = True) -> Tensor:
-        """-dE_FF/dX with the hidden activations on their sphere first (eq. 10; exact if normalize=False)."""
+        """-dE_FF/dX with the hidden activations on their sphere first (eq. 10; exact if normalize=False).
+
+        At inference, for the ReLU energy, the normalisation is folded into the weights, the same value in fewer
+        passes over the (B, N, M) hidden tensor: with g the RMSNorm gain, s = sign(g) (+1 at 0) and r = 1/rms(X D)
+        per token, ReLU(r (X D) g) D^T = r ReLU(X (D s)) (D |g|)^T, because r > 0, |g| >= 0 and
+        rms(X D s) = rms(X D). With gradients the written-out form runs: compiled for training, it is the faster
+        one (1.44 against 2.27 s per step of the Sudoku recipe on one CPU thread)."""
+        if normalize and self.cfg.feedforward == "relu" and not torch.is_grad_enabled():
+            g = self.norm_ff.weight
+            s = torch.where(g >= 0, 1.0, -1.0).to(g.dtype)
+            U = X @ (D * s)  # (B, N, M): X D with the columns of negative gain flipped
+            r = torch.rsqrt(torch.linalg.vector_norm(U, dim=-1).square() / U.shape[-1] + self.norm_ff.eps)
+            return (F.relu(U) @ (D * g.abs()).transpose(0, 1)) * r.unsqueeze(-1)
         U = X @ D  # (B, N, M)
         if normalize:
             U = self.norm_ff(U)
@@ -192,9 +211,8 @@ class HyperSETLayer(nn.Module):
     def energy(self, x: Tensor, t: int | None = None) -> dict[str, Tensor]:
         """E_ATTN and E_FF "normalization first" (no learnable gains), per sample."""
         W, D = self.weights(t)
-        Z = rms_normalize(split_heads(x @ W, self.cfg.heads), self.cfg.norm_eps)
-        U = rms_normalize(x @ D, self.cfg.norm_eps)
+        cfg = self.cfg
         return {
-            "attn": attn_energy_heads(Z, self.cfg.attention, self.cfg.phi),
-            "ff": ff_energy_hidden(U, self.cfg.feedforward, self.cfg.phi),
+            "attn": attn_energy(x, W, cfg.heads, cfg.attention, phi=cfg.phi, eps=cfg.norm_eps),
+            "ff": ff_energy(x, D, cfg.feedforward, phi=cfg.phi, eps=cfg.norm_eps),
         }

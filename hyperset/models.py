@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Iterator
+from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,7 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from .config import CHOICES, ModelConfig, choice_error, get_preset
-from .core import RecurrentCore, Trace
+from .core import RecurrentCore, Trace, relay
 from .layers import RMSNorm
 
 
@@ -172,15 +173,21 @@ class HyperSETModel(nn.Module):
         return ModelOutput(self.readout(out.x), out.trace, per_iter)
 
     def frames(self, inputs: Tensor, iters: int | None = None, energies: bool = False,
-               logits: bool = True) -> Iterator[Frame]:
+               logits: bool = True) -> Generator[Frame, Tensor | None, None]:
         """The forward pass one iteration at a time, in the spirit of timm's ``forward_intermediates``: a
         :class:`Frame` after every update of the core (state, readout, and the energies of the state when
         ``energies``). The last frame's logits are ``forward(inputs, iters)``'s; the energies are those that
-        ``run(trace=True)`` records."""
+        ``run(trace=True)`` records. Rows to keep may be sent, as to :meth:`RecurrentCore.iterate`: the frames
+        after it cover those rows only."""
         index = {id(layer): k for k, layer in enumerate(self.core.layers)}
-        for step, (layer, t, x) in enumerate(self.core.iterate(self.stem(inputs), iters), start=1):
+        steps = itertools.count(1)
+
+        def frame(item: tuple[nn.Module, int, Tensor]) -> Frame:
+            layer, t, x = item
             e = {k: v.detach().float() for k, v in layer.energy(x, t).items()} if energies else None
-            yield Frame(t, index[id(layer)], step, x, self.readout(x) if logits else None, e)
+            return Frame(t, index[id(layer)], next(steps), x, self.readout(x) if logits else None, e)
+
+        return relay(self.core.iterate(self.stem(inputs), iters), frame)
 
     def forward(self, inputs: Tensor, iters: int | None = None, all_logits: bool = False, skip: int = 0,
                 detach_every: int = 0) -> Tensor:

@@ -21,7 +21,7 @@ A board's energy covers every iteration it reports: for ``commit`` the passes on
 from __future__ import annotations
 
 import math
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -72,7 +72,25 @@ class SolveFrame:
     done: dict[int, BoardResult] = field(default_factory=dict)
 
 
-_PassGen = Generator[SolveFrame, None, tuple[Tensor, dict[str, Tensor]]]
+@dataclass
+class _PassEnd:
+    """How a pass ended, per board of the pass (b boards): logits (b, 81, 9) at the board's last iteration, the
+    iterations it ran (updates of the core, every distinct layer counted), and energies {name: (t, b)}: NaN past
+    a board's last iteration."""
+
+    logits: Tensor
+    lengths: list[int]
+    energies: dict[str, Tensor]
+
+    def energy_of(self, j: int) -> dict[str, list[float]]:
+        """Board j's energies over the iterations it ran."""
+        return {k: v[: self.lengths[j], j].tolist() for k, v in self.energies.items()}
+
+
+# leave(t, rows, digits, valid) -> (k,) bool: which of the k boards still running (their positions `rows` in the
+# pass) leave the pass after iteration t, given their digits (k, 81) and whether those are a valid full board
+_Leave = Callable[[int, Tensor, Tensor, Tensor], Tensor]
+_PassGen = Generator[SolveFrame, None, _PassEnd]
 
 
 def _read(logits: Tensor, board: Tensor, cell_conf: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -84,62 +102,95 @@ def _read(logits: Tensor, board: Tensor, cell_conf: Tensor) -> tuple[Tensor, Ten
 
 
 def _pass(backend: SolverBackend, board: Tensor, cell_conf: Tensor, iters: int, pass_index: int, start: int,
-          rows: list[int], per_iteration: bool) -> _PassGen:
-    """One pass of `iters` iterations on `board` (b, 81): iteration frames when asked; returns (logits, energies
-    {name: (T, b)})."""
-    if not per_iteration:
+          rows: list[int], per_iteration: bool, leave: _Leave | None = None) -> _PassGen:
+    """One pass of `iters` iterations on `board` (b, 81), iteration frames when `per_iteration`.
+
+    With `leave`, the pass reads the prediction after every iteration and a board leaves the pass at the first
+    iteration `leave` names it; the backend then runs the others only (their rows are sent to it). Without it,
+    and without iteration frames, the backend runs the pass in one call."""
+    n = len(board)
+    if leave is None and not per_iteration:
         logits, energies = backend.run(board, iters)
-        return logits, energies
-    logits, trace = None, {}
-    for out in backend.iterate(board, iters):
-        logits = out.logits
-        for k, v in out.energies.items():
-            trace.setdefault(k, []).append(v)
-        _, _, digits, conf = _read(logits, board, cell_conf)
-        yield SolveFrame("iteration", pass_index, out.t, start + out.t, rows, digits, conf, out.energies,
-                         backend.source)
-    if logits is None:
+        steps_run = next(iter(energies.values())).shape[0] if energies else iters
+        return _PassEnd(logits, [steps_run] * n, energies)
+    live = torch.arange(n, device=board.device)  # positions in the pass of the boards still running
+    final: Tensor | None = None
+    lengths = [iters] * n
+    trace: list[tuple[Tensor, dict[str, Tensor]]] = []  # per iteration: the rows that ran it, their energies
+    steps = backend.iterate(board, iters)
+    keep: Tensor | None = None
+    logits, t = None, 0
+    while True:
+        try:
+            out = steps.send(keep)
+        except StopIteration:
+            break
+        keep, t, logits = None, out.t, out.logits
+        if final is None:
+            final = logits.new_zeros((n, *logits.shape[1:]))
+        trace.append((live, out.energies))
+        _, _, digits, conf = _read(logits, board[live], cell_conf[live])
+        if per_iteration:
+            yield SolveFrame("iteration", pass_index, t, start + t, [rows[j] for j in live.tolist()], digits, conf,
+                             out.energies, backend.source)
+        if leave is None:
+            continue
+        gone = leave(t, live, digits, _valid_mask(digits))
+        if bool(gone.any()):
+            final[live[gone]] = logits[gone]
+            for j in live[gone].tolist():
+                lengths[j] = t
+            stay = (~gone).nonzero().flatten()
+            live, keep, logits = live[stay], stay, logits[stay]
+            if len(live) == 0:
+                steps.close()
+                break
+    if final is None or logits is None:
         raise ValueError(f"iterations must be >= 1, got {iters}")
-    return logits, {k: torch.stack(v) for k, v in trace.items()}
+    if len(live):  # the boards that ran the whole pass: `logits` holds their rows
+        final[live] = logits
+        for j in live.tolist():
+            lengths[j] = t
+    energies: dict[str, Tensor] = {}
+    for i, (rows_i, e) in enumerate(trace):
+        for k, v in e.items():
+            energies.setdefault(k, torch.full((len(trace), n), math.nan, dtype=v.dtype, device=v.device))[i, rows_i] = v
+    return _PassEnd(final, lengths, energies)
 
 
 def single(backend: SolverBackend, boards: Tensor, iters: int, per_iteration: bool = False) -> Iterator[SolveFrame]:
     """One pass of `iters` iterations."""
     rows = list(range(len(boards)))
     cell_conf = (boards > 0).float()
-    logits, energies = yield from _pass(backend, boards, cell_conf, iters, 0, 0, rows, per_iteration)
-    _, _, digits, conf = _read(logits, boards, cell_conf)
-    done = {b: BoardResult(digits[b], conf[b], iters, 1, {k: v[:, b].tolist() for k, v in energies.items()}, [iters])
-            for b in rows}
-    yield SolveFrame("pass", 0, iters, iters, rows, digits, conf, energies, backend.source, done)
+    end = yield from _pass(backend, boards, cell_conf, iters, 0, 0, rows, per_iteration)
+    _, _, digits, conf = _read(end.logits, boards, cell_conf)
+    done = {b: BoardResult(digits[b], conf[b], iters, 1, end.energy_of(b), [iters]) for b in rows}
+    yield SolveFrame("pass", 0, iters, iters, rows, digits, conf, end.energies, backend.source, done)
 
 
-def auto(backend: SolverBackend, boards: Tensor, max_iters: int, patience: int = 4) -> Iterator[SolveFrame]:
-    """Stop each board when its prediction is a valid board or has not changed for `patience` iterations."""
+def auto(backend: SolverBackend, boards: Tensor, max_iters: int, patience: int = 4,
+         per_iteration: bool = True) -> Iterator[SolveFrame]:
+    """Stop each board when its prediction is a valid board or has not changed for `patience` iterations; the
+    backend runs only the boards that have not stopped."""
     backend.check(max_iters, True)
     n = len(boards)
     rows = list(range(n))
     cell_conf = (boards > 0).float()
-    done_at = [0] * n
-    trace: dict[str, list[Tensor]] = {}
-    prev, stable = None, torch.zeros(n, dtype=torch.long)
-    for out in backend.iterate(boards, max_iters):
-        t = out.t
-        for k, v in out.energies.items():
-            trace.setdefault(k, []).append(v)
-        _, _, digits, conf = _read(out.logits, boards, cell_conf)
-        stable = stable + 1 if prev is None else torch.where((digits == prev).all(-1).cpu(), stable + 1, 0)
-        prev = digits
-        filled_ok = _valid_full(digits.cpu())
-        done = {}
-        for b in rows:
-            if not done_at[b] and (filled_ok[b] or stable[b] >= patience or t == max_iters):
-                done_at[b] = t
-                done[b] = BoardResult(digits[b], conf[b], t, 1, {k: [float(e[b]) for e in v] for k, v in trace.items()},
-                                      [t])
-        yield SolveFrame("iteration", 0, t, t, rows, digits, conf, out.energies, backend.source, done)
-        if all(done_at):
-            return
+    prev = torch.zeros_like(boards)
+    stable = torch.zeros(n, dtype=torch.long, device=boards.device)
+
+    def leave(t: int, live: Tensor, digits: Tensor, valid: Tensor) -> Tensor:
+        if t == 1:
+            stable[live] = 1
+        else:
+            stable[live] = torch.where((digits == prev[live]).all(-1), stable[live] + 1, 0)
+        prev[live] = digits
+        return valid | (stable[live] >= patience)
+
+    end = yield from _pass(backend, boards, cell_conf, max_iters, 0, 0, rows, per_iteration, leave)
+    _, _, digits, conf = _read(end.logits, boards, cell_conf)
+    done = {b: BoardResult(digits[b], conf[b], end.lengths[b], 1, end.energy_of(b), [end.lengths[b]]) for b in rows}
+    yield SolveFrame("pass", 0, max_iters, max_iters, rows, digits, conf, end.energies, backend.source, done)
 
 
 def commit(backend: SolverBackend, boards: Tensor, iters: int, passes: int,
@@ -147,30 +198,38 @@ def commit(backend: SolverBackend, boards: Tensor, iters: int, passes: int,
     """Each pass commits a growing share of the remaining blanks (most confident, clash-free) as givens.
 
     A board leaves as soon as its prediction (givens + argmax) is a valid full board: that board is the solution
-    of a well-posed puzzle, so further passes could not change it. Only unfinished boards run again, so easy
-    boards cost one pass."""
+    of a well-posed puzzle, so further iterations could not change it. The prediction is read after every
+    iteration (when the backend can run one at a time; else after every pass), a board that is done leaves the
+    batch, and only unfinished boards run on, so easy boards cost a few iterations of one pass."""
     n = len(boards)
     current = boards.clone()
     cell_conf = torch.where(boards > 0, 1.0, 0.0).float()  # confidence with which each cell was filled
     energy: list[dict[str, list[float]]] = [{} for _ in range(n)]
+    lengths: list[list[int]] = [[] for _ in range(n)]
+    leave: _Leave | None = _leave_valid
+    try:
+        backend.check(iters, True)
+    except ValueError:  # a backend that runs whole passes only: boards leave at the end of a pass
+        leave = None
     active = list(range(n))
     for r in range(passes):
         idx = torch.tensor(active, device=current.device)
         cur, conf_in = current[idx], cell_conf[idx]
         blanks = cur == 0
-        logits, energies = yield from _pass(backend, cur, conf_in, iters, r, r * iters, active, per_iteration)
-        digit, conf, proposal, filled_conf = _read(logits, cur, conf_in)
-        solved = _valid_full(proposal.cpu())
+        end = yield from _pass(backend, cur, conf_in, iters, r, r * iters, active, per_iteration, leave)
+        digit, conf, proposal, filled_conf = _read(end.logits, cur, conf_in)
+        solved = _valid_mask(proposal)
         still, done = [], {}
         for j, b in enumerate(active):
-            for k, v in energies.items():
-                energy[b].setdefault(k, []).extend(v[:, j].tolist())
+            for k, v in end.energy_of(j).items():
+                energy[b].setdefault(k, []).extend(v)
+            lengths[b].append(end.lengths[j])
             if solved[j] or r == passes - 1 or not bool(blanks[j].any()):
-                done[b] = BoardResult(proposal[j], filled_conf[j], iters * (r + 1), r + 1, energy[b], [iters] * (r + 1))
+                done[b] = BoardResult(proposal[j], filled_conf[j], sum(lengths[b]), r + 1, energy[b], lengths[b])
             else:
                 still.append(j)
-        yield SolveFrame("pass", r, iters, iters * (r + 1), active, proposal, filled_conf, energies, backend.source,
-                         done)
+        yield SolveFrame("pass", r, iters, iters * (r + 1), active, proposal, filled_conf, end.energies,
+                         backend.source, done)
         if not still:
             return
         keep = torch.tensor(still, device=cur.device)
@@ -182,6 +241,10 @@ def commit(backend: SolverBackend, boards: Tensor, iters: int, passes: int,
         active = [active[j] for j in still]
 
 
+def _leave_valid(t: int, live: Tensor, digits: Tensor, valid: Tensor) -> Tensor:
+    return valid
+
+
 def stream(backend: SolverBackend, boards: Tensor, strategy: str, iters: int, *, passes: int = 16,
            max_iters: int | None = None, patience: int = 4, per_iteration: bool = False) -> Iterator[SolveFrame]:
     """The frames of `strategy` on `boards` (B, 81) int64 (`max_iters` bounds auto, default `iters`)."""
@@ -190,7 +253,7 @@ def stream(backend: SolverBackend, boards: Tensor, strategy: str, iters: int, *,
     if strategy == "commit":
         return commit(backend, boards, iters, passes, per_iteration)
     if strategy == "auto":
-        return auto(backend, boards, max_iters or iters, patience)
+        return auto(backend, boards, max_iters or iters, patience, per_iteration)
     raise ValueError(f"unknown strategy {strategy!r}; choose from {', '.join(STRATEGIES)}")
 
 
@@ -229,9 +292,11 @@ def _clashes(board: Tensor, digit: Tensor) -> Tensor:
     return same.any(-1)
 
 
-def _valid_full(digits: Tensor) -> list[bool]:
-    """Per board: all 27 units hold 1..9 exactly once (no blanks)."""
-    units = torch.tensor(UNITS)
-    vals = digits[:, units]  # (B, 27, 9)
-    ok = (vals > 0).all(-1) & (torch.sort(vals, -1).values == torch.arange(1, 10)).all(-1)
-    return ok.all(-1).tolist()
+_UNITS = torch.tensor(UNITS)  # (27, 9)
+
+
+def _valid_mask(digits: Tensor) -> Tensor:
+    """(B,) bool per board: all 27 units hold 1..9 exactly once (no blanks)."""
+    vals = digits[:, _UNITS.to(digits.device)]  # (B, 27, 9)
+    digit_range = torch.arange(1, 10, device=digits.device)
+    return (torch.sort(vals, -1).values == digit_range).all(-1).all(-1)

@@ -239,3 +239,41 @@ def test_every_layer_runs_through_the_core_gets_gradients_and_learns(layer, task
         opt.step()
     with torch.no_grad():
         assert loss_fn().item() < first
+
+
+# ------------------------------------------------------------------------------- rows sent to the iteration
+
+
+@pytest.mark.parametrize("time_init", ["zero", "live"])
+def test_rows_sent_to_iterate_run_on_as_if_they_had_run_alone(time_init):
+    """A consumer that drops rows mid-run (the solver, for finished boards) gets, for the rows it keeps, the states
+    of running those rows alone; with a dead time network (step sizes computed once, without gradient) too."""
+    cfg = _cfg(time_init=time_init)
+    model = _model(cfg).eval()
+    x0 = _x0(cfg, batch=4)
+    keep = torch.tensor([3, 1])
+    with torch.no_grad():
+        assert (model.core._fixed_steps(x0) is not None) == (time_init == "zero")
+        alone = [x for _, _, x in model.core.iterate(x0[keep], 5)]
+        it = model.core.iterate(x0, 5)
+        got = [next(it)[2][keep]]
+        got.append(it.send(keep)[2])
+        got += [x for _, _, x in it]
+    assert len(got) == 5
+    for a, b in zip(got, alone):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_step_sizes_computed_once_equal_those_of_every_iteration_and_gradients_still_flow():
+    cfg = _cfg(time_init="zero")
+    model = _model(cfg)
+    with torch.no_grad():
+        model.core.step_sizes.L3.weight.normal_(0, 0.1)
+    x0 = _x0(cfg, batch=2)
+    with torch.no_grad():
+        cached = [x for _, _, x in model.core.iterate(x0, 4)]
+    per_t = [x for _, _, x in model.core.iterate(x0, 4)]  # with gradient: step sizes at every t
+    for a, b in zip(cached, per_t):
+        torch.testing.assert_close(a, b.detach(), rtol=1e-6, atol=1e-7)
+    per_t[-1].sum().backward()
+    assert model.core.step_sizes.L3.weight.grad.abs().sum() > 0

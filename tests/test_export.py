@@ -169,6 +169,35 @@ def test_step_graphs_match_torch_iteration_by_iteration(exported: dict, name: st
             np.testing.assert_allclose(energy2[k], energy[k].numpy(), rtol=TOL, atol=TOL)
 
 
+def test_onnx_backend_runs_the_rows_sent_to_it_as_the_torch_backend_does(exported: dict) -> None:
+    """The solver drops finished boards mid-pass by sending the rows to keep; ONNX Runtime's step graphs then run
+    those rows only, with the same numbers as torch."""
+    from hyperset.backends import TorchBackend
+
+    entry = exported["sudoku"]
+    model = entry["model"]
+    onnx_backend = OnnxSolverBackend(_session(entry["loop"].path), model=model)
+    boards = E.example_inputs(model.cfg, batch=3, seed=4)
+    keep = {2: torch.tensor([2, 0]), 4: torch.tensor([1])}  # after iteration 2 rows 2 and 0; after 4 the old row 0
+    runs = []
+    for backend in (TorchBackend(model, "cpu"), onnx_backend):
+        steps, got, sent = backend.iterate(boards, 6), [], None
+        for _ in range(6):
+            out = steps.send(sent)
+            got.append(out)
+            sent = keep.get(out.t)
+        runs.append(got)
+    assert [len(s.logits) for s in runs[1]] == [3, 3, 2, 2, 1, 1]
+    for a, b in zip(*runs):
+        assert a.t == b.t
+        np.testing.assert_allclose(b.logits.numpy(), a.logits.numpy(), atol=TOL)
+        for k in ("attn", "ff"):
+            np.testing.assert_allclose(b.energies[k].numpy(), a.energies[k].numpy(), rtol=TOL, atol=TOL)
+    with torch.no_grad():  # the last row kept is board 0, run alone
+        alone = model(boards[:1], 6)
+    np.testing.assert_allclose(runs[1][-1].logits.numpy(), alone.numpy(), atol=TOL)
+
+
 # ----------------------------------------------------------------------------------------------------
 # Solver backend and CLIs
 # ----------------------------------------------------------------------------------------------------

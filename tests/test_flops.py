@@ -62,12 +62,19 @@ def test_flop_model_scales_with_iterations_past_training() -> None:
 def test_components_of_the_authors_configuration_match_the_hand_count() -> None:
     """d=128, M=4d, 81 tokens: feedforward 4 N d M, projections 4 N d^2, attention maps 4 N^2 d, L3 4 N d^2."""
     cfg = flops.config_from_args("sudoku", flops.PEER_D128)
-    per_it = flops.count(cfg, 64)["forward_flops_per_iteration"]
+    counts = flops.count(cfg, 64)
+    per_it = counts["forward_flops_per_iteration"]
     N, d, M = 81, 128, 512
     assert per_it["feedforward"] == 4 * N * d * M
     assert per_it["projections"] == 4 * N * d * d
     assert per_it["attention_maps"] == 4 * N * N * d
-    assert per_it["step_sizes"] == pytest.approx(4 * N * d * d + 2 * (512 * d + d * d) / 64)
+    step_sizes = pytest.approx(4 * N * d * d + 2 * (512 * d + d * d) / 64)
+    # the authors' time network is dead (zero init): inference makes the step sizes once per pass, training at
+    # every iteration
+    assert flops.steps_once(cfg) and "step_sizes" not in per_it
+    assert counts["forward_flops_per_pass"]["step_sizes"] == step_sizes
+    forward_part = counts["training_flops_per_iteration"]["step_sizes"]
+    assert forward_part > counts["forward_flops_per_pass"]["step_sizes"]
 
 
 def test_roofline_is_batch_over_the_matmul_time_at_the_given_rates() -> None:

@@ -116,6 +116,29 @@ def test_normalization_first_feedforward_is_D_act_RMSNorm_of_XD_eq_10():
         torch.testing.assert_close(layer.ff_descent(X, layer.D), expected)
 
 
+def test_folded_feedforward_equals_the_written_out_one_with_gains_of_either_sign():
+    """At inference the ReLU step folds the RMSNorm (and its gain) into the weights; the paper's form, written out
+    here, gives the same update, also where gains are negative or zero. With gradients the layer runs the
+    written-out form itself."""
+    layer = _layer(w_scale=0.3)
+    with torch.no_grad():
+        layer.norm_ff.weight.copy_(_randn(24, seed=9))
+        layer.norm_ff.weight[3] = 0.0
+    assert bool((layer.norm_ff.weight < 0).any())
+    X = _randn(2, 7, 16, seed=4)
+    written = F.relu(layer.norm_ff(X @ layer.D)) @ layer.D.T
+    with torch.no_grad():
+        folded = layer.ff_descent(X, layer.D)
+    torch.testing.assert_close(folded, written.detach(), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(layer.ff_descent(X, layer.D), written, rtol=0, atol=0)
+
+
+def test_feedforward_energy_without_a_normalised_copy_equals_the_written_out_one():
+    X, D = _randn(3, 7, 16, seed=1), _randn(16, 24, seed=2)
+    written = -0.5 * F.relu(rms_normalize(X @ D, 1e-6)).pow(2).sum((1, 2))
+    torch.testing.assert_close(ff_energy(X, D, "relu", normalize=True, eps=1e-6), written, rtol=1e-12, atol=0)
+
+
 # ----------------------------------------------------------------------------------------------- 2. descent
 
 

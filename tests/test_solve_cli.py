@@ -114,6 +114,66 @@ def test_commit_strategy_stops_each_board_when_it_is_valid(solver: Solver) -> No
     assert oracle.calls == [2, 1, 1, 1]  # only the unfinished board runs again
 
 
+class SteppingOracle:
+    """A backend that runs one iteration at a time: from iteration `at` on, the known puzzles' logits put all
+    mass on their solution, the others' are noise. Records the rows each iteration ran and what was sent."""
+
+    name, source, device, device_name = "stepping-oracle", "oracle", "cpu", "cpu"
+
+    def __init__(self, known: dict[str, str], at: int):
+        self.known, self.at, self.rows_per_step, self.sent = known, at, [], []
+
+    def check(self, iters: int, per_iteration: bool) -> None:
+        return None
+
+    def _logits(self, boards: torch.Tensor, t: int) -> torch.Tensor:
+        logits = torch.randn(len(boards), 81, 9, generator=torch.Generator().manual_seed(t))
+        for b, row in enumerate(boards.tolist()):
+            for start, solution in self.known.items():
+                if t >= self.at and all(c == 0 or c == int(start[i]) for i, c in enumerate(row)):
+                    logits[b] = -10.0
+                    logits[b, torch.arange(81), torch.tensor([int(c) - 1 for c in solution])] = 10.0
+        return logits
+
+    def iterate(self, boards: torch.Tensor, iters: int):
+        from hyperset.backends import BackendStep
+
+        for t in range(1, iters + 1):
+            self.rows_per_step.append(len(boards))
+            e = torch.full((len(boards),), float(-t))
+            rows = yield BackendStep(t, self._logits(boards, t), {"attn": e, "ff": e})
+            self.sent.append(rows)
+            if rows is not None:
+                boards = boards[rows]
+
+    def run(self, boards: torch.Tensor, iters: int):
+        steps = list(self.iterate(boards, iters))
+        return steps[-1].logits, {k: torch.stack([s.energies[k] for s in steps]) for k in ("attn", "ff")}
+
+
+@pytest.mark.parametrize("per_iteration", [False, True])
+@pytest.mark.parametrize("at", [3, 8])  # mid-pass, and at the pass's last iteration
+def test_commit_strategy_lets_a_board_leave_at_the_iteration_it_is_valid(solver: Solver, per_iteration, at) -> None:
+    from hyperset.strategies import stream
+
+    hard = generate(1, seed=3)[0][0]
+    oracle = SteppingOracle({EASY: EASY_SOLUTION}, at=at)
+    boards = torch.tensor([[int(c) for c in p] for p in (hard, EASY)])
+    frames = list(stream(oracle, boards, "commit", 8, passes=2, per_iteration=per_iteration))
+    done = {b: r for f in frames for b, r in f.done.items()}
+    easy, other = done[1], done[0]
+    assert easy.iterations == at and easy.pass_lengths == [at]
+    assert easy.energy["attn"] == [-float(t) for t in range(1, at + 1)]
+    assert "".join(map(str, easy.digits.tolist())) == EASY_SOLUTION
+    assert other.iterations == 16 and other.pass_lengths == [8, 8] and len(other.energy["ff"]) == 16
+    assert not bool(torch.equal(other.digits, easy.digits))
+    # after iteration `at` only the hard board runs: the backend was told to keep row 0
+    assert oracle.rows_per_step == [2] * at + [1] * (16 - at) and torch.equal(oracle.sent[at - 1], torch.tensor([0]))
+    if per_iteration:
+        its = [f for f in frames if f.kind == "iteration"]
+        assert [f.boards for f in its[:at + 1]] == [[0, 1]] * at + [[0]]
+
+
 def test_commit_cells_picks_confident_clash_free_blanks_only() -> None:
     from hyperset.solve import commit_cells
 
