@@ -240,6 +240,27 @@ def test_reconstruct_defaults_show_four_columns_the_ceiling_and_pasted_pixels(ap
     assert "pasted back" in metrics and "tokenizer only" in metrics and "E_ATTN" in note
 
 
+def test_reconstruct_decoding_choice(app: HyperSETApp):
+    """Decoding "expected" (the default) is the pipeline's decode="expected" (the expected code embedding) and says
+    so; "maskgit" samples; anything else is a message."""
+    from hyperset.vision.maskgit import mask_by_ratio
+
+    editor = app.sample_editor(DEFAULT_SAMPLE)
+    out = app.reconstruct(editor, "random", 0.5, 3, 5, 6, 1.0, False, "expected")
+    details, metrics, note = out[7], out[4], out[6]
+    assert details["decoding"] == "expected" and details["steps"] == 1 and len(details["energy"]["attn"]) == 5
+    assert "expected code embedding (one forward pass)" in metrics and "only forward pass" in note
+    image = app._editor_image(editor)[0]
+    mask = mask_by_ratio((1, 8, 8), 0.5, generator=torch.Generator().manual_seed(3))
+    direct = app.mim.reconstruct(image, mask, iters=5, decode="expected")
+    assert np.array_equal(out[3], _to_display(direct.images))  # raw output: the pipeline's expected decode
+    assert app.reconstruct(editor, "random", 0.5, 3, 5, 6, 1.0, False)[7]["decoding"] == "expected"  # the default
+    sampled = app.reconstruct(editor, "random", 0.5, 3, 5, 6, 1.0, False, "maskgit")
+    assert sampled[7]["decoding"] == "maskgit" and sampled[7]["steps"] == 6 and "MaskGIT sampling" in sampled[4]
+    assert "at the last decoding step" in sampled[6]
+    assert "decoding must be 'maskgit' or 'expected'" in app.reconstruct(editor, decoding="mean")[4]
+
+
 def test_mim_training_note_reads_what_the_config_records():
     info = {"steps": 1000, "device": "cpu (1 threads)", "train": {"steps": 8000, "batch_size": 64},
             "data": {"train_images": 48000, "source": "cifar10 train (data/cifar10)",
@@ -262,6 +283,9 @@ def test_mim_training_note_reads_what_the_config_records():
                   "1,000 CIFAR-10 test images, 40% of the tokens masked", "19.39 / 19.41 dB at 12 / 24 iterations"):
         assert words in runs, (words, runs)
     assert "1,000 steps of 64" not in runs
+    both = mim_training_note({**info, "evaluation": {"images": 1000, "by_iterations": {"12": {"psnr": 19.388}},
+                                                     "expected_by_iterations": {"12": {"psnr": 20.876}}}})
+    assert "19.39 dB at 12 iterations with MaskGIT sampling, 20.88 dB at 12 with the expected embedding." in both
     odd = mim_training_note({"steps": "many", "train": [], "data": None, "metrics": {"val/psnr@40": None}})
     assert "no training budget recorded" in odd and "No measured PSNR" in odd
 
@@ -371,7 +395,11 @@ def test_client_bad_input_and_reconstruction(served):
                                                                                 True, api_name="/reconstruct")
     with Image.open(recon) as im:
         assert im.size == (256, 256)
-    assert np.isfinite(details["psnr"]) and "PSNR" in metrics
+    assert np.isfinite(details["psnr"]) and "PSNR" in metrics and details["decoding"] == "expected"  # the default
+    *_, details = client.predict(value, "random", 0.5, 1, 4, 8, 1.0, True, "maskgit", api_name="/reconstruct")
+    assert details["decoding"] == "maskgit" and np.isfinite(details["psnr"])
+    radio = next(b for b in demo.blocks.values() if getattr(b, "elem_id", None) == "mim-decoding")
+    assert radio.value == "expected" and [c[1] for c in radio.choices] == ["maskgit", "expected"]
 
 
 def test_client_solve_api_takes_and_returns_plain_values(served):

@@ -5,12 +5,19 @@ the tokens under a mask are replaced by the mask id (= codebook size), the token
 MaskGIT iterative decoding (Sec. 4.3 and App. "Masked Image Modeling": 24 steps, temperature 1), and the filled
 codes are decoded back to pixels.
 
+``reconstruct(..., decode="expected")`` decodes instead the expected code embedding: one forward pass of the
+token model on the masked codes, then at each masked position the mean of the codebook vectors under its
+predicted distribution (softmax(logits) @ codebook), at the others the image's own code vector, and the
+tokenizer's decoder on that latent grid. That mean is the MSE-optimal latent under the model's distribution, so it
+trades sharpness (a blend of codes, not one code) for PSNR; MaskGIT sampling draws one code per token.
+
     from hyperset.vision.reconstruct import load_mim, sample_images, pixel_to_token_mask
     pipe = load_mim()                                  # the shipped CIFAR-10 tokenizer + token model
     images = torch.stack(list(sample_images().values()))
     mask = pixel_to_token_mask(drawn_mask, pipe.grid)  # (H, W) bool -> (8, 8) bool
     result = pipe.reconstruct(images, mask.expand(len(images), -1, -1))
     result.images, result.energy["attn"]              # reconstructions, E_ATTN per iteration
+    pipe.reconstruct(images, mask, decode="expected")  # the expected code embedding instead of sampling
 
 Used by ``hyperset-eval mim`` and by the web app.
 """
@@ -40,6 +47,7 @@ from .vq import VQConfig, VQTokenizer
 WEIGHTS_DIR = weights_root() / "mim"
 TOKENIZER_KIND = "vq-tokenizer"
 VQGAN_SUFFIXES = (".ckpt", ".pth", ".pt", ".safetensors")
+DECODINGS = ("maskgit", "expected")  # reconstruct(decode=...): MaskGIT sampling (the paper's), expected embedding
 
 
 class MIMWeightsMissing(FileNotFoundError):
@@ -81,6 +89,20 @@ class Tokenizer(nn.Module):
         if self.kind == TOKENIZER_KIND:
             return self.model.decode(codes)
         return self.model.decode_code(codes)
+
+    @property
+    def codebook(self) -> Tensor:
+        """The code vectors (K, D): ``decode(codes)`` is ``decode_latents`` of ``codebook[codes]`` (channels first)."""
+        return self.model.quantize.embedding.weight
+
+    @torch.no_grad()
+    def decode_latents(self, latents: Tensor) -> Tensor:
+        """latents (B, D, h, w) in the codebook's space -> images (B, 3, H, W) in [0, 1]: the decoder applied to
+        any latent grid, e.g. a mean of code vectors (for the VQGAN after its ``post_quant_conv``, as for codes)."""
+        d = self.codebook.shape[1]
+        if latents.ndim != 4 or latents.shape[1] != d or tuple(latents.shape[2:]) != (self.grid, self.grid):
+            raise ValueError(f"latents must be (B, {d}, {self.grid}, {self.grid}), got {tuple(latents.shape)}")
+        return self.model.decode_latents(latents.to(self.codebook.dtype))
 
 
 def default_tokenizer_dir() -> Path:
@@ -138,24 +160,55 @@ def check_compatible(tokenizer: Tokenizer, model: HyperSETModel) -> None:
         raise ValueError("token model and tokenizer do not match: " + "; ".join(problems))
 
 
+def expected_latents(codebook: Tensor, codes: Tensor, mask: Tensor, logits: Tensor,
+                     temperature: float = 1.0) -> Tensor:
+    """The expected code embedding: latents (B, D, h, w) for the tokenizer's ``decode_latents``.
+
+    At masked positions (mask (B, h, w), True = masked) the mean code vector under the token model's predicted
+    distribution, softmax(logits / temperature) @ codebook (temperature 0: the most probable code's vector); at
+    the others the image's own code vector codebook[codes]. ``codebook`` (K, D), ``codes`` (B, h, w) long in
+    [0, K) at the unmasked positions (masked ones are ignored), ``logits`` (B, h * w, >= K): classes from K on
+    (the mask id) are never part of the distribution, as in MaskGIT sampling.
+    """
+    if not (math.isfinite(temperature) and temperature >= 0):
+        raise ValueError(f"temperature must be a finite number >= 0, got {temperature}")
+    b, h, w = codes.shape
+    k = codebook.shape[0]
+    book = codebook.float()
+    logits = logits.reshape(b, h * w, -1)[..., :k].float()
+    if temperature == 0:
+        mean = book[logits.argmax(-1)]
+    else:
+        mean = (logits / temperature).softmax(-1) @ book  # (B, N, D)
+    mask = mask.reshape(b, h * w, 1).to(mean.device)
+    own = book[codes.reshape(b, h * w).masked_fill(mask[..., 0], 0)]
+    z = torch.where(mask, mean, own)
+    return z.reshape(b, h, w, -1).permute(0, 3, 1, 2).to(codebook.dtype)
+
+
 @dataclass
 class ReconstructionResult:
     """What ``MIMPipeline.reconstruct`` returns (all tensors on the CPU).
 
-    images: reconstructions (B, 3, H, W) in [0, 1], decoded from ``codes``.
-    codes: the filled code grids (B, h, w); unmasked positions equal ``input_codes``.
+    images: reconstructions (B, 3, H, W) in [0, 1]: decoded from ``codes`` ("maskgit"), or from the expected code
+        embedding at the masked positions ("expected"; see ``expected_latents``).
+    codes: the filled code grids (B, h, w); unmasked positions equal ``input_codes``. For "expected" the masked
+        positions hold the most probable code (argmax of the same logits): a summary, not what ``images`` shows.
     input_codes: the tokenizer's codes of the input images (B, h, w).
     mask: the token mask used (B, h, w), True = masked.
     tokenizer_images: decode(input_codes): the best any token model can do (the tokenizer's ceiling).
     masked_images: the inputs with every masked token's pixel block painted mid-gray (for display).
     energy: {"attn": [T], "ff": [T]} E_ATTN and E_FF after each iteration t = 1..T of the token model's
-        forward pass at the final decoding step (its input: the codes with the last still-masked tokens),
-        averaged over the batch; empty for baselines without an energy (Transformer). As the trace defines
-        them: "normalization first", without the learned gains (``hyperset.energies``).
+        forward pass at the final decoding step (its input: the codes with the last still-masked tokens; for
+        "expected" the one forward pass, on the codes with every masked token), averaged over the batch; empty
+        for baselines without an energy (Transformer). As the trace defines them: "normalization first", without
+        the learned gains (``hyperset.energies``).
     energy_per_image: the same, per image: {"attn": (B, T), "ff": (B, T)}.
     step_sizes: the step sizes of that same forward pass per iteration (``step_size_stats``): the mean of
         alpha_t and gamma_t and the share of their entries below zero; empty for models without them.
-    iters, steps, temperature: the settings used.
+    iters, steps, temperature: the settings used ("expected": steps is 1, one forward pass, and the temperature is
+        that of its softmax).
+    decode: "maskgit" or "expected", the decoding used.
     """
 
     images: Tensor
@@ -170,6 +223,7 @@ class ReconstructionResult:
     iters: int = 0
     steps: int = 0
     temperature: float = 1.0
+    decode: str = "maskgit"
 
 
 def pixel_to_token_mask(pixel_mask: Tensor | np.ndarray, grid: int, threshold: float = 0.5) -> Tensor:
@@ -254,7 +308,8 @@ def prepare_images(images: Tensor | Image.Image | list[Image.Image], size: int) 
 
 
 class MIMPipeline:
-    """Tokenizer + token model: masked reconstruction by MaskGIT decoding (see the module docstring)."""
+    """Tokenizer + token model: masked reconstruction by MaskGIT decoding or the expected code embedding (see the
+    module docstring)."""
 
     def __init__(self, tokenizer: Tokenizer, model: HyperSETModel, info: dict[str, Any] | None = None) -> None:
         check_compatible(tokenizer, model)
@@ -304,7 +359,8 @@ class MIMPipeline:
     def reconstruct(self, images: Tensor, mask: Tensor, iters: int | None = None, steps: int = 24,
                     temperature: float = 1.0, randomize_temp: float = 0.0, mode: str = "arccos",
                     generator: torch.Generator | None = None,
-                    on_step: Callable[[int, Tensor], None] | None = None) -> ReconstructionResult:
+                    on_step: Callable[[int, Tensor], None] | None = None,
+                    decode: str = "maskgit") -> ReconstructionResult:
         """Reconstruct masked images.
 
         Args:
@@ -313,13 +369,19 @@ class MIMPipeline:
                 converted with ``pixel_to_token_mask`` (a token is masked when most of its pixels are).
             iters: token-model iterations (default: the trained number; any number works).
             steps: MaskGIT decoding steps (paper: 24).
-            temperature: sampling temperature (paper: 1; 0 = argmax).
+            temperature: sampling temperature (paper: 1; 0 = argmax); for "expected" the temperature of the
+                softmax whose mean is taken (0: the most probable code's vector).
             randomize_temp: Gumbel noise on the confidences (the authors' reconstruction evaluation: 0).
             mode: reveal schedule (paper: arccos).
             generator: CPU generator for reproducible sampling.
             on_step: ``on_step(step, codes)`` after each decoding step (masked positions hold ``mask_id``;
-                preview with ``decode(codes, fill=...)``).
+                preview with ``decode(codes, fill=...)``); "expected" calls it once, with the argmax codes.
+            decode: "maskgit" (MaskGIT iterative sampling, the paper's protocol) or "expected" (one forward pass of
+                ``iters`` iterations; masked positions decoded from the expected code embedding, see
+                ``expected_latents``; ``steps``, ``randomize_temp``, ``mode`` and ``generator`` do not apply).
         """
+        if decode not in DECODINGS:
+            raise ValueError(f"decode must be one of {', '.join(map(repr, DECODINGS))}, got {decode!r}")
         if images.ndim == 3:
             images = images[None]
         b = images.shape[0]
@@ -336,6 +398,8 @@ class MIMPipeline:
                              f"got {tuple(mask.shape)}")
         iters = self.trained_iters if iters is None else int(iters)
         codes = self.encode(images)
+        if decode == "expected":
+            return self._reconstruct_expected(images, codes, mask, iters, temperature, on_step)
         last_input: list[Tensor] = []
         base = self.logits_fn(iters)
 
@@ -354,7 +418,28 @@ class MIMPipeline:
             tokenizer_images=self.decode(codes), masked_images=paint_mask(images.cpu().float(), mask),
             energy={k: v.mean(0).tolist() for k, v in per_image.items()}, energy_per_image=per_image,
             step_sizes=step_size_stats(self.model, final_input.reshape(b, -1), iters),
-            iters=iters, steps=steps, temperature=temperature)
+            iters=iters, steps=steps, temperature=temperature, decode="maskgit")
+
+    @torch.no_grad()
+    def _reconstruct_expected(self, images: Tensor, codes: Tensor, mask: Tensor, iters: int, temperature: float,
+                              on_step: Callable[[int, Tensor], None] | None) -> ReconstructionResult:
+        """``reconstruct(decode="expected")``: one traced forward pass on the masked codes gives the logits, the
+        energies and (recomputed on the same input) the step sizes; the images are the expected latents decoded."""
+        b, n = codes.shape[0], self.grid**2
+        inputs = codes.masked_fill(mask, self.mask_id).reshape(b, n).to(self.device)
+        out = self.model.run(inputs, iters=iters, trace=True)
+        latents = expected_latents(self.tokenizer.codebook, codes.to(self.device), mask, out.logits, temperature)
+        best = out.logits.reshape(b, n, -1)[..., :self.mask_id].argmax(-1).reshape(codes.shape).cpu()
+        filled = torch.where(mask, best, codes)
+        if on_step is not None:
+            on_step(0, filled.clone())
+        per_image = {k: torch.stack(v, dim=1).cpu() for k, v in (out.trace.energy if out.trace else {}).items()}
+        return ReconstructionResult(
+            images=self.tokenizer.decode_latents(latents).cpu(), codes=filled, input_codes=codes, mask=mask,
+            tokenizer_images=self.decode(codes), masked_images=paint_mask(images.cpu().float(), mask),
+            energy={k: v.mean(0).tolist() for k, v in per_image.items()}, energy_per_image=per_image,
+            step_sizes=step_size_stats(self.model, inputs, iters),
+            iters=iters, steps=1, temperature=temperature, decode="expected")
 
 
 def load_mim(directory: str | Path | None = None, tokenizer: str | Path | None = None,

@@ -236,8 +236,13 @@ class VQTokenizer(nn.Module):
     @torch.no_grad()
     def decode(self, codes: Tensor) -> Tensor:
         """codes (B, h, w) long -> images (B, C, H, W) in [0, 1]."""
-        z_q = self.quantize.embedding(codes).permute(0, 3, 1, 2)  # (B, D, h, w)
-        return ((self.decoder(z_q) + 1) / 2).clamp(0, 1)
+        return self.decode_latents(self.quantize.embedding(codes).permute(0, 3, 1, 2))  # (B, D, h, w)
+
+    @torch.no_grad()
+    def decode_latents(self, latents: Tensor) -> Tensor:
+        """latents (B, code_dim, h, w) -> images (B, C, H, W) in [0, 1]: the decoder on any latent grid, not only
+        on codebook vectors (e.g. the expected code embedding under a token model's predicted distribution)."""
+        return ((self.decoder(latents) + 1) / 2).clamp(0, 1)
 
     def codebook_usage(self, codes: Tensor) -> float:
         """Fraction of the K codes that occur at least once in ``codes``."""

@@ -252,8 +252,14 @@ class VQGAN(nn.Module):
     @torch.no_grad()
     def decode_code(self, codes: Tensor) -> Tensor:
         """codes (B, r, r) long -> images [0, 1] (B, 3, R, R)."""
-        z_q = self.quantize.embedding(codes).permute(0, 3, 1, 2)  # (B, embed_dim, r, r)
-        out = self.decoder(self.post_quant_conv(z_q))
+        return self.decode_latents(self.quantize.embedding(codes).permute(0, 3, 1, 2))  # (B, embed_dim, r, r)
+
+    @torch.no_grad()
+    def decode_latents(self, latents: Tensor) -> Tensor:
+        """latents (B, embed_dim, r, r) in the codebook's space -> images [0, 1] (B, 3, R, R): post_quant_conv,
+        then the decoder, as ``decode_code`` does for codebook vectors; any latent grid works (e.g. the expected
+        code embedding under a token model's predicted distribution)."""
+        out = self.decoder(self.post_quant_conv(latents))
         return ((out + 1) / 2).clamp(0, 1)
 
 
