@@ -23,6 +23,9 @@ REPO = ROOT.parent
 DEFAULT_RUNS = [
     "old recipe (sudoku-cpu)=runs/sudoku-cpu",
     "new recipe (sudoku-cpu-deep, from the old model)=runs/sudoku-cpu-deep@old recipe (sudoku-cpu)",
+    "new recipe, second cycle (lr 3e-4, 3,000 steps)=runs/sudoku-cpu-deep2@new recipe (sudoku-cpu-deep, from the old "
+    "model)",
+    "new recipe, third cycle (lr 2e-4)=runs/sudoku-cpu-deep3@new recipe, second cycle (lr 3e-4, 3,000 steps)",
     "Transformer baseline (sudoku-cpu-transformer)=runs/sudoku-cpu-transformer",
 ]
 THRESHOLDS = (0.6, 0.9)
