@@ -128,9 +128,12 @@ def test_solve_stop_and_reconstruct_in_chromium(url):
     with _chromium_page(url) as page:
         page.locator("#solve-btn").wait_for()
         # edit a cell of the grid (the easy example is preloaded; r1c3 is blank): the board follows
-        page.locator("#sudoku-grid [data-testid=cell-0-2]").dblclick()
-        page.keyboard.type("1")
-        page.keyboard.press("Enter")
+        cell = page.locator("#sudoku-grid [data-testid=cell-0-2]")
+        cell.dblclick()
+        editor = cell.locator("input, textarea").first
+        editor.wait_for()  # the cell's editor is open before anything is typed into it
+        editor.fill("1")
+        editor.press("Enter")
         page.locator("#verdict").get_by_text("38 givens").wait_for()
         # load an example through its button, then solve it (the default commit strategy: several passes)
         page.get_by_text("Hard: 23 givens", exact=True).first.click()
