@@ -304,7 +304,8 @@ def test_load_keeps_memory_bounded_and_the_app_serving(server_process, huge_png:
                      {"background": _file(small), "layers": [_file(big)], "composite": _file(small)},
                      {"background": _file(small), "layers": [], "composite": _file(big)}]
     answers = [_call(client, "upload", [_file(big)])]
-    answers += [_call(client, "reconstruct", [value, "drawn", 0.5, 0, 2, 2, 1.0, True]) for value in editor_values]
+    answers += [_call(client, "reconstruct", [value, "drawn", 0.5, 0, 2, 2, 1.0, True, "maskgit"])
+                for value in editor_values]
     assert [event for event, _ in answers] == ["error"] * 4
     assert all("too large" in data["error"] for _, data in answers)
     assert _memory_mb(pid, "VmHWM") - peak < MEMORY_CAP_MB  # the peak: nothing was decoded
