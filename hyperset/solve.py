@@ -34,11 +34,12 @@ __all__ = ["DEFAULT_PASSES", "DEFAULT_STRATEGY", "STRATEGIES", "SolveResult", "S
            "commit_cells", "result_of", "summarize", "timed_solve"]
 DEFAULT_STRATEGY = "commit"  # measured in bench/sudoku_eval.py (README, "Sudoku results")
 DEFAULT_PASSES = 16  # most passes of the commit strategy
-# Boards per forward pass. On a CPU small batches are faster per board: at 256 the activations and attention maps
-# (256 x 4 x 81 x 81 floats) leave the cache. bench/sudoku_eval.py (`batch_sweep`, 2-core AMD EPYC, 1 thread, 256
-# puzzles): one pass at 16 iterations 31.5 / 45.9 / 47.7 / 41.5 / 22.1 boards/s at batch 1 / 4 / 16 / 64 / 256,
-# the default commit strategy 7.3 / 8.3 / 10.1 / 10.8 / 8.3. GPUs want big batches.
-CPU_BATCH_SIZE = 16
+# Boards per forward pass. Boards leave the batch as soon as they are valid, so a batch shrinks as it runs and the
+# hard boards that remain run in small batches: a larger starting batch keeps more of them together. The default
+# strategy of the shipped model on the first 256 of the protocol's validation draw, 2 threads of a 2-vCPU Intel
+# Xeon with AMX (idle otherwise): 24.5 / 27.5 / 31.6 / 35.9 / 39.1 boards/s at batch 16 / 32 / 64 / 128 / 256;
+# 128 keeps the first boards printed within a few seconds. GPUs want big batches.
+CPU_BATCH_SIZE = 128
 GPU_BATCH_SIZE = 256
 
 
