@@ -352,9 +352,14 @@ def mim_training_note(info: dict[str, Any] | None, parameters: int | None = None
     else:
         text += " No measured PSNR recorded."
     test = section("evaluation")
-    by_depth = test.get("by_iterations") if isinstance(test.get("by_iterations"), dict) else {}
-    scores = [(k, _number(v.get("psnr"))) for k, v in by_depth.items() if isinstance(v, dict)]
-    scores = [(k, v) for k, v in scores if v is not None]
+
+    def psnr_by_depth(key: str) -> list[tuple[str, float]]:
+        """(iterations, PSNR) of the evaluation's `key` table, its malformed rows left out."""
+        table = test.get(key) if isinstance(test.get(key), dict) else {}
+        rows = [(k, _number(v.get("psnr"))) for k, v in table.items() if isinstance(v, dict)]
+        return [(k, v) for k, v in rows if v is not None]
+
+    scores = psnr_by_depth("by_iterations")
     if scores:
         n_test, pct = _count(test.get("images")), _number(test.get("mask_ratio"))
         where = ", ".join(x for x in (f"{n_test:,} {test.get('split') or 'test'} images" if n_test else "",
@@ -362,9 +367,7 @@ def mim_training_note(info: dict[str, Any] | None, parameters: int | None = None
         text += (f" Measured ({where}; nothing pasted back): PSNR " +
                  " / ".join(f"{v:.2f}" for _, v in scores) + " dB at " + " / ".join(k for k, _ in scores) +
                  " iterations")
-        expected = test.get("expected_by_iterations") if isinstance(test.get("expected_by_iterations"), dict) else {}
-        other = [(k, _number(v.get("psnr"))) for k, v in expected.items() if isinstance(v, dict)]
-        other = [(k, v) for k, v in other if v is not None]
+        other = psnr_by_depth("expected_by_iterations")
         if other:
             text += (" with MaskGIT sampling, " + " / ".join(f"{v:.2f}" for _, v in other) + " dB at " +
                      " / ".join(k for k, _ in other) + " with the expected embedding")
