@@ -48,14 +48,13 @@ import gradio as gr
 import numpy as np
 import torch
 import torch.nn.functional as F
-from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator
 from PIL import Image
 
 from hyperset.solve import DEFAULT_PASSES, DEFAULT_STRATEGY, result_of
 from hyperset.strategies import BoardResult
 from hyperset.sudoku.board import PuzzleError, cell_name, conflicts, parse_puzzles, validate
 
+from .energy_plot import energy_svg
 from .limits import MAX_IMAGE_PIXELS, MAX_UPLOAD_BYTES, RequestLimits, RunGuard, limit_pixels, pixel_problem
 
 __all__ = [
@@ -63,7 +62,7 @@ __all__ = [
     "HyperSETApp",
     "InputError",
     "build_demo",
-    "energy_figure",
+    "energy_svg",
     "energy_note",
     "grid_to_puzzle",
     "mim_training_note",
@@ -83,7 +82,7 @@ SOLVE_TIME_LIMIT = 120  # seconds per solve: then it stops with the board so far
 CACHE_CLEANUP = (600, 3600)  # every 10 minutes, delete uploaded and generated files older than an hour
 AUTO_PATIENCE = 4  # as Solver.solve(iters="auto")
 PLOT_SHARE = 0.15  # while streaming, redraw the energy plot while drawing takes at most this share of the time
-PLOT_COST_GUESS = 0.05  # seconds a plot is taken to cost before the first one is drawn
+PLOT_COST_GUESS = 0.002  # seconds a plot is taken to cost before the first one is drawn (inline SVG: ~0.3 ms)
 SEND_SHARE = 0.25  # ...and send an update while the consumer (Gradio) takes at most this share to pass them on
 DISPLAY_SIDE = 256  # images are shown upscaled to about this many pixels
 DRAW_THRESHOLD = 0.25  # a token is masked when this share of its pixels is painted
@@ -95,7 +94,6 @@ DECODING_CHOICES = [("MaskGIT sampling", "maskgit"), ("expected embedding", "exp
 # closer to the originals than MaskGIT sampling (docs/mim.md), without the speckle of sampled codes; MaskGIT
 # sampling, the paper's protocol, is one click away (and hyperset-eval's default).
 DEFAULT_DECODING = "expected"
-ENERGY_LABELS = {"attn": "E_ATTN", "ff": "E_FF"}
 
 # ----------------------------------------------------------------------------------------------------------
 # example puzzles (kept here so the app works from an installed package)
@@ -233,49 +231,6 @@ def render_board(board: str, givens: str, confidence: Sequence[float] | None = N
             '<table style="border-collapse:collapse;font-family:ui-monospace,Menlo,Consolas,monospace;'
             'font-size:22px;line-height:1;margin:0;">' + "".join(rows) + "</table>" + note +
             f'<div style="margin-top:6px;font-size:12px;color:#4b5563">{legend}</div></div>')
-
-
-# ----------------------------------------------------------------------------------------------------------
-# energy plot
-
-
-def energy_figure(passes: Sequence[dict[str, Sequence[float]]], trained: int, x_max: int | None = None,
-                  title: str = "") -> Figure:
-    """E_ATTN and E_FF against the iteration (one panel each), a dashed line at the trained depth. Each entry
-    of ``passes`` is one forward pass ({"attn": [...], "ff": [...]}); several passes are drawn as several lines."""
-    names = [k for k in ENERGY_LABELS if any(p.get(k) for p in passes)]
-    names += sorted({k for p in passes for k, v in p.items() if v and k not in names})
-    fig = Figure(figsize=(7.6, 2.9), dpi=100, layout="constrained")
-    if not names:
-        ax = fig.add_subplot(1, 1, 1)
-        ax.axis("off")
-        ax.text(0.5, 0.5, "no energy trace (this model defines no energy)", ha="center", va="center")
-        return fig
-    longest = max((len(v) for p in passes for v in p.values()), default=1)
-    x_hi = max(x_max or longest, trained, 2)
-    for j, name in enumerate(names):
-        ax = fig.add_subplot(1, len(names), j + 1)
-        for k, p in enumerate(passes):
-            values = list(p.get(name) or [])
-            if not values:
-                continue
-            xs = np.arange(1, len(values) + 1)
-            if len(passes) > 1:
-                shade = 0.25 + 0.75 * (k + 1) / len(passes)
-                color = (0.15, 0.35 * shade, 0.9 * shade) if name == "attn" else (0.9 * shade, 0.45 * shade, 0.1)
-                ax.plot(xs, values, color=color, lw=1.4, label=f"pass {k + 1}" if k in (0, len(passes) - 1) else None)
-            else:
-                ax.plot(xs, values, color="#2563eb" if name == "attn" else "#ea580c", lw=1.8, marker="o",
-                        markersize=2.5 if len(values) < 80 else 0)
-        ax.axvline(trained, color="#dc2626", ls="--", lw=1.2, label=f"trained depth {trained}")
-        ax.set_xlim(0.5, x_hi + 0.5)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_xlabel("iteration")
-        ax.set_title(ENERGY_LABELS.get(name, name), fontsize=11)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8, loc="best")
-    fig.suptitle(title or "Energy per iteration (dashed: the depth the model was trained with)", fontsize=10)
-    return fig
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -684,8 +639,8 @@ class HyperSETApp:
         bad = sorted({c for pair in conflicts(frame.digits) for c in pair})
         return render_board(frame.digits, puzzle, frame.confidence, bad, caption)
 
-    def _sudoku_plot(self, passes: list[dict[str, list[float]]], iters: int) -> Figure:
-        return energy_figure(passes, self.trained_iters, x_max=iters)
+    def _sudoku_plot(self, passes: list[dict[str, list[float]]], iters: int) -> str:
+        return energy_svg(passes, self.trained_iters, x_max=iters)
 
     def _final(self, puzzle: str, frame: _Frame, iters: int, strategy: str, t0: float,
                stopped: str = "") -> tuple[Any, ...]:
@@ -921,7 +876,7 @@ class HyperSETApp:
                    "tokens": n_tokens, "iterations": iters, "trained_depth": trained, "decoding": result.decode,
                    "steps": result.steps, "temperature": temp, "seed": seed_v, "image_size": s,
                    "energy": result.energy, "step_sizes": result.step_sizes, "seconds": round(seconds, 3)}
-        plot = energy_figure([result.energy], trained, x_max=iters,
+        plot = energy_svg([result.energy], trained, x_max=iters,
                              title="Token model's last forward pass: energies after each iteration")
         return (_to_display(image), _to_display(result.masked_images.float()), _to_display(tokenizer_only),
                 _to_display(shown), metrics, plot, energy_note(result.energy, result.step_sizes, result.decode),
@@ -992,7 +947,7 @@ class HyperSETApp:
             with gr.Column(scale=6):
                 board = gr.HTML(render_board(start, start), elem_id="sudoku-board", label="Board")
                 verdict = gr.Markdown("Load an example or type a puzzle, then press **Solve**.", elem_id="verdict")
-                plot = gr.Plot(label="Energy per iteration", show_label=False, elem_id="sudoku-energy", format="png")
+                plot = gr.HTML(label="Energy per iteration", elem_id="sudoku-energy")
                 with gr.Accordion("Details (JSON)", open=False):
                     details = gr.JSON(label="Last result")
         gr.Examples(examples=[[t] for _, t in EXAMPLES], inputs=[text], outputs=[grid, board, verdict],
@@ -1084,7 +1039,7 @@ class HyperSETApp:
                             elem_id="mim-columns")
                 metrics = gr.Markdown("Choose an image and a mask, then press **Reconstruct**.",
                                       elem_id="mim-metrics")
-                plot = gr.Plot(label="Energy per iteration", show_label=False, elem_id="mim-energy", format="png")
+                plot = gr.HTML(label="Energy per iteration", elem_id="mim-energy")
                 note = gr.Markdown("", elem_id="mim-energy-note")
                 with gr.Accordion("Details (JSON)", open=False):
                     details = gr.JSON(label="Last result")

@@ -10,7 +10,7 @@ passes. Measured per puzzle, interleaved, the median of `--repeats`:
     cli_process  the same command as a user runs it: a new `hyperset-solve` process, from its start (interpreter,
                imports, model, solve, output) to its exit
     app        `HyperSETApp.solve` consumed to its last update (every update built, as the server would send it)
-    app_served the /solve_stream endpoint of the launched app through gradio_client (plots rendered to PNG,
+    app_served the /solve_stream endpoint of the launched app through gradio_client (energy plots as inline SVG,
                the updates sent over the event stream); with --served
 
 ratio = app / cli (and app_served / cli, and app_served / cli_process: a request to the running app against the
@@ -196,8 +196,8 @@ def main() -> None:
         "worst_ratio_served": max(served) if served else None,
         "worst_ratio_served_to_process": max(to_process) if to_process else None,
         "served_note": ("app_served adds what requests through Gradio cost: a near-empty request (/load_puzzle) "
-                        "takes served_round_trip_seconds; the streamed solve adds the final energy plot rendered "
-                        "to PNG and the processing of every update it sends. These fixed costs dominate the short "
+                        "takes served_round_trip_seconds; the streamed solve adds the processing of every update "
+                        "it sends (board HTML, energy plot SVG). These fixed costs dominate the short "
                         "solves"),
         "cases": rows,
     }

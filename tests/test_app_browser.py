@@ -143,7 +143,7 @@ def test_solve_stop_and_reconstruct_in_chromium(url):
         verdict = page.locator("#verdict").inner_text()
         assert "solved" in verdict and "iterations" in verdict
         assert page.locator("#sudoku-board td").count() == 81
-        page.locator("#sudoku-energy img").first.wait_for()
+        page.locator("#sudoku-energy svg").first.wait_for()
         assert _save(page, "sudoku.png").stat().st_size > 10_000
         # bad text gives a message, not a stack trace
         page.locator("#sudoku-text textarea").fill("12345")
@@ -182,7 +182,7 @@ def test_solve_stop_and_reconstruct_in_chromium(url):
         masked = int(re.search(r"(\d+)/(\d+) tokens masked", page.locator("#mim-metrics").inner_text()).group(1))
         assert 0 < masked < 32  # the stroke, not the whole image
         page.locator("#mim-recon img").first.wait_for()
-        page.locator("#mim-energy img").first.wait_for()
+        page.locator("#mim-energy svg").first.wait_for()
         assert "SSIM" in page.locator("#mim-metrics").inner_text()
         assert _save(page, "reconstruction.png").stat().st_size > 10_000
 
@@ -209,6 +209,6 @@ def test_reconstruction_default_run_shows_four_columns_in_chromium(url):
         masked = int(re.search(r"(\d+)/(\d+) tokens masked", metrics).group(1))
         assert masked == round(0.4 * int(re.search(r"\d+/(\d+) tokens masked", metrics).group(1)))
         assert "pasted back" in metrics
-        page.locator("#mim-energy img").first.wait_for()
+        page.locator("#mim-energy svg").first.wait_for()
         assert "What the plot shows" in page.locator("#mim-energy-note").inner_text()
         assert _save(page, "mim_tab.png").stat().st_size > 10_000
