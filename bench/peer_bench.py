@@ -126,10 +126,14 @@ def loss_fn(kind: str, model: nn.Module) -> Callable[[torch.Tensor, torch.Tensor
 
 
 class Runner:
-    """A model with the authors' optimizer; `train` is one training step, `infer` one forward pass."""
+    """A model with the authors' optimizer; `train` is one training step, `infer` one forward pass. With
+    ``compiled`` the model runs through ``torch.compile`` as the trainer runs it (``train.compile = true``): the
+    optimizer holds the same parameters, only the forward and backward passes are compiled."""
 
-    def __init__(self, kind: str, model: nn.Module, bf16: bool):
-        self.model, self.loss = model, loss_fn(kind, model)
+    def __init__(self, kind: str, model: nn.Module, bf16: bool, compiled: bool = False):
+        self.model = model
+        self.net = torch.compile(model) if compiled else model  # what the steps run
+        self.loss = loss_fn(kind, self.net)
         self.opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
         self.autocast = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
 
@@ -145,7 +149,7 @@ class Runner:
     def infer(self, x: torch.Tensor) -> None:
         self.model.eval()
         with torch.no_grad(), self.autocast:
-            self.model(x)
+            self.net(x)
 
 
 def counted_flops(runner: Runner, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
@@ -190,20 +194,24 @@ def versions(peer_dir: Path) -> dict[str, str]:
 
 
 def summarise(times: dict[str, list[float]], roof: dict[str, Any], fpb: dict[str, float]) -> dict[str, Any]:
-    """Boards/s from the medians, the ratio ours / authors', and shares of the roofline; also from the fastest
-    round of each (`best_*`), which other processes on a shared machine disturb least."""
+    """Boards/s from the medians, the ratio to the authors' of each of ours (``ours``, and ``ours_compiled`` when it
+    ran), and shares of the roofline; also from the fastest round of each (`best_*`), which other processes on a
+    shared machine disturb least."""
+    names = [n for n in ("ours", "ours_compiled", "peer") if f"{n}_train" in times]
     out: dict[str, Any] = {}
     for work, key in (("train", "training"), ("inference", "inference")):
-        rates = {n: BATCH / statistics.median(times[f"{n}_{work}"]) for n in ("ours", "peer")}
-        best = {n: BATCH / min(times[f"{n}_{work}"]) for n in ("ours", "peer")}
-        out[key] = {f"{n}_boards_per_s": v for n, v in rates.items()}
-        out[key]["ratio_ours_to_peer"] = rates["ours"] / rates["peer"]
-        out[key].update({f"best_{n}_boards_per_s": v for n, v in best.items()})
-        out[key]["best_ratio_ours_to_peer"] = best["ours"] / best["peer"]
-        out[key].update({f"best_{n}_share_of_roofline": flops.share(v, roof[key]) for n, v in best.items()})
-        out[key]["roofline_boards_per_s"] = roof[key]["roofline_boards_per_s"]
-        out[key].update({f"{n}_share_of_roofline": flops.share(v, roof[key]) for n, v in rates.items()})
-        out[key].update({f"{n}_gflop_per_s": v * fpb[key] / 1e9 for n, v in rates.items()})
+        rates = {n: BATCH / statistics.median(times[f"{n}_{work}"]) for n in names}
+        best = {n: BATCH / min(times[f"{n}_{work}"]) for n in names}
+        row = out[key] = {f"{n}_boards_per_s": v for n, v in rates.items()}
+        for n in names[:-1]:
+            row[f"ratio_{n}_to_peer"] = rates[n] / rates["peer"]
+        row.update({f"best_{n}_boards_per_s": v for n, v in best.items()})
+        for n in names[:-1]:
+            row[f"best_ratio_{n}_to_peer"] = best[n] / best["peer"]
+        row.update({f"best_{n}_share_of_roofline": flops.share(v, roof[key]) for n, v in best.items()})
+        row["roofline_boards_per_s"] = roof[key]["roofline_boards_per_s"]
+        row.update({f"{n}_share_of_roofline": flops.share(v, roof[key]) for n, v in rates.items()})
+        row.update({f"{n}_gflop_per_s": v * fpb[key] / 1e9 for n, v in rates.items()})
     return out
 
 
@@ -212,7 +220,7 @@ def best_roofline(before: dict[str, Any], after: dict[str, Any], dtype: str) -> 
             for k in ("inference", "training")}
 
 
-def run(peer_dir: Path, rounds: int, threads: int, bf16: bool) -> dict[str, Any]:
+def run(peer_dir: Path, rounds: int, threads: int, bf16: bool, compiled: bool = False) -> dict[str, Any]:
     torch.set_num_threads(threads)
     info = flops.machine(threads)
     cfg = our_config()
@@ -229,15 +237,18 @@ def run(peer_dir: Path, rounds: int, threads: int, bf16: bool) -> dict[str, Any]
     fpb = {"inference": model_count["forward_flops"], "training": model_count["training_flops"]}
     rep: dict[str, Any] = {
         "machine": info, "versions": versions(peer_dir), "config": cfg.to_dict(), "batch": BATCH,
-        "rounds": rounds, "parity_max_abs_diff": diff, "flops_per_board_model": fpb, "flops_counted": {},
-        "results": {}, "times_s": {},
+        "rounds": rounds, "compiled": compiled, "parity_max_abs_diff": diff, "flops_per_board_model": fpb,
+        "flops_counted": {}, "results": {}, "times_s": {},
     }
     for dtype in dtypes:
         torch.manual_seed(0)
-        runners = {"ours": Runner("ours", HyperSETModel(cfg), dtype == "bfloat16"),
-                   "peer": Runner("peer", load_peer(peer_dir, cfg), dtype == "bfloat16")}
+        runners = {"ours": Runner("ours", HyperSETModel(cfg), dtype == "bfloat16")}
+        if compiled:
+            torch.manual_seed(0)
+            runners["ours_compiled"] = Runner("ours", HyperSETModel(cfg), dtype == "bfloat16", compiled=True)
+        runners["peer"] = Runner("peer", load_peer(peer_dir, cfg), dtype == "bfloat16")
         if dtype == "float32":
-            rep["flops_counted"] = {n: counted_flops(r, x, y) for n, r in runners.items()}
+            rep["flops_counted"] = {n: counted_flops(r, x, y) for n, r in runners.items() if n != "ours_compiled"}
         print(f"{dtype}: {rounds} interleaved rounds ...", flush=True)
         rep["times_s"][dtype] = interleaved(runners, x, y, rounds)
     roof_after = flops.measure_rooflines(cfg, BATCH)
@@ -262,6 +273,11 @@ def print_summary(rep: dict[str, Any]) -> None:
                   f"({100 * r['peer_share_of_roofline']:.0f}%)  ratio {r['ratio_ours_to_peer']:.2f}x  "
                   f"roofline {r['roofline_boards_per_s']:.1f}; fastest rounds: ours {r['best_ours_boards_per_s']:.1f}, "
                   f"authors' {r['best_peer_boards_per_s']:.1f}, {r['best_ratio_ours_to_peer']:.2f}x")
+            if "ours_compiled_boards_per_s" in r:
+                print(f"  {dtype} {work:9s} ours compiled {r['ours_compiled_boards_per_s']:6.1f} boards/s "
+                      f"({100 * r['ours_compiled_share_of_roofline']:.0f}%)  ratio to the authors' "
+                      f"{r['ratio_ours_compiled_to_peer']:.2f}x; fastest rounds "
+                      f"{r['best_ratio_ours_compiled_to_peer']:.2f}x")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -270,9 +286,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--bf16", action="store_true", help="also bf16 autocast rows (CPUs with native bf16)")
+    ap.add_argument("--compile", action="store_true",
+                    help="also our model under torch.compile, as the trainer runs it with train.compile = true")
     ap.add_argument("--out", type=Path, default=RESULTS / "peer_bench.json")
     args = ap.parse_args(argv)
-    rep = run(args.peer.resolve(), args.rounds, args.threads, args.bf16)
+    rep = run(args.peer.resolve(), args.rounds, args.threads, args.bf16, args.compile)
     rep["command"] = "python bench/peer_bench.py " + " ".join(argv if argv is not None else sys.argv[1:])
     print_summary(rep)
     args.out.parent.mkdir(parents=True, exist_ok=True)
