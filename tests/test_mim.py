@@ -15,10 +15,17 @@ from click.testing import CliRunner
 from hyperset.config import preset_config
 from hyperset.models import HyperSETModel
 from hyperset.training.eval_mim import mim_command
-from hyperset.training.mim_task import TokensTask, build_mim_task, masked_token_loss
+from hyperset.training.mim_task import (
+    TokensTask,
+    _generator,
+    build_mim_task,
+    expected_latent_loss,
+    masked_token_loss,
+)
 from hyperset.training.trainer import TrainConfig, Trainer
 from hyperset.vision import reconstruct
-from hyperset.vision.maskgit import random_token_mask
+from hyperset.vision.maskgit import mask_by_ratio, random_token_mask
+from hyperset.vision.metrics import psnr
 from hyperset.vision.reconstruct import MIMPipeline, Tokenizer, pixel_to_token_mask, sample_images
 from hyperset.vision.vq import VQConfig, VQTokenizer
 
@@ -355,3 +362,85 @@ def test_deep_supervision_segments_and_extra_eval_depths(cifar: Path, tokenizer_
     recipe["objective"]["segments"] = 0
     with pytest.raises(ValueError, match="segments"):
         build_mim_task(preset_config("mim-cpu", **TINY_MODEL), recipe, str(cifar))
+
+
+def test_validation_can_score_the_expected_embedding(cifar: Path, tokenizer_run: Path):
+    """objective.decode = "expected": the validation PSNR is that of MIMPipeline.reconstruct(decode="expected") on
+    the same images and mask; an unknown decoding is named."""
+    recipe = _tokens_recipe(tokenizer_run / "best")
+    recipe["objective"].update(decode="expected")
+    task = build_mim_task(preset_config("mim-cpu", **TINY_MODEL), recipe, str(cifar))
+    assert isinstance(task, TokensTask) and task.describe()["eval"]["decode"] == "expected"
+    torch.manual_seed(0)
+    model = HyperSETModel(task.model).eval()
+    scores = task.evaluate(model, torch.device("cpu"), contextlib.nullcontext)
+    n = min(task.data.eval_images, len(task.val))
+    images = task.val.floats(range(n))
+    g = task.tokenizer.grid
+    mask = mask_by_ratio((n, g, g), task.eval_ratio, generator=_generator(task.data.seed, 8))
+    pipe = MIMPipeline(task.tokenizer, model)
+    recon = pipe.reconstruct(images, mask, decode="expected").images
+    assert scores["val/psnr@40"] == pytest.approx(float(psnr(recon, images).mean()), abs=1e-4)
+    recipe["objective"]["decode"] = "sampled"
+    with pytest.raises(ValueError, match="decode"):
+        build_mim_task(preset_config("mim-cpu", **TINY_MODEL), recipe, str(cifar))
+
+
+def test_expected_latent_loss_is_the_expected_embeddings_error_on_masked_tokens():
+    torch.manual_seed(0)
+    book = torch.randn(5, 3)
+    targets = torch.tensor([[0, 1, 2, 3]])
+    mask = torch.tensor([[True, False, True, False]])
+    # a confident, right prediction has (almost) no error; the unmasked tokens never count
+    right = torch.full((1, 4, 6), -30.0).scatter(-1, targets[..., None], 30.0)
+    right[0, 1] = torch.tensor([9.0, -9.0, -9.0, -9.0, -9.0, 50.0])  # wrong and unmasked: ignored; class 5 = mask id
+    assert float(expected_latent_loss(right, targets, mask, book)) < 1e-6
+    # a uniform prediction: the error of the codebook mean, over the two masked tokens
+    uniform = torch.zeros(1, 4, 5)
+    mean = book.mean(0)
+    want = ((mean - book[0]).pow(2).sum() + (mean - book[2]).pow(2).sum()) / 2 / book.pow(2).sum(-1).mean()
+    assert torch.allclose(expected_latent_loss(uniform, targets, mask, book), want, atol=1e-6)
+    assert float(expected_latent_loss(uniform, targets, torch.zeros_like(mask), book)) == 0.0
+    # gradients reach the logits, never the (frozen) codebook
+    book.requires_grad_(True)
+    logits = torch.zeros(1, 4, 5, requires_grad=True)
+    expected_latent_loss(logits, targets, mask, book).backward()
+    assert logits.grad is not None and logits.grad[0, 1].abs().sum() == 0 and logits.grad[0, 0].abs().sum() > 0
+    assert book.grad is None
+
+
+def test_latent_weight_adds_the_expected_embedding_loss(cifar: Path, tokenizer_run: Path):
+    recipe = _tokens_recipe(tokenizer_run / "best")
+    recipe["objective"].update(latent_weight=0.5)
+    task = build_mim_task(preset_config("mim-cpu", **TINY_MODEL), recipe, str(cifar))
+    assert isinstance(task, TokensTask) and task.describe()["latent_weight"] == 0.5
+    torch.manual_seed(0)
+    model = HyperSETModel(task.model)
+    batch = task.batch(0, 8, 0, torch.device("cpu"))
+    loss, _ = task.loss(model, batch)
+    logits = model(batch["inputs"])
+    want = masked_token_loss(logits, batch["targets"], batch["mask"], 0.1) + 0.5 * expected_latent_loss(
+        logits, batch["targets"], batch["mask"], task.tokenizer.codebook)
+    assert torch.allclose(loss, want, atol=1e-5)
+    recipe["objective"]["latent_weight"] = -1.0
+    with pytest.raises(ValueError, match="latent_weight"):
+        build_mim_task(preset_config("mim-cpu", **TINY_MODEL), recipe, str(cifar))
+
+
+def test_segment_weights_weigh_the_depths(cifar: Path, tokenizer_run: Path):
+    recipe = _tokens_recipe(tokenizer_run / "best")
+    recipe["objective"].update(segments=2, segment_weights=[1.0, 3.0])
+    task = build_mim_task(preset_config("mim-cpu", **TINY_MODEL), recipe, str(cifar))
+    assert isinstance(task, TokensTask) and task.describe()["segment_weights"] == [1.0, 3.0]
+    torch.manual_seed(0)
+    model = HyperSETModel(task.model)
+    batch = task.batch(0, 8, 0, torch.device("cpu"))
+    loss, _ = task.loss(model, batch)
+    T = task.model.iters
+    at = [masked_token_loss(model(batch["inputs"], iters=k * T), batch["targets"], batch["mask"], 0.1)
+          for k in (1, 2)]
+    assert torch.allclose(loss, (at[0] + 3 * at[1]) / 4, atol=1e-5)
+    for bad in ([1.0], [0.0, 0.0], [1.0, -1.0]):
+        recipe["objective"]["segment_weights"] = bad
+        with pytest.raises(ValueError, match="segment_weights"):
+            build_mim_task(preset_config("mim-cpu", **TINY_MODEL), recipe, str(cifar))

@@ -33,7 +33,14 @@ from hyperset.vision.data import ImageSource, cifar_dir, train_val_split
 from hyperset.vision.maskgit import decode as maskgit_decode
 from hyperset.vision.maskgit import mask_by_ratio, random_token_mask
 from hyperset.vision.metrics import psnr, ssim
-from hyperset.vision.reconstruct import TOKENIZER_KIND, Tokenizer, check_compatible, load_tokenizer
+from hyperset.vision.reconstruct import (
+    DECODINGS,
+    TOKENIZER_KIND,
+    Tokenizer,
+    check_compatible,
+    expected_latents,
+    load_tokenizer,
+)
 from hyperset.vision.vq import VQConfig, VQTokenizer
 
 from .epochs import epochs_to_steps
@@ -222,6 +229,18 @@ def masked_token_loss(logits: Tensor, targets: Tensor, mask: Tensor, label_smoot
     return torch.where(mask.flatten(), ce, 0.0).sum() / mask.sum().clamp_min(1)
 
 
+def expected_latent_loss(logits: Tensor, targets: Tensor, mask: Tensor, codebook: Tensor) -> Tensor:
+    """The error of the expected code embedding (what ``decode="expected"`` reconstructs from) over the masked
+    tokens: |softmax(logits) @ codebook - codebook[target]|^2, relative to the codebook's mean squared norm, averaged
+    over the masked tokens. logits (B, N, >= K), targets (B, N), mask (B, N) bool, codebook (K, D) (frozen: no
+    gradient reaches it). Zero when nothing is masked."""
+    book = codebook.detach().float()
+    mean = logits[..., : book.shape[0]].float().softmax(-1) @ book
+    err = (mean - book[targets]).pow(2).sum(-1) / book.pow(2).sum(-1).mean()
+    mask = mask.reshape(targets.shape).bool()
+    return torch.where(mask, err, 0.0).sum() / mask.sum().clamp_min(1)
+
+
 @torch.no_grad()
 def encode_all(tokenizer: Tokenizer, images: ImageSet, flip: bool, batch: int, device: torch.device) -> Tensor:
     """Codes (n, N) int16 of every image (then, with ``flip``, of every mirrored image: rows n..2n-1)."""
@@ -251,6 +270,9 @@ class TokensTask(Task):
     eval_batch: int = 250
     segments: int = 1  # deep supervision: segments x the model's iterations, detached between segments
     eval_iters: list[int] = field(default_factory=list)  # further depths whose PSNR is reported (not selected on)
+    decode: str = "maskgit"  # the validation reconstructions: MaskGIT sampling or the expected code embedding
+    latent_weight: float = 0.0  # + this x expected_latent_loss (the expected embedding's error) at every segment
+    segment_weights: list[float] = field(default_factory=list)  # the segments' losses weighted (default: equally)
     name: str = "mim"
     select_metric: str = field(default="", init=False)
 
@@ -262,8 +284,15 @@ class TokensTask(Task):
         self.tokenizer = load_tokenizer(self.data.tokenizer or None, image_size=self.data.image_size)
         if self.segments < 1:
             raise ValueError(f"objective.segments must be >= 1, got {self.segments}")
+        if self.segment_weights and (len(self.segment_weights) != self.segments or sum(self.segment_weights) <= 0
+                                     or any(not (math.isfinite(w) and w >= 0) for w in self.segment_weights)):
+            raise ValueError(f"objective.segment_weights must hold one finite weight >= 0 per segment "
+                             f"({self.segments}), not all zero; got {self.segment_weights}")
+        if not (math.isfinite(self.latent_weight) and self.latent_weight >= 0):
+            raise ValueError(f"objective.latent_weight must be a finite number >= 0, got {self.latent_weight}")
         if any(int(i) < 1 for i in self.eval_iters):
             raise ValueError(f"objective.eval_iters must hold positive iteration counts, got {self.eval_iters}")
+        check_choice("objective", "decode", self.decode, DECODINGS)
         check_compatible(self.tokenizer, _ProbeModel(self.model))
         self.train, self.val = _split(self.data)
         pct = round(100 * self.eval_ratio)
@@ -291,10 +320,11 @@ class TokensTask(Task):
                 "grid": self.tokenizer.grid, "mask_id": self.mask_id,
                 "masking": f"each token masked with p = {self.max_mask_ratio} * U(0, 1) per sample",
                 "label_smoothing": self.label_smoothing,
-                "segments": self.segments,
-                "eval": {"ratio": self.eval_ratio, "steps": self.decode_steps, "temperature": self.temperature,
-                         "randomize_temp": self.randomize_temp, "schedule": self.schedule,
-                         "images": min(self.data.eval_images, len(self.val))},
+                "segments": self.segments, "segment_weights": self.segment_weights or None,
+                "latent_weight": self.latent_weight,
+                "eval": {"ratio": self.eval_ratio, "decode": self.decode, "steps": self.decode_steps,
+                         "temperature": self.temperature, "randomize_temp": self.randomize_temp,
+                         "schedule": self.schedule, "images": min(self.data.eval_images, len(self.val))},
                 "seed": self.data.seed}
 
     def _ensure_codes(self, device: torch.device) -> None:
@@ -330,16 +360,28 @@ class TokensTask(Task):
         """Supervised units of a (micro-)batch: its masked tokens (the loss is their mean)."""
         return batch["mask"].sum()
 
+    def _token_loss(self, logits: Tensor, batch: dict[str, Tensor]) -> Tensor:
+        loss = masked_token_loss(logits, batch["targets"], batch["mask"], self.label_smoothing)
+        if self.latent_weight:
+            codebook = self.tokenizer.codebook
+            loss = loss + self.latent_weight * expected_latent_loss(logits, batch["targets"], batch["mask"],
+                                                                    codebook.to(logits.device))
+        return loss
+
     def loss(self, model: torch.nn.Module, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
         if self.segments > 1:  # the loss after each segment of T iterations; the state runs on detached
             T = self.model.iters
             every = model(batch["inputs"], iters=T * self.segments, all_logits=True, detach_every=T)[T - 1:: T]
-            loss = torch.stack([masked_token_loss(lg, batch["targets"], batch["mask"], self.label_smoothing)
-                                for lg in every]).mean()
+            losses = torch.stack([self._token_loss(lg, batch) for lg in every])
+            if self.segment_weights:
+                w = torch.tensor(self.segment_weights, dtype=losses.dtype, device=losses.device)
+                loss = (losses * w).sum() / w.sum()
+            else:
+                loss = losses.mean()
             logits = every[-1]
         else:
             logits = model(batch["inputs"])
-            loss = masked_token_loss(logits, batch["targets"], batch["mask"], self.label_smoothing)
+            loss = self._token_loss(logits, batch)
         with torch.no_grad():
             m = batch["mask"]
             acc = ((logits.argmax(-1) == batch["targets"]) & m).sum() / m.sum().clamp_min(1)
@@ -390,6 +432,11 @@ class TokensTask(Task):
             recon = []
             for i in range(0, n, self.eval_batch):
                 c, m = codes[i: i + self.eval_batch].to(device), mask[i: i + self.eval_batch].to(device)
+                if self.decode == "expected":
+                    logits = logits_fn(c.masked_fill(m, self.mask_id).flatten(1))
+                    latents = expected_latents(self.tokenizer.codebook, c, m, logits, self.temperature)
+                    recon.append(self.tokenizer.decode_latents(latents).float().cpu())
+                    continue
                 filled = maskgit_decode(logits_fn, c, m, self.mask_id, steps=self.decode_steps,
                                         temperature=self.temperature, mode=self.schedule,
                                         randomize_temp=self.randomize_temp, generator=sampler)
