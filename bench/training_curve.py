@@ -26,6 +26,7 @@ DEFAULT_RUNS = [
     "new recipe, second cycle (lr 3e-4, 3,000 steps)=runs/sudoku-cpu-deep2@new recipe (sudoku-cpu-deep, from the old "
     "model)",
     "new recipe, third cycle (lr 2e-4)=runs/sudoku-cpu-deep3@new recipe, second cycle (lr 3e-4, 3,000 steps)",
+    "new recipe, fourth cycle (lr 1.5e-4)=runs/sudoku-cpu-deep4@new recipe, third cycle (lr 2e-4)",
     "Transformer baseline (sudoku-cpu-transformer)=runs/sudoku-cpu-transformer",
 ]
 THRESHOLDS = (0.6, 0.9)
