@@ -342,6 +342,18 @@ def test_shipped_recipes_build(cifar: Path):
     assert (cfg.dim, cfg.vocab_size, cfg.num_classes, cfg.seq_len, cfg.iters) == (128, 513, 512, 64, 12)
 
 
+def _two_segment_losses(task: TokensTask) -> tuple[HyperSETModel, torch.Tensor, list[torch.Tensor]]:
+    """A fresh model, the task's loss on one batch, and the masked-token losses after T and 2T iterations."""
+    torch.manual_seed(0)
+    model = HyperSETModel(task.model)
+    batch = task.batch(0, 8, 0, torch.device("cpu"))
+    loss, _ = task.loss(model, batch)
+    T = task.model.iters
+    at = [masked_token_loss(model(batch["inputs"], iters=k * T), batch["targets"], batch["mask"], 0.1)
+          for k in (1, 2)]
+    return model, loss, at
+
+
 def test_deep_supervision_segments_and_extra_eval_depths(cifar: Path, tokenizer_run: Path):
     """segments=2: the loss is the mean of the masked-token losses after T and after 2T iterations (the state
     detached between them); eval_iters reports PSNR at further depths with the same sampling draws."""
@@ -349,15 +361,10 @@ def test_deep_supervision_segments_and_extra_eval_depths(cifar: Path, tokenizer_
     recipe["objective"].update(segments=2, eval_iters=[2 * TINY_MODEL["iters"]])
     task = build_mim_task(preset_config("mim-cpu", **TINY_MODEL), recipe, str(cifar))
     assert isinstance(task, TokensTask) and task.describe()["segments"] == 2
-    torch.manual_seed(0)
-    model = HyperSETModel(task.model)
-    batch = task.batch(0, 8, 0, torch.device("cpu"))
-    loss, _ = task.loss(model, batch)
-    T = task.model.iters
-    expected = [masked_token_loss(model(batch["inputs"], iters=k * T), batch["targets"], batch["mask"], 0.1)
-                for k in (1, 2)]
+    model, loss, expected = _two_segment_losses(task)
     assert torch.allclose(loss, torch.stack(expected).mean(), atol=1e-5)
     scores = task.evaluate(model, torch.device("cpu"), contextlib.nullcontext)
+    T = task.model.iters
     assert f"val/psnr@40_iters{2 * T}" in scores and scores[f"val/psnr@40_iters{2 * T}"] > 0
     recipe["objective"]["segments"] = 0
     with pytest.raises(ValueError, match="segments"):
@@ -432,13 +439,7 @@ def test_segment_weights_weigh_the_depths(cifar: Path, tokenizer_run: Path):
     recipe["objective"].update(segments=2, segment_weights=[1.0, 3.0])
     task = build_mim_task(preset_config("mim-cpu", **TINY_MODEL), recipe, str(cifar))
     assert isinstance(task, TokensTask) and task.describe()["segment_weights"] == [1.0, 3.0]
-    torch.manual_seed(0)
-    model = HyperSETModel(task.model)
-    batch = task.batch(0, 8, 0, torch.device("cpu"))
-    loss, _ = task.loss(model, batch)
-    T = task.model.iters
-    at = [masked_token_loss(model(batch["inputs"], iters=k * T), batch["targets"], batch["mask"], 0.1)
-          for k in (1, 2)]
+    _, loss, at = _two_segment_losses(task)
     assert torch.allclose(loss, (at[0] + 3 * at[1]) / 4, atol=1e-5)
     for bad in ([1.0], [0.0, 0.0], [1.0, -1.0]):
         recipe["objective"]["segment_weights"] = bad
