@@ -24,6 +24,11 @@ PHI = {
 }
 
 
+def inv_rms(x: Tensor, eps: float = 1e-6) -> Tensor:
+    """1 / rms of each row, (..., 1): rsqrt(mean(x^2) + eps), without materialising x^2 (a norm instead)."""
+    return torch.rsqrt(torch.linalg.vector_norm(x, dim=-1, keepdim=True).square() / x.shape[-1] + eps)
+
+
 def rms_normalize(x: Tensor, eps: float = 1e-6) -> Tensor:
     """Put each row on the sphere of radius sqrt(dim): the constraint of eq. (3)/(4)."""
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
@@ -98,8 +103,8 @@ def ff_energy(X: Tensor, D: Tensor, kind: str = "relu", normalize: bool = True, 
     -1/2 sum_m ReLU(u_m / rms(u))^2 = -1/2 |ReLU(u)|^2 / rms(u)^2 per token (rms with its eps)."""
     U = X @ D
     if normalize and kind == "relu":
-        sq = torch.linalg.vector_norm(U, dim=-1).square()
-        return -0.5 * (torch.linalg.vector_norm(F.relu(U), dim=-1).square() / (sq / U.shape[-1] + eps)).sum(-1)
+        relu_sq = torch.linalg.vector_norm(F.relu(U), dim=-1, keepdim=True).square()
+        return -0.5 * (relu_sq * inv_rms(U, eps).square()).sum((-2, -1))
     return ff_energy_hidden(rms_normalize(U, eps) if normalize else U, kind, phi)
 
 

@@ -19,6 +19,7 @@ from .energies import (
     attn_energy_grad_heads,
     ff_energy,
     ff_energy_grad_hidden,
+    inv_rms,
     merge_heads,
     rms_normalize,
     split_heads,
@@ -190,8 +191,7 @@ class HyperSETLayer(nn.Module):
             g = self.norm_ff.weight
             s = torch.where(g >= 0, 1.0, -1.0).to(g.dtype)
             U = X @ (D * s)  # (B, N, M): X D with the columns of negative gain flipped
-            r = torch.rsqrt(torch.linalg.vector_norm(U, dim=-1).square() / U.shape[-1] + self.norm_ff.eps)
-            return (F.relu(U) @ (D * g.abs()).transpose(0, 1)) * r.unsqueeze(-1)
+            return (F.relu(U) @ (D * g.abs()).transpose(0, 1)) * inv_rms(U, self.norm_ff.eps)
         U = X @ D  # (B, N, M)
         if normalize:
             U = self.norm_ff(U)
