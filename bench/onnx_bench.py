@@ -1,10 +1,15 @@
-"""Sudoku boards/s: PyTorch eager vs ONNX Runtime (unrolled graph) vs ONNX Runtime (Loop graph), on this CPU.
+"""Sudoku boards/s: PyTorch vs ONNX Runtime (Loop graph, unrolled graph) on this CPU, as shares of the roofline.
 
-Every figure is put next to the machine's measured matmul throughput (a large fp32 and bf16 matmul with the same
-number of threads) and the model's FLOPs per board, counted analytically from the config (see `flops_per_board`),
-so each is also a fraction of that roofline.
+The roofline is bench/flops.py's, measured in the same run: the boards/s the model's matmuls alone would allow
+(forward pass with the trace's energy matmuls, fp32) at the rates this many threads reach at exactly those matmul
+shapes. A large square matmul is timed too, for reference. Runners:
 
-    python bench/onnx_bench.py                  # full run: 24 and 48 iterations, batch 1 and 256
+    pytorch, ort_loop, ort_unrolled     as the library runs on a CPU: each update on slices of a few boards whose
+                                        activations stay in cache (hyperset.core.slice_rows; the onnx solver
+                                        backend's `rows`)
+    *_whole_batch                       one call, every op on the whole batch
+
+    python bench/onnx_bench.py --threads 1      # full run: T and 4T iterations, batch 1 and the solver's CPU batch
     python bench/onnx_bench.py --quick          # a short run to check that everything works
 
 The model is the shipped one (`hyperset/weights/sudoku`) when present, else a randomly initialised `sudoku-cpu`
@@ -29,7 +34,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from hyperset.solve import CPU_BATCH_SIZE
+
 ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT))  # bench/flops.py
 RESULTS = ROOT / "results"
 
 
@@ -125,25 +133,35 @@ def machine_info(threads: int) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    import flops as F
+
+    import hyperset.core as core
     from hyperset.exports import export as E
     from hyperset.exports.runtime import OrtSession
+    from hyperset.exports.solver_backend import OnnxSolverBackend
 
     torch.set_num_threads(args.threads)
-    iters_list = [int(x) for x in args.iters.split(",")]
-    batches = [int(x) for x in args.batches.split(",")]
     model, info, source = load_bench_model()
     cfg = model.cfg
+    iters_list = [int(x) for x in args.iters.split(",")] if args.iters else [cfg.iters, 4 * cfg.iters]
+    batches = [int(x) for x in args.batches.split(",")]
+    rows = core.cache_rows(cfg)
     report: dict[str, Any] = {
         "quick": args.quick, "machine": machine_info(args.threads), "model_source": source,
         "model_config": cfg.to_dict(), "parameters": model.num_parameters(), "iters": iters_list, "batches": batches,
-        "repeats": args.repeats, "note": "shared 2-vCPU machine: other processes (e.g. a training run) may take CPU "
-        "time during the measurement; medians are reported, runners are interleaved per repeat",
+        "repeats": args.repeats, "slice_rows": rows,
+        "note": "shared 2-vCPU machine: other processes (e.g. a training run) may take CPU time during the "
+        "measurement; medians are reported, runners are interleaved per repeat",
     }
-    print(f"model: {source}; threads {args.threads}; iters {iters_list}; batches {batches}", flush=True)
+    print(f"model: {source}; threads {args.threads}; iters {iters_list}; batches {batches}; slices of {rows} rows",
+          flush=True)
 
-    print("matmul roofline ...", flush=True)
+    print("matmul rooflines ...", flush=True)
     start = {"float32": matmul_flops(torch.float32, args.matmul_n, max(3, args.repeats)),
              "bfloat16": matmul_flops(torch.bfloat16, args.matmul_n, max(3, args.repeats))}
+    rates: dict[tuple, float] = {}
+    roofs = {(k, b): F.roofline(F.matmuls(cfg, b, energies=True), k * cfg.n_layers, b, torch.float32, rates)
+             for k in iters_list for b in batches}
     report["flops_per_board"] = {str(k): flops_per_board(cfg, k) for k in iters_list}
     report["flops_counted"] = " ".join(flops_per_board.__doc__.split())
 
@@ -160,19 +178,36 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         sessions[f"unrolled_{k}"] = OrtSession(res.path, "cpu", intra_op_threads=args.threads)
     report["exports"] = exports
     report["ort_provider"] = sessions["loop"].provider
+    solver_backend = OnnxSolverBackend(sessions["loop"])
 
-    def torch_run(boards: torch.Tensor, k: int) -> None:
-        with torch.inference_mode():
-            model.run(boards, iters=k, trace=True)
-
-    def ort_runner(name: str):
+    def torch_run(whole: bool):
         def go(boards: torch.Tensor, k: int) -> None:
-            sess = sessions[name if name == "loop" else f"unrolled_{k}"]
-            E.onnx_outputs(sess, boards, k if name == "loop" else None)
+            slice_bytes = core.SLICE_BYTES
+            core.SLICE_BYTES = 1 << 62 if whole else slice_bytes
+            try:
+                with torch.inference_mode():
+                    model.run(boards, iters=k, trace=True)
+            finally:
+                core.SLICE_BYTES = slice_bytes
         return go
 
-    runners = {"pytorch_eager": torch_run, "ort_unrolled": ort_runner("unrolled"), "ort_loop": ort_runner("loop")}
-    rows = []
+    def ort_runner(graph: str, whole: bool):
+        def go(boards: torch.Tensor, k: int) -> None:
+            sess = sessions["loop" if graph == "loop" else f"unrolled_{k}"]
+            feeds = {sess.input_names[0]: boards.numpy()}
+            if graph == "loop":
+                feeds["iters"] = np.asarray(k, dtype=np.int64)
+            by_rows(sess.run, feeds, {sess.input_names[0]}, 0 if whole else solver_backend.rows)
+        return go
+
+    from hyperset.exports.solver_backend import by_rows
+
+    # "sliced": as the library runs on a CPU (hyperset.core.slice_rows; the onnx solver backend's `rows`);
+    # "whole batch": one call, every op on all the boards at once
+    runners = {"pytorch": torch_run(False), "pytorch_whole_batch": torch_run(True),
+               "ort_loop": ort_runner("loop", False), "ort_loop_whole_batch": ort_runner("loop", True),
+               "ort_unrolled": ort_runner("unrolled", False)}
+    rows_out = []
     for k in iters_list:
         fpb = report["flops_per_board"][str(k)]["total"]
         for b in batches:
@@ -185,26 +220,29 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     t0 = time.perf_counter()
                     fn(boards, k)
                     times[name].append(time.perf_counter() - t0)
+            roof = roofs[(k, b)]["roofline_boards_per_s"]
             for name, ts in times.items():
                 med = statistics.median(ts)
                 bps = b / med
-                rows.append({"runner": name, "iters": k, "batch": b, "median_s": med, "min_s": min(ts),
-                             "times_s": ts, "boards_per_s": bps, "flops_per_s": bps * fpb})
-                print(f"  iters {k:3d} batch {b:4d} {name:14s} {bps:10.1f} boards/s", flush=True)
-    report["results"] = rows
-    # the roofline is measured before and after the runs; the better of the two is used (less contention)
+                rows_out.append({"runner": name, "iters": k, "batch": b, "median_s": med, "min_s": min(ts),
+                                 "times_s": ts, "boards_per_s": bps, "flops_per_s": bps * fpb,
+                                 "roofline_boards_per_s": roof, "share_of_roofline": bps / roof})
+                print(f"  iters {k:3d} batch {b:4d} {name:22s} {bps:8.1f} boards/s  {100 * bps / roof:5.1f} % of "
+                      f"the roofline ({roof:.1f} boards/s)", flush=True)
+    report["results"] = rows_out
+    report["roofline"] = {
+        "what": "boards/s if the model's matmuls (forward, with the trace's energy matmuls) ran at the rates this "
+                "thread count reaches at their shapes (bench/flops.py, fp32, timed in this run) and nothing else "
+                "took time",
+        "by_iters_and_batch": [{"iters": k, "batch": b, **r} for (k, b), r in roofs.items()],
+        "shapes": [{"m": key[0], "k": key[1], "n": key[2], "count": key[3], "layout": key[4], "flops_per_s": r}
+                   for key, r in rates.items()]}
+    # the square matmul is measured before and after the runs; the better of the two is kept (less contention)
     end = {"float32": matmul_flops(torch.float32, args.matmul_n, max(3, args.repeats)),
            "bfloat16": matmul_flops(torch.bfloat16, args.matmul_n, max(3, args.repeats))}
     report["matmul"] = {dt: {**max(start[dt], end[dt], key=lambda m: m["flops_per_s"]),
                              "at_start_flops_per_s": start[dt]["flops_per_s"],
                              "at_end_flops_per_s": end[dt]["flops_per_s"]} for dt in start}
-    peak = report["matmul"]["float32"]["flops_per_s"]
-    report["roofline_flops_per_s"] = peak
-    for row in rows:
-        row["fraction_of_fp32_matmul"] = row["flops_per_s"] / peak
-        print(f"  iters {row['iters']:3d} batch {row['batch']:4d} {row['runner']:14s} {row['boards_per_s']:10.1f} "
-              f"boards/s  {row['flops_per_s'] / 1e9:7.2f} GFLOP/s  {100 * row['fraction_of_fp32_matmul']:5.1f} % of "
-              "fp32 matmul", flush=True)
     report["machine"]["load_average_at_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     for f in workdir.iterdir():
         f.unlink()
@@ -227,18 +265,17 @@ def plot(report: dict[str, Any], path: Path) -> None:
         vals = {(r["iters"], r["batch"]): r for r in rows if r["runner"] == runner}
         xs = np.arange(len(groups)) + (i - (len(runners) - 1) / 2) * width
         axes[0].bar(xs, [vals[g]["boards_per_s"] for g in groups], width, label=runner)
-        axes[1].bar(xs, [100 * vals[g]["fraction_of_fp32_matmul"] for g in groups], width, label=runner)
+        axes[1].bar(xs, [100 * vals[g]["share_of_roofline"] for g in groups], width, label=runner)
     labels = [f"T={k}\nbatch {b}" for k, b in groups]
-    mm = report["matmul"]
     for ax in axes:
         ax.set_xticks(np.arange(len(groups)), labels)
         ax.legend(fontsize=8)
     axes[0].set_ylabel("boards / s (median)")
     axes[0].set_yscale("log")
-    axes[1].set_ylabel("% of fp32 matmul FLOP/s")
-    axes[1].set_title(f"roofline: fp32 {mm['float32']['flops_per_s'] / 1e9:.0f} GFLOP/s, "
-                      f"bf16 {mm['bfloat16']['flops_per_s'] / 1e9:.0f} GFLOP/s "
-                      f"({report['machine']['threads_used']} threads)", fontsize=9)
+    axes[1].set_ylabel("% of the roofline (fp32 matmuls at the model's shapes)")
+    axes[1].axhline(70, color="grey", lw=0.8, ls="--")
+    axes[1].set_title(f"{report['machine']['threads_used']} thread(s); the library's runners slice a batch into "
+                      f"{report['slice_rows']} rows", fontsize=9)
     tag = "QUICK run on a contended machine — " if report["quick"] else ""
     fig.suptitle(f"{tag}Hyper-SET Sudoku, {report['model_source'].split(' (')[0]}, "
                  f"{report['machine']['cpu']}", fontsize=10)
@@ -255,13 +292,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=2, help="torch and ONNX Runtime intra-op threads")
     parser.add_argument("--repeats", type=int, default=None, help="timed runs per runner [5; quick: 2]")
     parser.add_argument("--quick", action="store_true", help="batches 1 and 16, 2 repeats, a 1024 matmul")
-    parser.add_argument("--iters", default="24,48", help="comma-separated iteration counts")
-    parser.add_argument("--batches", default=None, help="comma-separated batch sizes [1,256; quick: 1,16]")
+    parser.add_argument("--iters", default=None, help="comma-separated iteration counts [T and 4T of the model]")
+    parser.add_argument("--batches", default=None,
+                        help=f"batch sizes, comma-separated [1, the solver's CPU batch {CPU_BATCH_SIZE}; quick: 1,16]")
     parser.add_argument("--matmul-n", type=int, default=None, help="matmul size for the roofline [2048; quick 1024]")
     parser.add_argument("--out", type=Path, default=RESULTS / "onnx_bench.json")
     args = parser.parse_args(argv)
     args.repeats = args.repeats or (2 if args.quick else 5)
-    args.batches = args.batches or ("1,16" if args.quick else "1,256")
+    args.batches = args.batches or ("1,16" if args.quick else f"1,{CPU_BATCH_SIZE}")
     args.matmul_n = args.matmul_n or (1024 if args.quick else 2048)
     report = run(args)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -118,6 +118,18 @@ def cached_step_models(model: Any, info: dict[str, Any] | None = None, directory
     return names
 
 
+def by_rows(run: Any, feeds: dict[str, np.ndarray], batched: set[str], rows: int) -> dict[str, np.ndarray]:
+    """``run(feeds)``, ``rows`` boards at a time when ``rows`` > 0 (the feeds named in ``batched`` sliced on their
+    first axis), the outputs joined again: on axis 1 for the (T, B) energies of a pass, else on axis 0. On a CPU
+    each slice's activations stay in cache (as ``hyperset.core.slice_rows`` does for the torch path)."""
+    n = len(next(feeds[k] for k in batched))
+    if not rows or n <= rows:
+        return run(feeds)
+    parts = [run({k: v[i:i + rows] if k in batched else v for k, v in feeds.items()}) for i in range(0, n, rows)]
+    return {k: np.concatenate([p[k] for p in parts], axis=1 if k.startswith("energy_") and v.ndim == 2 else 0)
+            for k, v in parts[0].items()}
+
+
 class OnnxSolverBackend:
     """A ``hyperset.backends.SolverBackend`` on ONNX Runtime; also the callable
     ``(boards (B, 81) int64, iters) -> (logits (B, 81, 9), energies)`` (= ``run``).
@@ -158,6 +170,14 @@ class OnnxSolverBackend:
 
         self.name = f"onnxruntime ({session.provider})"
         self.device = session.device  # "cpu" or "cuda": the solver sizes its batches by it
+        self.rows = 0  # boards per ONNX Runtime call on a CPU (see `by_rows`); 0: the whole batch
+        if session.device == "cpu" and self.metadata.get("config"):
+            import json
+
+            from hyperset.config import ModelConfig
+            from hyperset.core import cache_rows
+
+            self.rows = cache_rows(ModelConfig.from_dict(json.loads(self.metadata["config"])))
         threads = session.session.get_session_options().intra_op_num_threads
         where = f"{threads} threads" if session.device == "cpu" else session.provider
         self.device_name = f"{session.device} (ONNX Runtime {onnxruntime.__version__}, {where})"
@@ -211,7 +231,7 @@ class OnnxSolverBackend:
         x, step = x0, 0
         for s in steps:
             for t in range(1, int(iters) + 1):
-                out = s.run({"x": x, "x0": x0, "t": np.asarray(t, dtype=np.int64)})
+                out = by_rows(s.run, {"x": x, "x0": x0, "t": np.asarray(t, dtype=np.int64)}, {"x", "x0"}, self.rows)
                 x = out["x_next"]
                 step += 1
                 logits = torch.from_numpy(head.run({"x": x})["logits"]).float().to(device)
@@ -234,7 +254,7 @@ class OnnxSolverBackend:
         elif iters != self.unrolled:
             raise OnnxModelError(f"{self.path.name} is unrolled for {self.unrolled} iterations and cannot run "
                                  f"{iters}; export a Loop graph (hyperset-export --loop) for any count")
-        out = self.session.run(feeds)
+        out = by_rows(self.session.run, feeds, {self.input}, self.rows)
         device = boards.device
         logits = torch.from_numpy(out["logits"]).float().to(device)
         energies = {}

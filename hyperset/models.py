@@ -12,7 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from .config import CHOICES, ModelConfig, choice_error, get_preset
-from .core import RecurrentCore, Trace, relay
+from .core import RecurrentCore, Trace, layer_energy, relay
 from .layers import RMSNorm
 
 
@@ -184,7 +184,7 @@ class HyperSETModel(nn.Module):
 
         def frame(item: tuple[nn.Module, int, Tensor]) -> Frame:
             layer, t, x = item
-            e = {k: v.detach().float() for k, v in layer.energy(x, t).items()} if energies else None
+            e = {k: v.detach().float() for k, v in layer_energy(layer, x, t, self.cfg).items()} if energies else None
             return Frame(t, index[id(layer)], next(steps), x, self.readout(x) if logits else None, e)
 
         return relay(self.core.iterate(self.stem(inputs), iters), frame)

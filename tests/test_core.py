@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from hyperset import core
 from hyperset.config import ModelConfig
 from hyperset.core import RecurrentCore
 from hyperset.models import build_model
@@ -277,3 +278,35 @@ def test_step_sizes_computed_once_equal_those_of_every_iteration_and_gradients_s
         torch.testing.assert_close(a, b.detach(), rtol=1e-6, atol=1e-7)
     per_t[-1].sum().backward()
     assert model.core.step_sizes.L3.weight.grad.abs().sum() > 0
+
+
+# ------------------------------------------------------------------------------- inference in slices of rows
+
+
+def test_cpu_inference_runs_slices_of_rows_with_the_numbers_of_the_whole_batch(monkeypatch):
+    """Without gradients on a CPU each update (and each traced energy) runs a few rows at a time so that they stay
+    in cache; logits, energies and every frame equal those of the whole batch at once."""
+    cfg = _cfg()
+    model = _model(cfg).eval()
+    x, _ = _inputs(cfg, batch=8)
+    layer = model.core.layers[0]
+    calls = []
+    step = layer.step
+    monkeypatch.setattr(layer, "step", lambda v, t, s: calls.append(len(v)) or step(v, t, s))
+    widest = max(cfg.dim, cfg.ff_hidden, cfg.heads * cfg.seq_len)
+    monkeypatch.setattr(core, "SLICE_BYTES", 3 * 4 * cfg.seq_len * widest)  # 3 rows per slice
+    assert core.slice_rows(cfg, 8, torch.device("cpu")) == 0  # gradients on: the whole batch
+    with torch.no_grad():
+        assert core.slice_rows(cfg, 8, torch.device("cpu")) == 3
+        assert core.slice_rows(cfg, 3, torch.device("cpu")) == 0  # one slice is the batch
+        sliced = model.run(x, 5, trace=True)
+        frames = [f.energies for f in model.frames(x, 5, energies=True)]
+        assert calls[:3] == [3, 3, 2]
+        monkeypatch.setattr(core, "SLICE_BYTES", 1 << 40)
+        whole = model.run(x, 5, trace=True)
+    assert len(calls) == 2 * 5 * 3 + 5
+    torch.testing.assert_close(sliced.logits, whole.logits, atol=1e-6, rtol=1e-6)
+    for k, v in whole.trace.stacked().items():
+        torch.testing.assert_close(sliced.trace.stacked()[k], v, atol=1e-5, rtol=1e-6)
+        torch.testing.assert_close(torch.stack([f[k.removeprefix("energy_")] for f in frames]), v, atol=1e-5,
+                                   rtol=1e-6)

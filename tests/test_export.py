@@ -198,6 +198,25 @@ def test_onnx_backend_runs_the_rows_sent_to_it_as_the_torch_backend_does(exporte
     np.testing.assert_allclose(runs[1][-1].logits.numpy(), alone.numpy(), atol=TOL)
 
 
+def test_onnx_backend_runs_a_batch_in_slices_of_rows_with_the_numbers_of_one_call(exported: dict) -> None:
+    """On a CPU the backend runs the graphs a few boards at a time (activations in cache); the logits and the
+    (T, B) energies of a pass, and every step of a pass read per iteration, are those of the whole batch at once."""
+    entry = exported["sudoku"]
+    whole = OnnxSolverBackend(_session(entry["loop"].path), model=entry["model"])
+    sliced = OnnxSolverBackend(_session(entry["loop"].path), model=entry["model"])
+    assert whole.rows >= 1  # a CPU session slices by default
+    whole.rows, sliced.rows = 0, 2
+    boards = E.example_inputs(entry["model"].cfg, batch=5, seed=7)
+    (la, ea), (lb, eb) = whole.run(boards, 4), sliced.run(boards, 4)
+    np.testing.assert_allclose(lb.numpy(), la.numpy(), atol=1e-5)
+    for k in ("attn", "ff"):
+        assert eb[k].shape == ea[k].shape == (4, 5)
+        np.testing.assert_allclose(eb[k].numpy(), ea[k].numpy(), rtol=1e-5, atol=1e-5)
+    for a, b in zip(whole.iterate(boards, 3), sliced.iterate(boards, 3)):
+        np.testing.assert_allclose(b.logits.numpy(), a.logits.numpy(), atol=1e-5)
+        np.testing.assert_allclose(b.energies["attn"].numpy(), a.energies["attn"].numpy(), rtol=1e-5, atol=1e-5)
+
+
 # ----------------------------------------------------------------------------------------------------
 # Solver backend and CLIs
 # ----------------------------------------------------------------------------------------------------
