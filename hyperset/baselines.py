@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import ModelConfig
-from .energies import merge_heads, split_heads
+from .energies import logsumexp, merge_heads, split_heads
 from .layers import RMSNorm
 
 
@@ -126,7 +126,7 @@ class EnergyTransformerLayer(nn.Module):
     def energies(self, g: Tensor) -> dict[str, Tensor]:
         q, k = self._qk(g)
         A = self.beta * q @ k.transpose(-1, -2)  # (B, H, N_query, N_key)
-        e_att = -torch.logsumexp(A, dim=-1).sum(dim=(1, 2)) / self.beta
+        e_att = -logsumexp(A, dim=-1).sum(dim=(1, 2)) / self.beta
         e_hn = -0.5 * F.relu(g @ self.Xi.t()).pow(2).sum(dim=(1, 2))
         return {"attn": e_att, "ff": e_hn}
 

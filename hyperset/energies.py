@@ -29,6 +29,15 @@ def inv_rms(x: Tensor, eps: float = 1e-6) -> Tensor:
     return torch.rsqrt(torch.linalg.vector_norm(x, dim=-1, keepdim=True).square() / x.shape[-1] + eps)
 
 
+def logsumexp(x: Tensor, dim: int = -1) -> Tensor:
+    """torch.logsumexp; in an ONNX export written out as max + log(sum(exp(x - max))), which ONNX Runtime's CPU
+    kernels run about 5x faster than its ReduceLogSumExp (the E_ATTN trace of every iteration; same value)."""
+    if not torch.onnx.is_in_onnx_export():
+        return torch.logsumexp(x, dim=dim)
+    m = x.amax(dim=dim, keepdim=True)
+    return m.squeeze(dim) + torch.log(torch.exp(x - m).sum(dim=dim))
+
+
 def rms_normalize(x: Tensor, eps: float = 1e-6) -> Tensor:
     """Put each row on the sphere of radius sqrt(dim): the constraint of eq. (3)/(4)."""
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
@@ -62,7 +71,7 @@ def attn_energy_heads(Z: Tensor, kind: str = "bisoftmax", phi: str = "sigmoid") 
     beta = 1.0 / math.sqrt(Z.shape[-1])
     if kind == "bisoftmax":
         A = beta * Z @ Z.transpose(-1, -2)
-        return torch.logsumexp(A, dim=-1).sum(dim=(1, 2)) / beta
+        return logsumexp(A, dim=-1).sum(dim=(1, 2)) / beta
     if kind == "sigmoid":
         A = beta * Z @ Z.transpose(-1, -2)
         return torch.sigmoid(A).sum(dim=(1, 2, 3)) / (2 * beta)
@@ -83,7 +92,7 @@ def ff_energy_hidden(U: Tensor, kind: str = "relu", phi: str = "sigmoid") -> Ten
     if kind == "relu":
         return -0.5 * F.relu(U).pow(2).sum(dim=(1, 2))
     if kind == "softmax":
-        return -torch.logsumexp(U, dim=-1).sum(dim=1)
+        return -logsumexp(U, dim=-1).sum(dim=1)
     if kind == "gated":
         return -0.5 * PHI[phi][0](U).sum(-1).pow(2).sum(dim=1)
     raise ValueError(f"unknown feedforward energy {kind!r}")
