@@ -300,8 +300,9 @@ def mim_training_note(info: dict[str, Any] | None, parameters: int | None = None
     text += ("; " if any(model) else "") + (", ".join(facts) if facts else "no training budget recorded") + "."
     if measured:
         n_eval, n_steps = _count(evaluation.get("images")), _count(evaluation.get("steps"))
-        on = [f"{n_eval:,} validation images" if n_eval else "validation images",
-              f"{n_steps} decoding steps" if n_steps else ""]
+        decoding = ("expected code embedding" if evaluation.get("decode") == "expected"
+                    else f"{n_steps} decoding steps" if n_steps else "")
+        on = [f"{n_eval:,} validation images" if n_eval else "validation images", decoding]
         text += (f" Validation metrics it records ({', '.join(o for o in on if o)}): " + ", ".join(measured) +
                  " (the model's raw output, nothing pasted back).")
     else:

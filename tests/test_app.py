@@ -287,6 +287,9 @@ def test_mim_training_note_reads_what_the_config_records():
     both = mim_training_note({**info, "evaluation": {"images": 1000, "by_iterations": {"12": {"psnr": 19.388}},
                                                      "expected_by_iterations": {"12": {"psnr": 20.876}}}})
     assert "19.39 dB at 12 iterations with MaskGIT sampling, 20.88 dB at 12 with the expected embedding." in both
+    expected = mim_training_note({**info, "data": {**info["data"], "eval": {"images": 128, "steps": 24,
+                                                                         "decode": "expected"}}})
+    assert "128 validation images, expected code embedding" in expected and "decoding steps" not in expected
     odd = mim_training_note({"steps": "many", "train": [], "data": None, "metrics": {"val/psnr@40": None}})
     assert "no training budget recorded" in odd and "No measured PSNR" in odd
 

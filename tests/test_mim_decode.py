@@ -198,7 +198,7 @@ def test_eval_command_decode_option_is_used_and_reported(saved: tuple[Path, Path
     assert result["expected"]["decode"] == "expected" and result["expected"]["steps"] == 1
     assert result["maskgit"]["decode"] == "maskgit" and result["maskgit"]["steps"] == 3
     default = CliRunner().invoke(mim_command, [*args, "--json"])
-    assert json.loads(default.stdout) == result["maskgit"]  # maskgit is the default
+    assert json.loads(default.stdout) == result["expected"]  # the expected embedding is the default, as in the app
     pipe = load_mim(model, tokenizer=tokenizer)
     images = load_images(cifar, "test", 32).subset(np.arange(6))
     direct = evaluate_reconstruction(images, 0.4, pipeline=pipe, batch=4, decode="expected")
@@ -206,7 +206,8 @@ def test_eval_command_decode_option_is_used_and_reported(saved: tuple[Path, Path
     assert result["expected"]["psnr"] != pytest.approx(result["maskgit"]["psnr"], abs=1e-3)
     table = CliRunner().invoke(mim_command, [*args, "--decode", "expected"])
     assert table.exit_code == 0 and "decoding: expected code embedding" in table.output, table.output
-    assert "decoding: MaskGIT" in CliRunner().invoke(mim_command, args).output
+    assert "decoding: expected code embedding" in CliRunner().invoke(mim_command, args).output
+    assert "decoding: MaskGIT" in CliRunner().invoke(mim_command, [*args, "--decode", "maskgit"]).output
     base = CliRunner().invoke(mim_command, ["--baseline", "most-frequent", "--data", str(cifar), "--tokenizer",
                                             str(tokenizer), "--images", "4", "--decode", "expected", "--json"])
     assert base.exit_code == 0 and json.loads(base.stdout)["decode"] is None, base.output  # no token model

@@ -1,17 +1,19 @@
 """`hyperset-eval mim [CHECKPOINT] --data DIR --split test --mask-ratio R [--json]`: masked reconstruction.
 
-Protocol (paper App. "Masked Image Modeling" / Tables "masked image modeling"): mask exactly R of the tokens of
-each image (uniformly random positions, seeded), fill them with MaskGIT decoding (24 arccos steps, temperature
-1; the authors' reconstruction evaluation uses no Gumbel noise on the confidences, r_temp 0), decode with the
-tokenizer and compare with the original images: PSNR, SSIM, MS-SSIM, LPIPS and FID. LPIPS and FID are
-torchmetrics' (the 'metrics' extra) on pretrained networks that are never downloaded: without the extra or the
+Masks exactly R of the tokens of each image (uniformly random positions, seeded), fills them with the token model,
+decodes with the tokenizer and compares with the original images: PSNR, SSIM, MS-SSIM, LPIPS and FID. LPIPS and FID
+are torchmetrics' (the 'metrics' extra) on pretrained networks that are never downloaded: without the extra or the
 local weight files (--lpips-weights, --fid-weights, or the torch hub cache) they are reported as null with the
-reason.
-The tokenizer's own reconstruction (no masking) is reported as the ceiling.
+reason. The tokenizer's own reconstruction (no masking) is reported as the ceiling.
 
-``--decode expected`` replaces MaskGIT sampling by the expected code embedding (``MIMPipeline.reconstruct``): one
-forward pass of the token model, the mean code vector under its predicted distribution at each masked position,
-decoded by the tokenizer. Not the paper's protocol; the JSON's ``decode`` and the table say which was used.
+Decoding (the JSON's ``decode`` and the table say which was used):
+
+- ``--decode expected`` (the default, as in the app): one forward pass of the token model, the mean code vector under
+  its predicted distribution at each masked position (``MIMPipeline.reconstruct(decode="expected")``), decoded by the
+  tokenizer. The mean is the least-squares estimate in latent space, the quantity PSNR rewards; sampling a code adds
+  the spread of the distribution to the error.
+- ``--decode maskgit``, the paper's protocol (App. "Masked Image Modeling"): MaskGIT decoding, 24 arccos steps,
+  temperature 1 (the authors' reconstruction evaluation uses no Gumbel noise on the confidences, r_temp 0).
 
 Differences from the authors' script: the images are not min-max normalised per image before the metrics, and
 the mask is exactly R (theirs draws each token with probability R).
@@ -181,9 +183,10 @@ def print_table(result: dict[str, Any]) -> None:
               help="fraction of each image's tokens that is masked (exactly, at seeded random positions)")
 @click.option("--iters", type=click.IntRange(min=1), default=None,
               help="token-model iterations (default: the trained number)")
-@click.option("--decode", type=click.Choice(DECODINGS), default="maskgit", show_default=True,
-              help="maskgit: MaskGIT iterative sampling (the paper's protocol) · expected: one forward pass, each "
-                   "masked token decoded from the mean code vector under the model's predicted distribution")
+@click.option("--decode", type=click.Choice(DECODINGS), default="expected", show_default=True,
+              help="expected (as in the app): one forward pass, each masked token decoded from the mean code vector "
+                   "under the model's predicted distribution, the least-squares estimate that PSNR rewards · "
+                   "maskgit: MaskGIT iterative sampling (the paper's protocol)")
 @renamed_option("--decode-steps", "steps", old="--steps", type=click.IntRange(min=1), default=24, show_default=True,
                help="MaskGIT decoding steps (paper: 24)")
 @click.option("--temperature", type=float, default=1.0, show_default=True,
