@@ -27,6 +27,7 @@ DEFAULT_RUNS = [
     "model)",
     "new recipe, third cycle (lr 2e-4)=runs/sudoku-cpu-deep3@new recipe, second cycle (lr 3e-4, 3,000 steps)",
     "new recipe, fourth cycle (lr 1.5e-4)=runs/sudoku-cpu-deep4@new recipe, third cycle (lr 2e-4)",
+    "new recipe, fifth cycle (lr 1e-4)=runs/sudoku-cpu-deep5@new recipe, fourth cycle (lr 1.5e-4)",
     "Transformer baseline (sudoku-cpu-transformer)=runs/sudoku-cpu-transformer",
 ]
 THRESHOLDS = (0.6, 0.9)
