@@ -219,6 +219,9 @@ def mim_command(checkpoint: Path | None, data: Path, split: str, mask_ratio: flo
                 lpips_weights: Path | None, fid_weights: Path | None, threads: int | None, device: str,
                 as_json: bool) -> None:
     """Masked image reconstruction of a token model (default: the shipped CIFAR-10 models)."""
+    for name, value in (("--temperature", temperature), ("--randomize-temp", randomize_temp)):
+        if not math.isfinite(value) or value < 0:  # checked whichever decoding uses it
+            raise click.BadParameter(f"must be a finite number >= 0, got {value}", param_hint=f"'{name}'")
     torch.manual_seed(seed)
     try:
         set_cpu_threads(threads)
