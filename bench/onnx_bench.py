@@ -138,7 +138,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import hyperset.core as core
     from hyperset.exports import export as E
     from hyperset.exports.runtime import OrtSession
-    from hyperset.exports.solver_backend import OnnxSolverBackend
+    from hyperset.exports.solver_backend import OnnxSolverBackend, by_rows
 
     torch.set_num_threads(args.threads)
     model, info, source = load_bench_model()
@@ -199,8 +199,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 feeds["iters"] = np.asarray(k, dtype=np.int64)
             by_rows(sess.run, feeds, {sess.input_names[0]}, 0 if whole else solver_backend.rows)
         return go
-
-    from hyperset.exports.solver_backend import by_rows
 
     # "sliced": as the library runs on a CPU (hyperset.core.slice_rows; the onnx solver backend's `rows`);
     # "whole batch": one call, every op on all the boards at once
