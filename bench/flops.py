@@ -7,7 +7,8 @@
 The model is a list of the matmuls one training step or one forward pass runs (`matmuls`), each named, sized and
 given to a component: projections (X W and the back-projection), attention_maps (Z Z^T and S Z per head),
 feedforward (X D and act(U) D^T), step_sizes (L3 per token and the time MLP L1, L2 once per iteration for the
-whole batch; at inference once per pass when they do not depend on t, see `steps_once`), readout (the head), stem
+whole batch; once per pass when they do not depend on t, see `steps_once`, and at every iteration with
+`steps_every_t`, as the authors' code makes them), readout (the head), stem
 (the patch embedding), lora and energies (the trace's X W, Z Z^T, X D).
 A training step adds, for every matmul C = A B, the two of its backward (dA = dC B^T, dB = A^T dC) where the operand
 needs a gradient. FLOPs are 2 per multiply-add, as torch.utils.flop_counter counts them (the test checks the count
@@ -108,15 +109,15 @@ def _lora(cfg: ModelConfig, component: str) -> list[MatMul]:
 
 
 def steps_once(cfg: ModelConfig) -> bool:
-    """Whether inference computes the step sizes once per pass (hyperset.core.RecurrentCore._fixed_steps): they are
-    conditioned on x0 and the time network gives every t the same output (the authors' zero init leaves it dead;
-    a config says so by time_init "zero")."""
+    """Whether the step sizes are made once per pass, at inference and in an eager training step
+    (hyperset.core.RecurrentCore._fixed_steps): they are conditioned on x0 and the time network gives every t the
+    same output (the authors' zero init leaves it dead; a config says so by time_init "zero")."""
     return cfg.step == "adaptive" and cfg.step_cond == "x0" and cfg.time_mlp and cfg.time_init == "zero"
 
 
-def _hyperset_layer(cfg: ModelConfig, batch: int, inference: bool = False) -> list[MatMul]:
+def _hyperset_layer(cfg: ModelConfig, batch: int, steps_every_t: bool = False) -> list[MatMul]:
     R, d, M = batch * tokens(cfg), cfg.dim, cfg.ff_hidden
-    once = inference and steps_once(cfg)
+    once = steps_once(cfg) and not steps_every_t
     mms = [MatMul("projections", "X W", R, d, d), *_attention_maps(cfg, batch),
            MatMul("projections", "G W^T", R, d, d),
            MatMul("feedforward", "X D", R, d, M), MatMul("feedforward", "act(U) D^T", R, M, d)]
@@ -164,10 +165,12 @@ def _once(cfg: ModelConfig, batch: int) -> list[MatMul]:
     return [MatMul("readout", "head", batch * tokens(cfg), d, C, once=True)]
 
 
-def matmuls(cfg: ModelConfig, batch: int, energies: bool = False, inference: bool = True) -> list[MatMul]:
-    """The matmuls of one forward pass, per iteration (once=False) and per pass (once=True); at inference step
-    sizes that do not depend on t are made once per pass."""
-    layer = _hyperset_layer(cfg, batch, inference) if cfg.layer == "hyperset" else _baseline_layer(cfg, batch)
+def matmuls(cfg: ModelConfig, batch: int, energies: bool = False, steps_every_t: bool = False) -> list[MatMul]:
+    """The matmuls of one forward pass, per iteration (once=False) and per pass (once=True); step sizes that do not
+    depend on t are made once per pass, unless `steps_every_t` (the configuration's work as the authors' code runs
+    it)."""
+    layer = (_hyperset_layer(cfg, batch, steps_every_t) if cfg.layer == "hyperset"
+             else _baseline_layer(cfg, batch))
     if energies:
         if cfg.layer != "hyperset":
             raise ValueError(f"layer {cfg.layer!r} defines no energies")
@@ -175,16 +178,16 @@ def matmuls(cfg: ModelConfig, batch: int, energies: bool = False, inference: boo
     return layer + _once(cfg, batch)
 
 
-def training_matmuls(cfg: ModelConfig, batch: int) -> list[MatMul]:
+def training_matmuls(cfg: ModelConfig, batch: int, steps_every_t: bool = False) -> list[MatMul]:
     """Forward and backward matmuls of one training step (no trace; the loss on the last iteration)."""
-    forward = matmuls(cfg, batch, inference=False)
+    forward = matmuls(cfg, batch, steps_every_t=steps_every_t)
     return forward + [b for mm in forward for b in mm.backward()]
 
 
 def elementwise_bytes(cfg: ModelConfig, batch: int, energies: bool = False,
                       once_steps: bool = False) -> dict[str, int]:
     """Per-iteration bytes read + written by the Hyper-SET layer's elementwise ops, by component (see module doc);
-    `once_steps`: the step sizes are made once per pass (inference, `steps_once`)."""
+    `once_steps`: the step sizes are made once per pass (`steps_once`)."""
     if cfg.layer != "hyperset":
         return {}
     R, d, M, H, N = batch * tokens(cfg), cfg.dim, cfg.ff_hidden, cfg.heads, tokens(cfg)
@@ -218,12 +221,15 @@ def _by_component(mms: list[MatMul], key: str, once: bool) -> dict[str, int]:
     return {k: v for k, v in out.items() if v}
 
 
-def count(cfg: ModelConfig, batch: int, iters: int | None = None, energies: bool = False) -> dict[str, Any]:
+def count(cfg: ModelConfig, batch: int, iters: int | None = None, energies: bool = False,
+          steps_every_t: bool = False) -> dict[str, Any]:
     """FLOPs and bytes per board: per iteration and per pass by component, forward (inference, with or without the
-    energy trace) and training step (forward + backward), at `iters` iterations per layer."""
+    energy trace) and training step (forward + backward), at `iters` iterations per layer; with `steps_every_t`
+    the step sizes are made at every iteration (the authors' code)."""
     steps = (cfg.iters if iters is None else iters) * cfg.n_layers
-    fwd, train = matmuls(cfg, batch, energies), training_matmuls(cfg, batch)
-    ew = elementwise_bytes(cfg, batch, energies, steps_once(cfg))
+    fwd = matmuls(cfg, batch, energies, steps_every_t)
+    train = training_matmuls(cfg, batch, steps_every_t)
+    ew = elementwise_bytes(cfg, batch, energies, steps_once(cfg) and not steps_every_t)
     flops_it, flops_once = _by_component(fwd, "flops", False), _by_component(fwd, "flops", True)
     bytes_it = _by_component(fwd, "bytes", False)
     for k, v in ew.items():
@@ -304,17 +310,18 @@ def roofline(mms: list[MatMul], steps: int, batch: int, dtype: torch.dtype = tor
             "roofline_boards_per_s": batch / seconds, "matmul_flops_per_s": flops / seconds}
 
 
-def measure_rooflines(cfg: ModelConfig, batch: int, iters: int | None = None,
-                      energies: bool = False) -> dict[str, Any]:
-    """fp32 (and bf16 where native) rooflines for inference and a training step at this config and batch."""
+def measure_rooflines(cfg: ModelConfig, batch: int, iters: int | None = None, energies: bool = False,
+                      steps_every_t: bool = False) -> dict[str, Any]:
+    """fp32 (and bf16 where native) rooflines for inference and a training step at this config and batch; with
+    `steps_every_t` for the work of step sizes made at every iteration (see `count`)."""
     steps = (cfg.iters if iters is None else iters) * cfg.n_layers
     dtypes = [torch.float32] + ([torch.bfloat16] if cpu_has_native_bf16() else [])
     out: dict[str, Any] = {}
     for dtype in dtypes:
         rates: dict[tuple, float] = {}
         name = str(dtype).removeprefix("torch.")
-        out[name] = {"inference": roofline(matmuls(cfg, batch, energies), steps, batch, dtype, rates),
-                     "training": roofline(training_matmuls(cfg, batch), steps, batch, dtype, rates),
+        out[name] = {"inference": roofline(matmuls(cfg, batch, energies, steps_every_t), steps, batch, dtype, rates),
+                     "training": roofline(training_matmuls(cfg, batch, steps_every_t), steps, batch, dtype, rates),
                      "shapes": [{"m": k[0], "k": k[1], "n": k[2], "count": k[3], "layout": k[4], "flops_per_s": r}
                                 for k, r in rates.items()]}
     return out

@@ -19,11 +19,21 @@ the authors' training step: AdamW (lr 1e-4, betas 0.9/0.95, weight decay 0.1), g
 is one forward pass without the energy trace, in eval mode, under torch.no_grad.
 
 Before timing, the script checks that the two compute the same function: our randomised weights copied into the
-authors' model give the same logits (`parity_max_abs_diff`), and torch's FLOP counter counts the same FLOPs for
-both (`flops_counted`), equal to bench/flops.py's model. Then rounds alternate: a training step of each and an
-inference pass of each, the order swapped every round; medians are reported, with boards/s, the ratio, and each as
-a share of the fp32 matmul roofline measured at the model's shapes (bench/flops.py) before and after the rounds
-(the better of the two, the one with less contention, is used; both are in the JSON with the load average).
+authors' model give the same logits (`parity_max_abs_diff`), and torch's FLOP counter counts, for each, the FLOPs
+of bench/flops.py's model (`flops_counted`): the authors' code makes the step sizes at every iteration
+(`steps_every_t`), ours once per pass where they do not depend on t (the authors' dead time network), with the
+same gradients. Then rounds alternate: a training step of each runner and an inference pass of each, the order
+reversed every round; medians are reported, with boards/s, the ratios, and shares of two fp32 matmul rooflines
+measured at the model's shapes (bench/flops.py) before and after the rounds (the better of the two, the one with
+less contention, is used; both are in the JSON with the load average):
+
+    share_of_roofline              the configuration's matmuls as the authors' code runs them (step sizes at
+                                   every iteration): the same yardstick for both codes
+    share_of_least_work_roofline   the matmuls the function needs (step sizes once per pass): what no code can beat
+
+Runners: `ours` (the library as it trains in eager mode: hyperset.fused, step sizes once), `ours_written_out`
+(the same model inside hyperset.fused.written_out(): the layer written out under autograd, step sizes at every
+iteration; its inference is ours), `peer` (the authors' code), and with --compile `ours_compiled`.
 Writes bench/results/peer_bench.json.
 """
 
@@ -46,6 +56,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hyperset import fused
 from hyperset.checkpoint import atomic_write_json
 from hyperset.models import HyperSETModel
 
@@ -128,10 +139,12 @@ def loss_fn(kind: str, model: nn.Module) -> Callable[[torch.Tensor, torch.Tensor
 class Runner:
     """A model with the authors' optimizer; `train` is one training step, `infer` one forward pass. With
     ``compiled`` the model runs through ``torch.compile`` as the trainer runs it (``train.compile = true``): the
-    optimizer holds the same parameters, only the forward and backward passes are compiled."""
+    optimizer holds the same parameters, only the forward and backward passes are compiled. With ``written_out``
+    the steps run inside ``hyperset.fused.written_out()``."""
 
-    def __init__(self, kind: str, model: nn.Module, bf16: bool, compiled: bool = False):
+    def __init__(self, kind: str, model: nn.Module, bf16: bool, compiled: bool = False, written_out: bool = False):
         self.model = model
+        self.mode = fused.written_out if written_out else contextlib.nullcontext
         self.net = torch.compile(model) if compiled else model  # what the steps run
         self.loss = loss_fn(kind, self.net)
         self.opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
@@ -139,16 +152,16 @@ class Runner:
 
     def train(self, x: torch.Tensor, y: torch.Tensor) -> None:
         self.model.train()
-        with self.autocast:
+        with self.mode(), self.autocast:
             loss = self.loss(x, y)
-        self.opt.zero_grad()
-        loss.backward()
+            self.opt.zero_grad()
+            loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
         self.opt.step()
 
     def infer(self, x: torch.Tensor) -> None:
         self.model.eval()
-        with torch.no_grad(), self.autocast:
+        with self.mode(), torch.no_grad(), self.autocast:
             self.net(x)
 
 
@@ -193,11 +206,16 @@ def versions(peer_dir: Path) -> dict[str, str]:
     return out
 
 
-def summarise(times: dict[str, list[float]], roof: dict[str, Any], fpb: dict[str, float]) -> dict[str, Any]:
-    """Boards/s from the medians, the ratio to the authors' of each of ours (``ours``, and ``ours_compiled`` when it
-    ran), and shares of the roofline; also from the fastest round of each (`best_*`), which other processes on a
-    shared machine disturb least."""
-    names = [n for n in ("ours", "ours_compiled", "peer") if f"{n}_train" in times]
+RUNNERS = ("ours", "ours_written_out", "ours_compiled", "peer")
+
+
+def summarise(times: dict[str, list[float]], roof: dict[str, Any], fpb: dict[str, float],
+              least: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Boards/s from the medians, the ratio to the authors' of each of ours (``ours``, and ``ours_written_out`` and
+    ``ours_compiled`` when they ran), GFLOP/s of the configuration's work (`fpb`), and shares of the roofline
+    `roof` (and of `least`, the least-work roofline, when given); also from the fastest round of each (`best_*`),
+    which other processes on a shared machine disturb least."""
+    names = [n for n in RUNNERS if f"{n}_train" in times]
     out: dict[str, Any] = {}
     for work, key in (("train", "training"), ("inference", "inference")):
         rates = {n: BATCH / statistics.median(times[f"{n}_{work}"]) for n in names}
@@ -211,6 +229,9 @@ def summarise(times: dict[str, list[float]], roof: dict[str, Any], fpb: dict[str
         row.update({f"best_{n}_share_of_roofline": flops.share(v, roof[key]) for n, v in best.items()})
         row["roofline_boards_per_s"] = roof[key]["roofline_boards_per_s"]
         row.update({f"{n}_share_of_roofline": flops.share(v, roof[key]) for n, v in rates.items()})
+        if least is not None:
+            row["least_work_roofline_boards_per_s"] = least[key]["roofline_boards_per_s"]
+            row.update({f"{n}_share_of_least_work_roofline": flops.share(v, least[key]) for n, v in rates.items()})
         row.update({f"{n}_gflop_per_s": v * fpb[key] / 1e9 for n, v in rates.items()})
     return out
 
@@ -218,6 +239,16 @@ def summarise(times: dict[str, list[float]], roof: dict[str, Any], fpb: dict[str
 def best_roofline(before: dict[str, Any], after: dict[str, Any], dtype: str) -> dict[str, Any]:
     return {k: max(before[dtype][k], after[dtype][k], key=lambda r: r["roofline_boards_per_s"])
             for k in ("inference", "training")}
+
+
+def rooflines(cfg: Any) -> dict[str, Any]:
+    """The configuration's roofline (step sizes at every iteration, as the authors' code) and the least-work one."""
+    return {"configuration": flops.measure_rooflines(cfg, BATCH, steps_every_t=True),
+            "least_work": flops.measure_rooflines(cfg, BATCH)}
+
+
+def per_board(count: dict[str, Any]) -> dict[str, float]:
+    return {"inference": count["forward_flops"], "training": count["training_flops"]}
 
 
 def run(peer_dir: Path, rounds: int, threads: int, bf16: bool, compiled: bool = False) -> dict[str, Any]:
@@ -232,28 +263,32 @@ def run(peer_dir: Path, rounds: int, threads: int, bf16: bool, compiled: bool = 
     diff = parity(cfg, peer, x)
     print(f"parity: max |logits ours - authors'| = {diff:.2e} (same weights, eval)", flush=True)
     dtypes = ["float32"] + (["bfloat16"] if bf16 else [])
-    roof_before = flops.measure_rooflines(cfg, BATCH)
-    model_count = flops.count(cfg, BATCH)
-    fpb = {"inference": model_count["forward_flops"], "training": model_count["training_flops"]}
+    roof_before = rooflines(cfg)
+    fpb = {"configuration": per_board(flops.count(cfg, BATCH, steps_every_t=True)),
+           "least_work": per_board(flops.count(cfg, BATCH))}
     rep: dict[str, Any] = {
         "machine": info, "versions": versions(peer_dir), "config": cfg.to_dict(), "batch": BATCH,
         "rounds": rounds, "compiled": compiled, "parity_max_abs_diff": diff, "flops_per_board_model": fpb,
         "flops_counted": {}, "results": {}, "times_s": {},
     }
     for dtype in dtypes:
-        torch.manual_seed(0)
-        runners = {"ours": Runner("ours", HyperSETModel(cfg), dtype == "bfloat16")}
-        if compiled:
-            torch.manual_seed(0)
-            runners["ours_compiled"] = Runner("ours", HyperSETModel(cfg), dtype == "bfloat16", compiled=True)
-        runners["peer"] = Runner("peer", load_peer(peer_dir, cfg), dtype == "bfloat16")
+        half = dtype == "bfloat16"
+        runners = {}
+        for name, kw in (("ours", {}), ("ours_written_out", {"written_out": True}),
+                         ("ours_compiled", {"compiled": True})):
+            if name != "ours_compiled" or compiled:
+                torch.manual_seed(0)
+                runners[name] = Runner("ours", HyperSETModel(cfg), half, **kw)
+        runners["peer"] = Runner("peer", load_peer(peer_dir, cfg), half)
         if dtype == "float32":
             rep["flops_counted"] = {n: counted_flops(r, x, y) for n, r in runners.items() if n != "ours_compiled"}
         print(f"{dtype}: {rounds} interleaved rounds ...", flush=True)
         rep["times_s"][dtype] = interleaved(runners, x, y, rounds)
-    roof_after = flops.measure_rooflines(cfg, BATCH)
+    roof_after = rooflines(cfg)
     for dtype in dtypes:
-        rep["results"][dtype] = summarise(rep["times_s"][dtype], best_roofline(roof_before, roof_after, dtype), fpb)
+        rep["results"][dtype] = summarise(
+            rep["times_s"][dtype], best_roofline(roof_before["configuration"], roof_after["configuration"], dtype),
+            fpb["configuration"], best_roofline(roof_before["least_work"], roof_after["least_work"], dtype))
     rep["roofline"] = {"before": roof_before, "after": roof_after}
     info["load_average_1min_at_end"] = flops.load_average()
     return rep
@@ -263,21 +298,22 @@ def print_summary(rep: dict[str, Any]) -> None:
     m = rep["machine"]
     print(f"{m['cpu']}, {m['threads']} thread(s), native bf16 {m['native_bf16']}; load "
           f"{m['load_average_1min_at_start']:.2f} -> {m['load_average_1min_at_end']:.2f}")
-    fpb = rep["flops_per_board_model"]
-    print(f"FLOPs per board: inference {fpb['inference'] / 1e9:.3f} G, training step {fpb['training'] / 1e9:.3f} G")
+    conf, least = rep["flops_per_board_model"]["configuration"], rep["flops_per_board_model"]["least_work"]
+    print(f"FLOPs per board: inference {conf['inference'] / 1e9:.3f} G, training step {conf['training'] / 1e9:.3f} G "
+          f"(the configuration, step sizes at every iteration); least work {least['inference'] / 1e9:.3f} G and "
+          f"{least['training'] / 1e9:.3f} G (step sizes once)")
     for dtype, res in rep["results"].items():
         for work in ("training", "inference"):
             r = res[work]
-            print(f"  {dtype} {work:9s} ours {r['ours_boards_per_s']:6.1f} boards/s "
-                  f"({100 * r['ours_share_of_roofline']:.0f}%)  authors' {r['peer_boards_per_s']:6.1f} boards/s "
-                  f"({100 * r['peer_share_of_roofline']:.0f}%)  ratio {r['ratio_ours_to_peer']:.2f}x  "
-                  f"roofline {r['roofline_boards_per_s']:.1f}; fastest rounds: ours {r['best_ours_boards_per_s']:.1f}, "
-                  f"authors' {r['best_peer_boards_per_s']:.1f}, {r['best_ratio_ours_to_peer']:.2f}x")
-            if "ours_compiled_boards_per_s" in r:
-                print(f"  {dtype} {work:9s} ours compiled {r['ours_compiled_boards_per_s']:6.1f} boards/s "
-                      f"({100 * r['ours_compiled_share_of_roofline']:.0f}%)  ratio to the authors' "
-                      f"{r['ratio_ours_compiled_to_peer']:.2f}x; fastest rounds "
-                      f"{r['best_ratio_ours_compiled_to_peer']:.2f}x")
+            print(f"  {dtype} {work}: roofline {r['roofline_boards_per_s']:.1f} boards/s (least work "
+                  f"{r['least_work_roofline_boards_per_s']:.1f})")
+            for n in RUNNERS:
+                if f"{n}_boards_per_s" not in r:
+                    continue
+                ratio = f"  {r[f'ratio_{n}_to_peer']:.2f}x the authors'" if n != "peer" else ""
+                print(f"    {n:17s} {r[f'{n}_boards_per_s']:6.1f} boards/s  {100 * r[f'{n}_share_of_roofline']:3.0f}% "
+                      f"of the roofline ({100 * r[f'{n}_share_of_least_work_roofline']:.0f}% of least work)"
+                      f"{ratio}; fastest round {r[f'best_{n}_boards_per_s']:.1f}")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 import torch
 from torch import Tensor, nn
 
+from . import fused
 from .baselines import CRATELayer, EnergyTransformerLayer, TransformerLayer
 from .config import ModelConfig
 from .energies import average_angle, effective_rank
@@ -138,11 +139,22 @@ class RecurrentCore(nn.Module):
         return self.step_sizes(t_value, cond)
 
     def _fixed_steps(self, x0: Tensor) -> tuple[Tensor, Tensor] | None:
-        """The step sizes, computed once, when they are the same at every iteration and no gradient is taken:
-        conditioned on x0 and with a time network that gives every t the same c_t (a dead one, L2's weight = 0,
-        as the authors' init leaves it, or fixed steps). Else None: `step` computes them at every t."""
+        """The step sizes, computed once, when they are the same at every iteration: conditioned on x0 and with a
+        time network that gives every t the same c_t (a dead one, L2's weight = 0, as the authors' init leaves it,
+        or fixed steps). Else None: `step` computes them at every t.
+
+        With gradients too, in eager mode: every iteration then uses the same (alpha, gamma) tensors, and autograd
+        sums their gradients over the iterations before one backward pass through the step-size network, the
+        gradient of computing them at every t (the network's per-token L3 is ~15% of a training step's matmuls at
+        the authors' configuration). Under torch.compile or a trace the weight check would be a data-dependent
+        branch, so they are made at every t there, and inside `hyperset.fused.written_out()`."""
         sizes = self.step_sizes
-        if torch.is_grad_enabled() or sizes is None or self.cfg.step_cond != "x0" or not sizes.constant_in_t():
+        if sizes is None or self.cfg.step_cond != "x0":
+            return None
+        if torch.is_grad_enabled() and (torch.compiler.is_compiling() or torch.jit.is_tracing()
+                                        or not fused.enabled()):
+            return None
+        if not sizes.constant_in_t():
             return None
         return self.steps_at(x0, x0, 1)
 

@@ -69,12 +69,30 @@ def test_components_of_the_authors_configuration_match_the_hand_count() -> None:
     assert per_it["projections"] == 4 * N * d * d
     assert per_it["attention_maps"] == 4 * N * N * d
     step_sizes = pytest.approx(4 * N * d * d + 2 * (512 * d + d * d) / 64)
-    # the authors' time network is dead (zero init): inference makes the step sizes once per pass, training at
-    # every iteration
+    # the authors' time network is dead (zero init): the step sizes are made once per pass, in inference and in
+    # training; the authors' code makes them at every iteration (steps_every_t)
     assert flops.steps_once(cfg) and "step_sizes" not in per_it
+    assert "step_sizes" not in counts["training_flops_per_iteration"]
     assert counts["forward_flops_per_pass"]["step_sizes"] == step_sizes
-    forward_part = counts["training_flops_per_iteration"]["step_sizes"]
-    assert forward_part > counts["forward_flops_per_pass"]["step_sizes"]
+    theirs = flops.count(cfg, 64, steps_every_t=True)
+    assert theirs["forward_flops_per_iteration"]["step_sizes"] == step_sizes
+    extra = (cfg.iters - 1) * 3 * 4 * N * d * d  # L3's forward and two backward products, at 23 more iterations
+    assert theirs["training_flops"] - counts["training_flops"] == pytest.approx(extra, rel=1e-3)
+
+
+def test_the_written_out_path_counts_step_sizes_at_every_iteration() -> None:
+    """Inside hyperset.fused.written_out() a training step makes the step sizes at every t, as the authors' code:
+    torch's counter then equals the model's steps_every_t count."""
+    from hyperset import fused
+
+    cfg, batch = CONFIGS["authors-sudoku"], 3
+    torch.manual_seed(0)
+    model = HyperSETModel(cfg)
+    x = _inputs(cfg, batch)
+    with fused.written_out():
+        training = _counted(lambda: model(x).float().square().mean().backward())
+    assert flops.count(cfg, batch, steps_every_t=True)["training_flops"] * batch == training
+    assert flops.count(cfg, batch)["training_flops"] < flops.count(cfg, batch, steps_every_t=True)["training_flops"]
 
 
 def test_roofline_is_batch_over_the_matmul_time_at_the_given_rates() -> None:

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 import hyperset.baselines as baselines
+from hyperset import fused
 from hyperset.baselines import CRATELayer, EnergyTransformerLayer
 from hyperset.config import ModelConfig
 from hyperset.core import RecurrentCore
@@ -118,8 +119,8 @@ def test_normalization_first_feedforward_is_D_act_RMSNorm_of_XD_eq_10():
 
 def test_folded_feedforward_equals_the_written_out_one_with_gains_of_either_sign():
     """At inference the ReLU step folds the RMSNorm (and its gain) into the weights; the paper's form, written out
-    here, gives the same update, also where gains are negative or zero. With gradients the layer runs the
-    written-out form itself."""
+    here, gives the same update, also where gains are negative or zero. With gradients the layer runs the folded
+    form with its own backward (hyperset.fused), and inside fused.written_out() the written-out form itself."""
     layer = _layer(w_scale=0.3)
     with torch.no_grad():
         layer.norm_ff.weight.copy_(_randn(24, seed=9))
@@ -130,7 +131,9 @@ def test_folded_feedforward_equals_the_written_out_one_with_gains_of_either_sign
     with torch.no_grad():
         folded = layer.ff_descent(X, layer.D)
     torch.testing.assert_close(folded, written.detach(), rtol=1e-12, atol=1e-12)
-    torch.testing.assert_close(layer.ff_descent(X, layer.D), written, rtol=0, atol=0)
+    torch.testing.assert_close(layer.ff_descent(X, layer.D), written, rtol=1e-12, atol=1e-12)
+    with fused.written_out():
+        torch.testing.assert_close(layer.ff_descent(X, layer.D), written, rtol=0, atol=0)
 
 
 def test_feedforward_energy_without_a_normalised_copy_equals_the_written_out_one():

@@ -1,0 +1,163 @@
+"""The Hyper-SET layer's two operators with hand-written backward passes, for training without a compiler.
+
+Autograd of the written-out layer keeps every intermediate of the RMSNorms, the ReLU and the bi-softmax, and its
+backward walks the feedforward's (B, N, M) hidden tensor about fifteen times per iteration: on a CPU that memory
+traffic, not the matmuls, is most of a training step. These functions compute the same values and gradients
+(the tests compare them with autograd of the written-out form) with two passes over the hidden tensor forward and
+two backward:
+
+- `relu_descent`: -dE_FF/dX = ReLU(RMSNorm(X D)) D^T, with the norm folded into the weights as at inference
+  (``HyperSETLayer.ff_descent``): r ReLU(X (D s)) (D |g|)^T, r = 1 / rms(X D) per token, s = sign(g).
+- `bisoftmax_grad`: dE_ATTN/dX = merge((P + P^T) Zn) W^T, Zn the head projections on their spheres and
+  P = softmax(beta Zn Zn^T). The map Zn -> (P + P^T) Zn is the gradient of the attention energy, so its Jacobian
+  is the energy's Hessian, which is symmetric: the backward pass is the map's directional derivative along the
+  incoming gradient (three batched matmuls instead of autograd's four).
+
+They are used where they win: gradients on, no autocast, not under ``torch.compile`` (which fuses the written-out
+form itself) and not in an export (see `usable`). ``with written_out():`` turns them off, and with them the step
+sizes made once per pass under gradients (``RecurrentCore._fixed_steps``): the unoptimised path that the tests and
+bench/peer_bench.py compare with.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+from collections.abc import Iterator
+
+import torch
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+from .energies import inv_rms
+
+_state = threading.local()
+
+
+def enabled() -> bool:
+    """Whether training may take the optimised paths (off inside `written_out`)."""
+    return getattr(_state, "enabled", True)
+
+
+@contextlib.contextmanager
+def written_out() -> Iterator[None]:
+    """Run the written-out layer under autograd, with the step sizes made at every iteration, in this thread."""
+    before = enabled()
+    _state.enabled = False
+    try:
+        yield
+    finally:
+        _state.enabled = before
+
+
+def usable(x: Tensor) -> bool:
+    """Whether the fused operators should run for an update of x: a gradient will be taken, in eager mode."""
+    return (enabled() and torch.is_grad_enabled() and not torch.compiler.is_compiling()
+            and not torch.jit.is_tracing() and not torch.onnx.is_in_onnx_export()
+            and not torch.is_autocast_enabled(x.device.type))
+
+
+def _rows(t: Tensor) -> Tensor:
+    return t.reshape(-1, t.shape[-1])
+
+
+class _ReLUDescent(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, X: Tensor, D: Tensor, g: Tensor, eps: float) -> Tensor:
+        s = torch.where(g >= 0, 1.0, -1.0).to(g.dtype)
+        Dg = D * g.abs()
+        U = X @ (D * s)  # (B, N, M): X D with the columns of negative gain flipped; rms(U) = rms(X D)
+        r = inv_rms(U, eps)  # (B, N, 1)
+        V = torch.relu(U)
+        Y0 = V @ Dg.t()
+        ctx.save_for_backward(X, D, g, s, U, V, r, Y0)
+        return Y0 * r
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dF: Tensor) -> tuple[Tensor | None, ...]:
+        X, D, g, s, U, V, r, Y0 = ctx.saved_tensors
+        M = U.shape[-1]
+        dY0 = dF * r
+        # d r / d U = -r^3 U / M per token
+        coef = (dF * Y0).sum(-1, keepdim=True).mul_(r.pow(3)).mul_(-1.0 / M)
+        dU = dY0 @ (D * g.abs())
+        torch.ops.aten.threshold_backward.grad_input(dU, U, 0.0, grad_input=dU)  # through the ReLU, in place
+        dU.addcmul_(U, coef)  # through r
+        dX = dU @ (D * s).t() if ctx.needs_input_grad[0] else None
+        dD = dg = None
+        if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
+            dDg = _rows(dY0).t() @ _rows(V)  # (d, M)
+            if ctx.needs_input_grad[1]:
+                dD = (_rows(X).t() @ _rows(dU)).mul_(s).addcmul_(dDg, g.abs())
+            if ctx.needs_input_grad[2]:
+                dg = (dDg * D).sum(0) * torch.sign(g)
+        return dX, dD, dg, None
+
+
+def relu_descent(X: Tensor, D: Tensor, g: Tensor, eps: float) -> Tensor:
+    """ReLU(RMSNorm_g(X D)) D^T, (B, N, d): the feedforward step's direction, -dE_FF/dX (eq. 10)."""
+    return _ReLUDescent.apply(X, D, g, eps)
+
+
+def _split(z: Tensor, heads: int) -> Tensor:
+    """(B, N, H*p) -> (B*H, N, p), contiguous."""
+    b, n, d = z.shape
+    return z.view(b, n, heads, d // heads).transpose(1, 2).reshape(b * heads, n, d // heads)
+
+
+def _merge(z: Tensor, batch: int) -> Tensor:
+    """(B*H, N, p) -> (B, N, H*p)."""
+    bh, n, p = z.shape
+    return z.view(batch, bh // batch, n, p).transpose(1, 2).reshape(batch, n, bh // batch * p)
+
+
+def _sym(a: Tensor) -> Tensor:
+    """a + a^T for a batch of square matrices, written in a^T's layout: the same values (the sum is symmetric),
+    and the add reads the transposed operand in its own order (about 1.5x faster on a CPU than a + a^T)."""
+    return torch.add(a.transpose(1, 2), a)
+
+
+class _BiSoftmaxGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, X: Tensor, W: Tensor, g: Tensor, heads: int, eps: float) -> Tensor:
+        B = X.shape[0]
+        Z = _split(X @ W, heads)  # (B*H, N, p)
+        beta = 1.0 / math.sqrt(Z.shape[-1])
+        r = inv_rms(Z, eps)
+        Zn = Z * r * g
+        A = torch.baddbmm(Zn.new_empty(Zn.shape[0], Zn.shape[1], Zn.shape[1]), Zn, Zn.transpose(1, 2),
+                          beta=0.0, alpha=beta)
+        P = torch.softmax(A, dim=-1)
+        S = _sym(P)
+        Gm = _merge(torch.bmm(S, Zn), B)
+        ctx.heads, ctx.beta = heads, beta
+        ctx.save_for_backward(X, W, g, Z, r, Zn, P, S, Gm)
+        return Gm @ W.t()
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dY: Tensor) -> tuple[Tensor | None, ...]:
+        X, W, g, Z, r, Zn, P, S, Gm = ctx.saved_tensors
+        B, beta = X.shape[0], ctx.beta
+        dG = _split(dY @ W, ctx.heads)  # (B*H, N, p)
+        # the Hessian of the energy at Zn applied to dG: S dG + dS Zn, dS = dP + dP^T, dP the softmax's
+        # derivative along dA = beta (dG Zn^T + Zn dG^T)
+        Q = torch.bmm(dG, Zn.transpose(1, 2))
+        dP = torch._softmax_backward_data(torch.add(Q, Q.transpose(1, 2)), P, -1, P.dtype)
+        # (dP + dP^T) Zn as two products: cheaper than the transposed add
+        dZn = torch.baddbmm(torch.baddbmm(torch.bmm(S, dG), dP, Zn, alpha=beta), dP.transpose(1, 2), Zn, alpha=beta)
+        # through Zn = Z r g
+        dZg = dZn * g
+        dZ = dZg * r - Z * ((dZg * Z).sum(-1, keepdim=True) * r.pow(3) / Z.shape[-1])
+        dZ = _merge(dZ, B)
+        dX = dZ @ W.t() if ctx.needs_input_grad[0] else None
+        dW = torch.addmm(_rows(X).t() @ _rows(dZ), _rows(dY).t(), _rows(Gm)) if ctx.needs_input_grad[1] else None
+        dg = _rows(dZn * Z * r).sum(0) if ctx.needs_input_grad[2] else None
+        return dX, dW, dg, None, None
+
+
+def bisoftmax_grad(X: Tensor, W: Tensor, g: Tensor, heads: int, eps: float) -> Tensor:
+    """merge((P + P^T) Zn) W^T, (B, N, d): dE_ATTN/dX with the projections Zn = RMSNorm_g(split(X W)) (eq. 8)."""
+    return _BiSoftmaxGrad.apply(X, W, g, heads, eps)

@@ -1,0 +1,146 @@
+"""The optimised training path (hyperset.fused, step sizes once per pass) against the written-out one: the same
+outputs and gradients, within 1e-5 in fp32 at the shared configuration of bench/peer_bench.py."""
+
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hyperset import fused
+from hyperset.config import ModelConfig
+from hyperset.energies import attn_energy_grad_heads, merge_heads, rms_normalize, split_heads
+from hyperset.models import build_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import flops  # noqa: E402
+
+
+def _written_out_ff(X, D, g, eps):
+    return F.relu(rms_normalize(X @ D, eps) * g) @ D.t()
+
+
+def _written_out_attn(X, W, g, heads, eps):
+    Z = rms_normalize(split_heads(X @ W, heads), eps) * g
+    return merge_heads(attn_energy_grad_heads(Z, "bisoftmax")) @ W.t()
+
+
+def _gains(n: int, gen: torch.Generator) -> torch.Tensor:
+    g = torch.randn(n, dtype=torch.float64, generator=gen)
+    g[:3] = 0.0  # zero gains (a sign of +1 in the folded form), and both signs elsewhere
+    return g
+
+
+def _grads(out: torch.Tensor, inputs: tuple[torch.Tensor, ...], probe: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    return torch.autograd.grad((out * probe).sum(), inputs)
+
+
+def test_relu_descent_equals_autograd_of_the_written_out_feedforward() -> None:
+    gen = torch.Generator().manual_seed(0)
+    X = torch.randn(3, 9, 16, dtype=torch.float64, generator=gen, requires_grad=True)
+    D = (0.3 * torch.randn(16, 40, dtype=torch.float64, generator=gen)).requires_grad_()
+    g = _gains(40, gen).requires_grad_()
+    out, ref = fused.relu_descent(X, D, g, 1e-6), _written_out_ff(X, D, g, 1e-6)
+    torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
+    probe = torch.randn(ref.shape, dtype=torch.float64, generator=gen)
+    for a, b in zip(_grads(out, (X, D, g), probe), _grads(ref, (X, D, g), probe)):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_bisoftmax_grad_equals_autograd_of_the_written_out_attention() -> None:
+    gen = torch.Generator().manual_seed(1)
+    heads = 4
+    X = torch.randn(3, 9, 16, dtype=torch.float64, generator=gen, requires_grad=True)
+    W = (0.3 * torch.randn(16, 16, dtype=torch.float64, generator=gen)).requires_grad_()
+    g = _gains(16 // heads, gen).requires_grad_()
+    out, ref = fused.bisoftmax_grad(X, W, g, heads, 1e-6), _written_out_attn(X, W, g, heads, 1e-6)
+    torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
+    probe = torch.randn(ref.shape, dtype=torch.float64, generator=gen)
+    for a, b in zip(_grads(out, (X, W, g), probe), _grads(ref, (X, W, g), probe)):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_their_backward_cannot_be_differentiated_again() -> None:
+    X = torch.randn(2, 5, 8, dtype=torch.float64, requires_grad=True)
+    D = torch.randn(8, 12, dtype=torch.float64, requires_grad=True)
+    (gx,) = torch.autograd.grad(fused.relu_descent(X, D, torch.ones(12, dtype=torch.float64), 1e-6).sum(), X,
+                                create_graph=True)
+    with pytest.raises(RuntimeError):
+        gx.sum().backward()
+
+
+def test_they_run_only_for_eager_training_without_autocast() -> None:
+    x = torch.zeros(1)
+    assert fused.usable(x)
+    with torch.no_grad():
+        assert not fused.usable(x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not fused.usable(x)
+    with fused.written_out():
+        assert not fused.usable(x) and not fused.enabled()
+    assert fused.enabled()
+
+
+def _peer_model(dead_time_network: bool) -> torch.nn.Module:
+    """The shared configuration (d=128, 4 heads, M=4d, 24 iterations, time embedding 512) with every weight
+    random: the authors' dead time network (L1 = L2 = 0: step sizes once per pass) or a live one."""
+    cfg = flops.config_from_args("sudoku", flops.PEER_D128).replace(emb_dropout=0.0)
+    torch.manual_seed(0)
+    model = build_model(cfg)
+    steps = model.core.step_sizes
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if not (dead_time_network and name.startswith(("core.step_sizes.L1", "core.step_sizes.L2.weight"))):
+                p.add_(0.05 * torch.randn_like(p))
+    assert steps.constant_in_t() == dead_time_network
+    return model
+
+
+@pytest.mark.parametrize("dead_time_network", [True, False])
+def test_training_step_equals_the_written_out_path_within_1e_5(dead_time_network: bool) -> None:
+    """Logits and every parameter's gradient of one fp32 training step (last-iteration cross-entropy, as the peer
+    benchmark trains), optimised against `fused.written_out()`."""
+    model = _peer_model(dead_time_network)
+    twin = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randint(0, 10, (4, 81), generator=gen)
+    y = torch.randint(0, 9, (4, 81), generator=gen)
+
+    def step(m: torch.nn.Module) -> torch.Tensor:
+        logits = m(x)
+        F.cross_entropy(logits.flatten(0, 1), y.flatten()).backward()
+        return logits.detach()
+
+    calls = []
+    forward = model.core.step_sizes.forward
+    model.core.step_sizes.forward = lambda t, c: calls.append(t) or forward(t, c)
+    fast = step(model)
+    assert len(calls) == (1 if dead_time_network else 24)
+    with fused.written_out():
+        slow = step(twin)
+    torch.testing.assert_close(fast, slow, rtol=1e-5, atol=1e-5)
+    for (name, p), q in zip(model.named_parameters(), twin.parameters()):
+        scale = max(q.grad.abs().max().item(), 1e-3)
+        assert (p.grad - q.grad).abs().max().item() <= 1e-5 * scale, name
+
+
+def test_depth_recipe_segments_train_through_the_step_sizes_made_once() -> None:
+    """Detached segments with the loss on every iteration (the depth recipe) share the once-made step sizes: the
+    gradients still equal the written-out path's."""
+    cfg = ModelConfig(task="sudoku", dim=32, heads=4, ff_hidden=64, iters=3, time_dim=32, emb_dropout=0.0,
+                      time_init="zero")
+    torch.manual_seed(0)
+    model = build_model(cfg)
+    with torch.no_grad():
+        model.core.step_sizes.L3.weight.normal_(0, 0.1)
+    twin = copy.deepcopy(model)
+    x = torch.randint(0, 10, (3, 81), generator=torch.Generator().manual_seed(3))
+    model(x, iters=6, all_logits=True, detach_every=3).square().mean().backward()
+    with fused.written_out():
+        twin(x, iters=6, all_logits=True, detach_every=3).square().mean().backward()
+    for (name, p), q in zip(model.named_parameters(), twin.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-7, msg=name)
