@@ -145,12 +145,14 @@ def _baseline_layer(cfg: ModelConfig, batch: int) -> list[MatMul]:
                      "with autograd inside the forward pass)")
 
 
-def _energies(cfg: ModelConfig, batch: int) -> list[MatMul]:
-    """The trace's E_ATTN and E_FF after an update: X W, the per-head scores (or the linear kernel) and X D."""
+def _energies(cfg: ModelConfig, batch: int, shared: bool = False) -> list[MatMul]:
+    """The trace's E_ATTN and E_FF after an update: X W, the per-head scores (or the linear kernel) and X D. With
+    `shared`, X W is made once per pass (for the first step) instead: each energy's projections are the next
+    attention step's (the ONNX Loop graph carries them, hyperset.exports.export._carries)."""
     R, d, M = batch * tokens(cfg), cfg.dim, cfg.ff_hidden
     lora = _lora(cfg, "energies") if cfg.lora_rank else []
-    return [*lora, MatMul("energies", "X W", R, d, d), _attention_maps(cfg, batch, "energies")[0],
-            MatMul("energies", "X D", R, d, M)]
+    xw = MatMul("energies", "X W (the first step's)" if shared else "X W", R, d, d, once=shared)
+    return [*lora, xw, _attention_maps(cfg, batch, "energies")[0], MatMul("energies", "X D", R, d, M)]
 
 
 def _once(cfg: ModelConfig, batch: int) -> list[MatMul]:
@@ -165,16 +167,17 @@ def _once(cfg: ModelConfig, batch: int) -> list[MatMul]:
     return [MatMul("readout", "head", batch * tokens(cfg), d, C, once=True)]
 
 
-def matmuls(cfg: ModelConfig, batch: int, energies: bool = False, steps_every_t: bool = False) -> list[MatMul]:
+def matmuls(cfg: ModelConfig, batch: int, energies: bool = False, steps_every_t: bool = False,
+            shared_projections: bool = False) -> list[MatMul]:
     """The matmuls of one forward pass, per iteration (once=False) and per pass (once=True); step sizes that do not
     depend on t are made once per pass, unless `steps_every_t` (the configuration's work as the authors' code runs
-    it)."""
+    it); `shared_projections`: the energies reuse the next step's X W (see `_energies`)."""
     layer = (_hyperset_layer(cfg, batch, steps_every_t) if cfg.layer == "hyperset"
              else _baseline_layer(cfg, batch))
     if energies:
         if cfg.layer != "hyperset":
             raise ValueError(f"layer {cfg.layer!r} defines no energies")
-        layer += _energies(cfg, batch)
+        layer += _energies(cfg, batch, shared_projections)
     return layer + _once(cfg, batch)
 
 

@@ -6,7 +6,10 @@ Graphs (all self-contained single files, dynamic batch, opset 17 by default):
   ``iters`` times per distinct layer (T = n_layers x iters), which may exceed the trained depth.
 * loop       ``<input>, iters (int64 scalar) -> logits, energy_attn, energy_ff``: stem -> ONNX ``Loop``
   around the single-step graph (one Loop per distinct layer) -> head. ``iters`` is a run-time input, no
-  maximum is baked in. Same outputs as the unrolled graph for the same ``iters``.
+  maximum is baked in. Same outputs as the unrolled graph for the same ``iters``. Step sizes that do not depend
+  on t (the shipped Sudoku model's) are made once before the Loop, as the torch path makes them, and a single
+  Hyper-SET layer's body carries its head projections on their spheres from the energy of one iteration to the
+  attention step of the next (`_loop_io`).
 * step       ``x [batch, N, d], x0 [batch, N, d], t (int64 scalar, 1-based) -> x_next, energy_attn [batch],
   energy_ff [batch]``: one iteration of the core, for calling the model iteration by iteration.
 * stem       ``<input> -> x0``; head ``x -> logits`` (complete the step graph for step-by-step use).
@@ -48,6 +51,7 @@ from torch import Tensor, nn
 
 import hyperset
 from hyperset.checkpoint import atomic_write_bytes
+from hyperset.energies import attn_energy_heads, ff_energy
 from hyperset.models import HyperSETModel
 
 from .loop import wrap_in_loop
@@ -172,6 +176,74 @@ class _Step(nn.Module):
         energy = layer.energy(x, t)
         zeros = _zeros_b(x)
         return x, energy.get("attn", zeros), energy.get("ff", zeros)
+
+
+def _hoistable(model: HyperSETModel) -> bool:
+    """Whether the Loop graph makes the step sizes once before its Loop instead of at every iteration: the adaptive
+    step sizes of a Hyper-SET layer, conditioned on x0, with a time network that gives every t the same output
+    (RecurrentCore._fixed_steps; the shipped Sudoku model's), as the torch path and the unrolled graph make them."""
+    sizes = model.core.step_sizes
+    return (model.cfg.layer == "hyperset" and model.cfg.step == "adaptive" and model.cfg.step_cond == "x0"
+            and sizes is not None and sizes.constant_in_t())
+
+
+def _carries(model: HyperSETModel) -> bool:
+    """Whether the Loop body carries the head projections on their spheres, split(x W) normalised, from one
+    iteration to the next: the energy E_ATTN of x_t and the attention step at x_t use the same ones (one Hyper-SET
+    layer with one W, no depth-wise LoRA), so each iteration makes them once instead of twice."""
+    return model.cfg.layer == "hyperset" and model.cfg.n_layers == 1 and model.cfg.lora_rank == 0
+
+
+def _loop_io(model: HyperSETModel) -> tuple[list[str], list[str], list[str]]:
+    """(what the prologue makes from x0, the body's inputs, the body's outputs) of the Loop graph."""
+    made = (["alpha", "gamma"] if _hoistable(model) else []) + (["zh"] if _carries(model) else [])
+    inputs = ["x"] + (["zh"] if _carries(model) else []) + (["alpha", "gamma"] if _hoistable(model) else ["x0"])
+    outputs = ["x_next"] + (["zh_next"] if _carries(model) else []) + ["energy_attn", "energy_ff"]
+    return made, inputs + ["t"], outputs
+
+
+class _Prologue(nn.Module):
+    """x0 -> what the Loop body reads besides its state (see `_loop_io`): the step sizes when they are made once,
+    the first head projections when the body carries them."""
+
+    def __init__(self, model: HyperSETModel):
+        super().__init__()
+        self.model = model
+        self.sizes, self.carry = _hoistable(model), _carries(model)
+
+    def forward(self, x0: Tensor) -> tuple[Tensor, ...]:
+        out = list(self.model.core.steps_at(x0, x0, 1)) if self.sizes else []
+        if self.carry:
+            out.append(self.model.core.layers[0].projections(x0))
+        return tuple(out)
+
+
+class _Body(nn.Module):
+    """One iteration inside the Loop, named as `_loop_io` says: (x, [zh], alpha, gamma | x0, t) -> (x_next,
+    [zh_next], energy_attn, energy_ff). The same arithmetic as `_Step`; with carried projections zh the step
+    starts from them and the energy of x_next makes the next ones."""
+
+    def __init__(self, model: HyperSETModel, layer: int = 0):
+        super().__init__()
+        self.model, self.index = model, int(layer)
+        self.names = _loop_io(model)[1]
+
+    def forward(self, *args: Tensor) -> tuple[Tensor, ...]:
+        v = dict(zip(self.names, args))
+        core, layer, cfg = self.model.core, self.model.core.layers[self.index], self.model.cfg
+        x, t = v["x"], v["t"]
+        steps = (v["alpha"], v["gamma"]) if "alpha" in v else core.steps_at(x, v["x0"], t)
+        if "zh" not in v:
+            x = layer.step(x, t, steps)
+            energy = layer.energy(x, t)
+            return x, energy["attn"], energy["ff"]
+        alpha, gamma = steps
+        x = x - alpha * layer.attn_grad_from_projections(v["zh"], layer.W)
+        x = x + gamma * layer.ff_descent(x, layer.D)
+        zh = layer.projections(x)
+        e_attn = attn_energy_heads(zh, cfg.attention, cfg.phi, normalized=True)
+        e_ff = ff_energy(x, layer.D, cfg.feedforward, phi=cfg.phi, eps=cfg.norm_eps)
+        return x, zh, e_attn, e_ff
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -409,6 +481,30 @@ def step_proto(model: HyperSETModel, layer: int = 0, opset: int = DEFAULT_OPSET,
     return _finish(proto, meta, "Hyper-SET core, one iteration: (x, x0, t) -> x_next and the energies of x_next")
 
 
+def prologue_proto(model: HyperSETModel, opset: int = DEFAULT_OPSET) -> onnx.ModelProto:
+    """``x0 -> [alpha, gamma], [zh]``: what the Loop graph makes before its Loop (see `_loop_io`)."""
+    made, _, _ = _loop_io(model)
+    with _eval_mode(model):
+        x0 = model.stem(example_inputs(model.cfg, batch=2).to(_model_device(model)))
+        axes = {n: {0: "batch"} for n in ("x0", *made)}
+        return _trace(_Prologue(model), (x0,), ("x0",), made, axes, opset)
+
+
+def body_proto(model: HyperSETModel, layer: int = 0, opset: int = DEFAULT_OPSET) -> onnx.ModelProto:
+    """The Loop body of distinct layer ``layer`` when the graph makes the step sizes once or carries the head
+    projections (see `_loop_io`)."""
+    _, inputs, outputs = _loop_io(model)
+    with _eval_mode(model):
+        dev = _model_device(model)
+        x0 = model.stem(example_inputs(model.cfg, batch=2).to(dev))
+        x = x0 + 0.01 * torch.randn(x0.shape, generator=torch.Generator().manual_seed(1)).to(dev)
+        values = {"x": x, "x0": x0, "t": torch.tensor(1, dtype=torch.long, device=dev)}
+        values.update(zip(_loop_io(model)[0], _Prologue(model)(x0)))
+        values["zh"] = model.core.layers[layer].projections(x)
+        axes = {n: {0: "batch"} for n in (*inputs, *outputs) if n != "t"}
+        return _trace(_Body(model, layer), tuple(values[n] for n in inputs), inputs, outputs, axes, opset)
+
+
 def _prefix_flat(graph: onnx.GraphProto, prefix: str, keep: Mapping[str, str]) -> onnx.GraphProto:
     """Copy of a flat graph with every value/initializer/node name prefixed, except ``keep`` (old -> new)."""
     out = onnx.GraphProto()
@@ -454,6 +550,15 @@ def loop_proto(model: HyperSETModel, default_iters: int | None = None, opset: in
     sg = _prefix_flat(stem.graph, "stem/", {name: name, "x0": "x0"})
     nodes = list(sg.node)
     inits = list(sg.initializer)
+    made, body_inputs, body_outputs = _loop_io(model)
+    states, consts = ["x"], ["x0"]
+    if made:  # step sizes made once and/or carried projections: a prologue before the Loop, its own body
+        states = ["x"] + (["zh"] if "zh" in made else [])
+        consts = [n for n in body_inputs if n not in (*states, "t")]
+        pg = _prefix_flat(prologue_proto(model, opset).graph, "prologue/", {n: n for n in ("x0", *made)})
+        nodes.extend(pg.node)
+        inits.extend(pg.initializer)
+        steps = [body_proto(model, k, opset) for k in range(cfg.n_layers)]
     x_name = "x0"
     energies: dict[str, list[str]] = {"energy_attn": [], "energy_ff": []}
     loop_outputs: dict[str, onnx.ValueInfoProto] = {}
@@ -462,12 +567,13 @@ def loop_proto(model: HyperSETModel, default_iters: int | None = None, opset: in
         single = cfg.n_layers == 1
         flat = onnx.ModelProto()
         flat.CopyFrom(step)
-        io_names = {n: n for n in (*STEP_INPUTS, *STEP_OUTPUTS)}
+        io_names = {n: n for n in (*STEP_INPUTS, *STEP_OUTPUTS, *body_inputs, *body_outputs)}
         flat.graph.CopyFrom(_prefix_flat(step.graph, p + "w/", io_names))
-        out_names = {"x_next": p + "x_out"}
+        out_names = {"x_next": p + "x_out", "zh_next": p + "zh_out"}
         for e in energies:
             out_names[e] = e if single else p + e
-        lp = wrap_in_loop(flat, ["x"], ["x0"], ["energy_attn", "energy_ff"], iter_input="t", iters_name="iters",
+        lp = wrap_in_loop(flat, states, consts, ["energy_attn", "energy_ff"],
+                          state_outputs=["x_next", "zh_next"][:len(states)], iter_input="t", iters_name="iters",
                           output_names=out_names, prefix=p + "body/", graph_name=f"core{k}", check=False)
         for node in lp.graph.node:
             if node.op_type == "Loop":

@@ -118,6 +118,13 @@ def cached_step_models(model: Any, info: dict[str, Any] | None = None, directory
     return names
 
 
+# ONNX Runtime runs a solver batch on a CPU in slices a third the size of the torch path's (hyperset.core.SLICE_BYTES):
+# each ORT call has little fixed cost, and its kernels are faster while a slice's intermediates stay in the core's
+# L2. For the shipped Sudoku model that is 4 boards per call; 3 to 6 measured alike on a 2-vCPU Xeon, 12 about 10%
+# slower (bench/onnx_bench.py).
+ORT_SLICE_BYTES = (2 << 20) // 3
+
+
 def by_rows(run: Any, feeds: dict[str, np.ndarray], batched: set[str], rows: int) -> dict[str, np.ndarray]:
     """``run(feeds)``, ``rows`` boards at a time when ``rows`` > 0 (the feeds named in ``batched`` sliced on their
     first axis), the outputs joined again: on axis 1 for the (T, B) energies of a pass, else on axis 0. On a CPU
@@ -177,7 +184,7 @@ class OnnxSolverBackend:
             from hyperset.config import ModelConfig
             from hyperset.core import cache_rows
 
-            self.rows = cache_rows(ModelConfig.from_dict(json.loads(self.metadata["config"])))
+            self.rows = cache_rows(ModelConfig.from_dict(json.loads(self.metadata["config"])), ORT_SLICE_BYTES)
         threads = session.session.get_session_options().intra_op_num_threads
         where = f"{threads} threads" if session.device == "cpu" else session.provider
         self.device_name = f"{session.device} (ONNX Runtime {onnxruntime.__version__}, {where})"

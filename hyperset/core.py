@@ -38,10 +38,10 @@ def relay(source: Generator[_In, Any, Any], fn: Callable[[_In], _Out]) -> Genera
 SLICE_BYTES = 2 << 20
 
 
-def cache_rows(cfg: ModelConfig) -> int:
-    """Rows of a batch whose widest per-update intermediate (fp32) takes about SLICE_BYTES."""
+def cache_rows(cfg: ModelConfig, nbytes: int | None = None) -> int:
+    """Rows of a batch whose widest per-update intermediate (fp32) takes about `nbytes` (default SLICE_BYTES)."""
     widest = max(cfg.dim, cfg.ff_hidden, cfg.heads * cfg.seq_len, 1)
-    return max(1, SLICE_BYTES // (4 * cfg.seq_len * widest))
+    return max(1, (SLICE_BYTES if nbytes is None else nbytes) // (4 * cfg.seq_len * widest))
 
 
 def slice_rows(cfg: ModelConfig, batch: int, device: torch.device) -> int:

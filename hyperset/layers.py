@@ -178,9 +178,15 @@ class HyperSETLayer(nn.Module):
             return fused.bisoftmax_grad(X, W, self.norm_attn.weight, self.cfg.heads, self.norm_attn.eps)
         Z = split_heads(X @ W, self.cfg.heads)  # (B, H, N, p)
         if normalize:
-            Z = self.norm_attn(Z)
+            return self.attn_grad_from_projections(rms_normalize(Z, self.norm_attn.eps), W)
         G = attn_energy_grad_heads(Z, self.cfg.attention, self.cfg.phi)
         return merge_heads(G) @ W.transpose(0, 1)  # back-projection through the same W
+
+    def attn_grad_from_projections(self, Z: Tensor, W: Tensor) -> Tensor:
+        """`attn_grad` from the head projections already on their spheres, `projections(X)` (B, H, N, p): their
+        gain, the attention operator, the back-projection through W."""
+        G = attn_energy_grad_heads(Z * self.norm_attn.weight, self.cfg.attention, self.cfg.phi)
+        return merge_heads(G) @ W.transpose(0, 1)
 
     def ff_descent(self, X: Tensor, D: Tensor, normalize: bool = True) -> Tensor:
         """-dE_FF/dX with the hidden activations on their sphere first (eq. 10; exact if normalize=False).

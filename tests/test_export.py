@@ -46,6 +46,9 @@ CONFIGS = {
     "classify": _cfg("classify"),
     "mim": _cfg("mim"),
     "sudoku-lora-2layers": _cfg("sudoku", lora_rank=2, n_layers=2),
+    # the authors' dead time network (L2's weight zero): the Loop graph makes the step sizes once
+    "sudoku-dead-time": _cfg("sudoku", time_init="zero"),
+    "sudoku-dead-time-2layers": _cfg("sudoku", time_init="zero", n_layers=2),
     "sudoku-transformer": _cfg("sudoku", layer="transformer"),
     "classify-crate": _cfg("classify", layer="crate", stem="linear"),
     "classify-crate-t": _cfg("classify", layer="crate-t", stem="linear"),
@@ -60,6 +63,8 @@ def _model(cfg: ModelConfig, seed: int = 0) -> HyperSETModel:
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.05 * torch.randn_like(p))
+        if cfg.time_init == "zero" and cfg.time_mlp:
+            model.core.step_sizes.L2.weight.zero_()  # c_t = L2's bias at every t
     return model
 
 
@@ -106,6 +111,26 @@ def test_parity_unrolled_loop_torch(exported: dict, name: str) -> None:
         assert not looped["energy_attn"].any() and not looped["energy_ff"].any()
     else:
         assert np.abs(looped["energy_attn"]).min() > 0
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_loop_body_makes_step_sizes_once_and_carries_projections_where_it_can(exported: dict, name: str) -> None:
+    """Step sizes that do not depend on t are made before the Loop (no step-size product in its body); a single
+    Hyper-SET layer without LoRA carries its head projections as a second Loop state."""
+    model = exported[name]["model"]
+    cfg = model.cfg
+    hoisted = cfg.layer == "hyperset" and cfg.time_init == "zero" and cfg.time_mlp
+    carried = cfg.layer == "hyperset" and cfg.n_layers == 1 and cfg.lora_rank == 0
+    assert (E._hoistable(model), E._carries(model)) == (hoisted, carried)
+    graph = onnx.load(exported[name]["loop"].path).graph
+    loops = [n for n in graph.node if n.op_type == "Loop"]
+    assert len(loops) == cfg.n_layers
+    for loop in loops:
+        assert len(loop.input) == 2 + 1 + carried  # trip count, condition, x (and zh)
+        body = loop.attribute[0].g
+        products = [n for n in body.node if n.op_type in ("MatMul", "Gemm")]
+        weights = {i for n in products for i in n.input}
+        assert any("L3" in w for w in weights) == (not hoisted and cfg.layer == "hyperset" and cfg.step == "adaptive")
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
