@@ -358,7 +358,8 @@ def machine(threads: int) -> dict[str, Any]:
 def report(cfg: ModelConfig, batch: int, iters: int | None, threads: int) -> dict[str, Any]:
     torch.set_num_threads(threads)
     info = machine(threads)
-    counts = {"inference": count(cfg, batch, iters), "inference_with_energies": count(cfg, batch, iters, True)}
+    counts = {"inference": count(cfg, batch, iters), "inference_with_energies": count(cfg, batch, iters, True),
+              "steps_every_t": count(cfg, batch, iters, steps_every_t=True)}
     roofs = measure_rooflines(cfg, batch, iters)
     info["load_average_1min_at_end"] = load_average()
     return {"machine": info, "config": cfg.to_dict(), "counts": counts, "roofline": roofs,
@@ -374,9 +375,14 @@ def print_report(rep: dict[str, Any]) -> None:
     for k in COMPONENTS:
         if k in fl or k in by:
             print(f"  {k:16s} {fl.get(k, 0) / 1e6:10.2f} {100 * fl.get(k, 0) / per_it:5.1f}% {by.get(k, 0) / 1e6:8.2f}")
-    e = rep["counts"]["inference_with_energies"]
+    e, every = rep["counts"]["inference_with_energies"], rep["counts"]["steps_every_t"]
+    once = c["forward_flops_per_pass"].get("step_sizes")
+    if once:
+        print(f"  step sizes made once per pass: {once / 1e6:.2f} MFLOP")
     print(f"  forward {c['forward_flops'] / 1e9:.3f} GFLOP (with energies {e['forward_flops'] / 1e9:.3f}), "
           f"training step {c['training_flops'] / 1e9:.3f} GFLOP; forward {c['forward_bytes'] / 1e6:.1f} MB")
+    print(f"  with the step sizes at every iteration (the authors' code): forward "
+          f"{every['forward_flops'] / 1e9:.3f} GFLOP, training step {every['training_flops'] / 1e9:.3f} GFLOP")
     for dtype, r in rep["roofline"].items():
         print(f"  {dtype} roofline: inference {r['inference']['roofline_boards_per_s']:.1f} boards/s "
               f"({r['inference']['matmul_flops_per_s'] / 1e9:.1f} GFLOP/s), training "

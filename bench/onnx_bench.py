@@ -276,17 +276,18 @@ def plot(report: dict[str, Any], path: Path) -> None:
     labels = [f"T={k}\nbatch {b}" for k, b in groups]
     for ax in axes:
         ax.set_xticks(np.arange(len(groups)), labels)
-        ax.legend(fontsize=8)
+    handles, names = axes[0].get_legend_handles_labels()
+    fig.legend(handles, names, loc="lower center", ncol=len(runners), fontsize=8)
     axes[0].set_ylabel("boards / s (median)")
     axes[0].set_yscale("log")
-    axes[1].set_ylabel("% of the roofline (fp32 matmuls at the model's shapes)")
+    axes[1].set_ylabel("% of the fp32 matmul roofline")
     axes[1].axhline(70, color="grey", lw=0.8, ls="--")
-    axes[1].set_title(f"{report['machine']['threads_used']} thread(s); the library's runners slice a batch into "
-                      f"{report['slice_rows']} boards (torch), {report['ort_slice_rows']} (ONNX Runtime)", fontsize=9)
+    axes[1].set_title(f"{report['machine']['threads_used']} thread(s); slices of {report['slice_rows']} boards "
+                      f"(torch), {report['ort_slice_rows']} (ONNX Runtime)", fontsize=9)
     tag = "QUICK run on a contended machine — " if report["quick"] else ""
     fig.suptitle(f"{tag}Hyper-SET Sudoku, {report['model_source'].split(' (')[0]}, "
                  f"{report['machine']['cpu']}", fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp.png")
     fig.savefig(tmp, dpi=110)
@@ -309,6 +310,7 @@ def main(argv: list[str] | None = None) -> None:
     args.batches = args.batches or ("1,16" if args.quick else f"1,{CPU_BATCH_SIZE}")
     args.matmul_n = args.matmul_n or (1024 if args.quick else 2048)
     report = run(args)
+    report["command"] = "python bench/onnx_bench.py " + " ".join(argv if argv is not None else sys.argv[1:])
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.out.with_name(f".{args.out.name}.tmp")
     tmp.write_text(json.dumps(report, indent=2) + "\n")

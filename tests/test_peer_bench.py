@@ -37,3 +37,17 @@ def test_summary_gives_the_compiled_row_its_own_ratio() -> None:
     assert train["ratio_ours_compiled_to_peer"] == pytest.approx(4.0)
     assert train["ours_compiled_share_of_roofline"] == pytest.approx(1.0)
     assert infer["best_ratio_ours_compiled_to_peer"] == pytest.approx(4.0) and "ratio_peer_to_peer" not in infer
+
+
+def test_summary_gives_the_written_out_row_and_the_least_work_share() -> None:
+    times = {"ours_train": [1.0], "ours_written_out_train": [2.0], "peer_train": [3.0],
+             "ours_inference": [1.0], "ours_written_out_inference": [1.0], "peer_inference": [2.0]}
+    roof = {"training": {"roofline_boards_per_s": 64.0}, "inference": {"roofline_boards_per_s": 128.0}}
+    least = {"training": {"roofline_boards_per_s": 128.0}, "inference": {"roofline_boards_per_s": 256.0}}
+    out = peer_bench.summarise(times, roof, {"training": 3e9, "inference": 1e9}, least)
+    train = out["training"]
+    assert train["ratio_ours_to_peer"] == pytest.approx(3.0)
+    assert train["ratio_ours_written_out_to_peer"] == pytest.approx(1.5)
+    assert train["ours_share_of_roofline"] == pytest.approx(1.0)
+    assert train["ours_share_of_least_work_roofline"] == pytest.approx(0.5)
+    assert train["least_work_roofline_boards_per_s"] == 128.0
