@@ -10,6 +10,9 @@ On a machine where PyTorch sees no CUDA device it says so and exits 0 without wr
              amp "auto") on generated puzzles
   nccl       the trainer under torchrun with two processes, one GPU each (NCCL); skipped with one GPU, since NCCL
              refuses two ranks on one device
+  fused      an fp32 training step of the peer configuration (bench/peer_bench.py, batch 8) through the fused
+             operators (hyperset.fused) and through the written-out layer: the same logits and gradients (1e-4
+             of each tensor's largest value), and the seconds of each
   solver     the shipped model solving examples/ on CUDA and on the CPU: the same boards, and the seconds of each
   onnx       the shipped model exported unrolled at its trained depth, run by ONNX Runtime's CUDA provider and its
              CPU provider: parity with torch (logits and energies) and boards/s at batch 256, median of 5
@@ -76,6 +79,49 @@ def amp_steps(preset: str, device: torch.device, steps: int = 5) -> dict[str, An
     if not finite or losses[-1] >= losses[0]:
         raise RuntimeError(f"{preset}: losses {losses} under {dtype} did not stay finite and fall")
     return {"preset": preset, "dtype": str(dtype), "losses": losses}
+
+
+def fused_check(device: torch.device, batch: int = 8, tol: float = 1e-4) -> dict[str, Any]:
+    """One fp32 training step (last-iteration cross-entropy) of the peer configuration with random weights through
+    hyperset.fused and through fused.written_out(): logits and every gradient must agree within `tol` of the
+    reference tensor's largest magnitude."""
+    import copy
+
+    from hyperset import fused
+    from hyperset.config import preset_config
+    from hyperset.models import HyperSETModel
+
+    cfg = preset_config("sudoku", dim=128, heads=4, ff_hidden=512, iters=24, time_init="zero", emb_dropout=0.0)
+    torch.manual_seed(0)
+    model = HyperSETModel(cfg).to(device)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if not name.startswith(("core.step_sizes.L1", "core.step_sizes.L2.weight")):  # keep the dead time network
+                p.add_(0.05 * torch.randn_like(p))
+    twin = copy.deepcopy(model)
+    x = torch.randint(0, 10, (batch, 81), device=device)
+    y = torch.randint(0, 9, (batch, 81), device=device)
+
+    def step(m: torch.nn.Module) -> tuple[torch.Tensor, float]:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        logits = m(x)
+        F.cross_entropy(logits.flatten(0, 1), y.flatten()).backward()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return logits.detach(), time.perf_counter() - t0
+
+    fast, fast_s = step(model)
+    with fused.written_out():
+        slow, slow_s = step(twin)
+    worst = {"logits": ((fast - slow).abs().max() / slow.abs().max().clamp_min(1e-12)).item()}
+    for (name, p), q in zip(model.named_parameters(), twin.parameters()):
+        worst[name] = ((p.grad - q.grad).abs().max() / q.grad.abs().max().clamp_min(1e-3)).item()
+    bad = {k: v for k, v in worst.items() if not v <= tol}
+    if bad:
+        raise RuntimeError(f"fused and written-out training steps differ on {device}: {bad}")
+    return {"max_relative_difference": max(worst.values()), "fused_s": fast_s, "written_out_s": slow_s}
 
 
 def sudoku_data(folder: Path, n_train: int = 64, n_valid: int = 16) -> Path:
@@ -175,6 +221,7 @@ def run() -> dict[str, Any]:
                               "torch": torch.__version__, "cuda": torch.version.cuda,
                               "bf16_supported": torch.cuda.is_bf16_supported()}
     report["training_amp"] = {p: _guarded(lambda p=p: amp_steps(p, device)) for p in TRAIN_PRESETS}
+    report["fused_fp32"] = _guarded(lambda: fused_check(device))
     with tempfile.TemporaryDirectory(prefix="hyperset-gpu-") as tmp:
         folder = Path(tmp)
         data = sudoku_data(folder)
@@ -187,7 +234,7 @@ def run() -> dict[str, Any]:
 
 def failed(report: dict[str, Any]) -> list[str]:
     checks = {**{f"training_amp/{k}": v for k, v in report["training_amp"].items()},
-              **{k: report[k] for k in ("trainer_amp", "nccl", "solver", "onnx_cuda")}}
+              **{k: report[k] for k in ("fused_fp32", "trainer_amp", "nccl", "solver", "onnx_cuda")}}
     return [name for name, r in checks.items() if not r["ok"]]
 
 

@@ -11,7 +11,8 @@ two backward:
 - `bisoftmax_grad`: dE_ATTN/dX = merge((P + P^T) Zn) W^T, Zn the head projections on their spheres and
   P = softmax(beta Zn Zn^T). The map Zn -> (P + P^T) Zn is the gradient of the attention energy, so its Jacobian
   is the energy's Hessian, which is symmetric: the backward pass is the map's directional derivative along the
-  incoming gradient (three batched matmuls instead of autograd's four).
+  incoming gradient dG, S dG + (dP + dP^T) Zn with S = P + P^T and dP the softmax's derivative along
+  beta (dG Zn^T + Zn dG^T), from the saved P and S.
 
 They are used where they win: gradients on, no autocast, not under ``torch.compile`` (which fuses the written-out
 form itself) and not in an export (see `usable`). ``with written_out():`` turns them off, and with them the step

@@ -24,7 +24,23 @@ def test_a_failing_check_is_recorded_and_named_not_raised() -> None:
         raise RuntimeError("provider came up on the CPU")
 
     report = {"training_amp": {"sudoku-cpu": gpu_check._guarded(lambda: {"losses": [2.0, 1.0]})},
+              "fused_fp32": gpu_check._guarded(lambda: {}),
               "trainer_amp": gpu_check._guarded(lambda: {}), "nccl": gpu_check._guarded(lambda: {"skipped": "1 GPU"}),
               "solver": gpu_check._guarded(lambda: {}), "onnx_cuda": gpu_check._guarded(broken)}
     assert report["onnx_cuda"]["error"] == "RuntimeError: provider came up on the CPU"
     assert gpu_check.failed(report) == ["onnx_cuda"]
+
+
+def test_the_fused_check_passes_on_the_cpu_and_names_a_difference() -> None:
+    """The check the GPU run makes of hyperset.fused, run here on the CPU: the two paths agree."""
+    out = gpu_check.fused_check(torch.device("cpu"), batch=2)
+    assert out["max_relative_difference"] <= 1e-4 and out["fused_s"] > 0
+
+
+def test_the_fused_check_fails_when_the_paths_disagree(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hyperset import fused
+
+    relu_descent = fused.relu_descent
+    monkeypatch.setattr(fused, "relu_descent", lambda *a: relu_descent(*a) * 1.001)
+    with pytest.raises(RuntimeError, match="differ on cpu"):
+        gpu_check.fused_check(torch.device("cpu"), batch=2)
