@@ -8,17 +8,22 @@ Rows:
   paper-d768  the paper's model (d=768, 12 heads, 24 iterations, batch 16, fp32)
   ours        the shipped recipe (d=128, 16 iterations, batch 32, loss on every iteration) in fp32 and bf16
   *-compile   the same under torch.compile (warm-up time, which includes compilation, is recorded)
-Each row is timed after warm-up steps; the machine's load at the time is recorded (a shared 2-core VM).
+Each row is timed after warm-up steps; the machine's load at the time is recorded (a shared 2-core VM). Each row
+also gets its share of the matmul roofline measured at its own shapes and dtype (bench/flops.py: the boards/s its
+matmuls alone would allow; the readout is counted once per pass, also for the rows with a loss on every iteration,
+where it is under 1% of the work). These rows differ in work: they are no speed comparison between codes (that is
+bench/peer_bench.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import platform
+import sys
 import time
 from pathlib import Path
 
+import flops
 import torch
 import torch.nn.functional as F
 
@@ -79,9 +84,13 @@ def measure(row: dict, steps: int, warmup: int) -> dict:
         for _ in range(steps):
             net(puzzles)
         infer_rate = steps * b / (time.perf_counter() - t0)
+    roof = flops.measure_rooflines(model.cfg, b)["bfloat16" if row["amp"] else "float32"]
+    train_roof, infer_roof = roof["training"]["roofline_boards_per_s"], roof["inference"]["roofline_boards_per_s"]
     return {**{k: v for k, v in row.items()}, "iters": model.cfg.iters, "dim": model.cfg.dim,
             "parameters": model.num_parameters(), "train_boards_per_s": train_rate,
-            "inference_boards_per_s": infer_rate, "warmup_seconds": warmup_s}
+            "inference_boards_per_s": infer_rate, "warmup_seconds": warmup_s,
+            "train_roofline_boards_per_s": train_roof, "train_share_of_roofline": train_rate / train_roof,
+            "inference_roofline_boards_per_s": infer_roof, "inference_share_of_roofline": infer_rate / infer_roof}
 
 
 def main() -> None:
@@ -97,10 +106,12 @@ def main() -> None:
         r = measure(ROWS[name], args.steps, args.warmup)
         r["name"] = name
         results.append(r)
-        print(f"{name:22s} train {r['train_boards_per_s']:7.1f} boards/s   "
-              f"inference {r['inference_boards_per_s']:7.1f} boards/s")
-    out = {"threads": args.threads, "torch": torch.__version__, "cpu": platform.processor() or platform.machine(),
-           "native_bf16": cpu_has_native_bf16(), "load_average": os.getloadavg(), "rows": results}
+        print(f"{name:22s} train {r['train_boards_per_s']:7.1f} boards/s ({100 * r['train_share_of_roofline']:.0f}% "
+              f"of the roofline)   inference {r['inference_boards_per_s']:7.1f} boards/s "
+              f"({100 * r['inference_share_of_roofline']:.0f}%)", flush=True)
+    out = {"threads": args.threads, "torch": torch.__version__, "machine": flops.machine(args.threads),
+           "native_bf16": cpu_has_native_bf16(), "load_average": os.getloadavg(), "rows": results,
+           "command": "python bench/train_throughput.py " + " ".join(sys.argv[1:])}
     RESULTS.mkdir(parents=True, exist_ok=True)
     atomic_write_json(RESULTS / "train_throughput.json", out)
 
