@@ -146,13 +146,13 @@ class RecurrentCore(nn.Module):
         With gradients too, in eager mode: every iteration then uses the same (alpha, gamma) tensors, and autograd
         sums their gradients over the iterations before one backward pass through the step-size network, the
         gradient of computing them at every t (the network's per-token L3 is ~15% of a training step's matmuls at
-        the authors' configuration). Under torch.compile or a trace the weight check would be a data-dependent
-        branch, so they are made at every t there, and inside `hyperset.fused.written_out()`."""
+        the authors' configuration). Under torch.compile the weight check runs in eager mode (`constant_in_t` is
+        not traced; the compiled code is specialised on its answer). In a trace with gradients, and inside
+        `hyperset.fused.written_out()`, they are made at every t."""
         sizes = self.step_sizes
         if sizes is None or self.cfg.step_cond != "x0":
             return None
-        if torch.is_grad_enabled() and (torch.compiler.is_compiling() or torch.jit.is_tracing()
-                                        or not fused.enabled()):
+        if torch.is_grad_enabled() and (torch.jit.is_tracing() or not fused.enabled()):
             return None
         if not sizes.constant_in_t():
             return None

@@ -16,8 +16,8 @@ two backward:
 
 They are used where they win: gradients on, no autocast, not under ``torch.compile`` (which fuses the written-out
 form itself) and not in an export (see `usable`). ``with written_out():`` turns them off, and with them the step
-sizes made once per pass under gradients (``RecurrentCore._fixed_steps``): the unoptimised path that the tests and
-bench/peer_bench.py compare with.
+sizes made once per pass under gradients (``RecurrentCore._fixed_steps``, eager or compiled): the unoptimised path
+that the tests and bench/peer_bench.py compare with.
 """
 
 from __future__ import annotations

@@ -91,6 +91,7 @@ class StepSizes(nn.Module):
         self.L1.reset_parameters()
         return True
 
+    @torch.compiler.disable  # reads a weight: under torch.compile the answer is taken in eager mode, not traced
     def constant_in_t(self) -> bool:
         """Whether the step sizes depend on the condition only: fixed steps, or a time network whose L2 weight is
         zero (c_t = L2's bias for every t)."""
