@@ -52,7 +52,7 @@ def logsumexp(x: Tensor, dim: int = -1, bound: float | None = None) -> Tensor:
 
 def rms_normalize(x: Tensor, eps: float = 1e-6) -> Tensor:
     """Put each row on the sphere of radius sqrt(dim): the constraint of eq. (3)/(4). In an ONNX export written as
-    x / sqrt(mean(x^2) + eps), the pattern ONNX Runtime fuses into one SimplifiedLayerNormalization kernel."""
+    x / sqrt(mean(x^2) + eps): Sqrt and Div, one node fewer than the Sqrt, Div(1, .) and Mul of x * rsqrt(...)."""
     if torch.onnx.is_in_onnx_export():
         return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps)
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
