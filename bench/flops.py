@@ -314,15 +314,18 @@ def roofline(mms: list[MatMul], steps: int, batch: int, dtype: torch.dtype = tor
 
 
 def measure_rooflines(cfg: ModelConfig, batch: int, iters: int | None = None, energies: bool = False,
-                      steps_every_t: bool = False) -> dict[str, Any]:
+                      steps_every_t: bool = False,
+                      cache: dict[str, dict[tuple, float]] | None = None) -> dict[str, Any]:
     """fp32 (and bf16 where native) rooflines for inference and a training step at this config and batch; with
-    `steps_every_t` for the work of step sizes made at every iteration (see `count`)."""
+    `steps_every_t` for the work of step sizes made at every iteration (see `count`). `cache` ({dtype name: rates
+    by shape}) lets several calls time each shape once."""
     steps = (cfg.iters if iters is None else iters) * cfg.n_layers
     dtypes = [torch.float32] + ([torch.bfloat16] if cpu_has_native_bf16() else [])
+    cache = {} if cache is None else cache
     out: dict[str, Any] = {}
     for dtype in dtypes:
-        rates: dict[tuple, float] = {}
         name = str(dtype).removeprefix("torch.")
+        rates = cache.setdefault(name, {})
         out[name] = {"inference": roofline(matmuls(cfg, batch, energies, steps_every_t), steps, batch, dtype, rates),
                      "training": roofline(training_matmuls(cfg, batch, steps_every_t), steps, batch, dtype, rates),
                      "shapes": [{"m": k[0], "k": k[1], "n": k[2], "count": k[3], "layout": k[4], "flops_per_s": r}

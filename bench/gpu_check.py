@@ -87,11 +87,12 @@ def fused_check(device: torch.device, batch: int = 8, tol: float = 1e-4) -> dict
     reference tensor's largest magnitude."""
     import copy
 
+    import flops
+
     from hyperset import fused
-    from hyperset.config import preset_config
     from hyperset.models import HyperSETModel
 
-    cfg = preset_config("sudoku", dim=128, heads=4, ff_hidden=512, iters=24, time_init="zero", emb_dropout=0.0)
+    cfg = flops.config_from_args("sudoku", flops.PEER_D128).replace(emb_dropout=0.0)
     torch.manual_seed(0)
     model = HyperSETModel(cfg).to(device)
     with torch.no_grad():

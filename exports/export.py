@@ -196,24 +196,23 @@ def _carries(model: HyperSETModel) -> bool:
 
 def _loop_io(model: HyperSETModel) -> tuple[list[str], list[str], list[str]]:
     """(what the prologue makes from x0, the body's inputs, the body's outputs) of the Loop graph."""
-    made = (["alpha", "gamma"] if _hoistable(model) else []) + (["zh"] if _carries(model) else [])
-    inputs = ["x"] + (["zh"] if _carries(model) else []) + (["alpha", "gamma"] if _hoistable(model) else ["x0"])
-    outputs = ["x_next"] + (["zh_next"] if _carries(model) else []) + ["energy_attn", "energy_ff"]
-    return made, inputs + ["t"], outputs
+    sizes, carried = (["alpha", "gamma"] if _hoistable(model) else []), (["zh"] if _carries(model) else [])
+    inputs = ["x", *carried, *(sizes or ["x0"]), "t"]
+    outputs = ["x_next"] + ["zh_next"] * bool(carried) + ["energy_attn", "energy_ff"]
+    return sizes + carried, inputs, outputs
 
 
 class _Prologue(nn.Module):
-    """x0 -> what the Loop body reads besides its state (see `_loop_io`): the step sizes when they are made once,
-    the first head projections when the body carries them."""
+    """x0 -> `made`, what the Loop body reads besides its state (see `_loop_io`): the step sizes when they are
+    made once, the first head projections when the body carries them."""
 
-    def __init__(self, model: HyperSETModel):
+    def __init__(self, model: HyperSETModel, made: list[str]):
         super().__init__()
-        self.model = model
-        self.sizes, self.carry = _hoistable(model), _carries(model)
+        self.model, self.made = model, made
 
     def forward(self, x0: Tensor) -> tuple[Tensor, ...]:
-        out = list(self.model.core.steps_at(x0, x0, 1)) if self.sizes else []
-        if self.carry:
+        out = list(self.model.core.steps_at(x0, x0, 1)) if "alpha" in self.made else []
+        if "zh" in self.made:
             out.append(self.model.core.layers[0].projections(x0))
         return tuple(out)
 
@@ -223,10 +222,9 @@ class _Body(nn.Module):
     [zh_next], energy_attn, energy_ff). The same arithmetic as `_Step`; with carried projections zh the step
     starts from them and the energy of x_next makes the next ones."""
 
-    def __init__(self, model: HyperSETModel, layer: int = 0):
+    def __init__(self, model: HyperSETModel, names: list[str], layer: int = 0):
         super().__init__()
-        self.model, self.index = model, int(layer)
-        self.names = _loop_io(model)[1]
+        self.model, self.names, self.index = model, names, int(layer)
 
     def forward(self, *args: Tensor) -> tuple[Tensor, ...]:
         v = dict(zip(self.names, args))
@@ -487,22 +485,22 @@ def prologue_proto(model: HyperSETModel, opset: int = DEFAULT_OPSET) -> onnx.Mod
     with _eval_mode(model):
         x0 = model.stem(example_inputs(model.cfg, batch=2).to(_model_device(model)))
         axes = {n: {0: "batch"} for n in ("x0", *made)}
-        return _trace(_Prologue(model), (x0,), ("x0",), made, axes, opset)
+        return _trace(_Prologue(model, made), (x0,), ("x0",), made, axes, opset)
 
 
 def body_proto(model: HyperSETModel, layer: int = 0, opset: int = DEFAULT_OPSET) -> onnx.ModelProto:
     """The Loop body of distinct layer ``layer`` when the graph makes the step sizes once or carries the head
     projections (see `_loop_io`)."""
-    _, inputs, outputs = _loop_io(model)
+    made, inputs, outputs = _loop_io(model)
     with _eval_mode(model):
         dev = _model_device(model)
         x0 = model.stem(example_inputs(model.cfg, batch=2).to(dev))
         x = x0 + 0.01 * torch.randn(x0.shape, generator=torch.Generator().manual_seed(1)).to(dev)
         values = {"x": x, "x0": x0, "t": torch.tensor(1, dtype=torch.long, device=dev)}
-        values.update(zip(_loop_io(model)[0], _Prologue(model)(x0)))
+        values.update(zip(made, _Prologue(model, made)(x0)))
         values["zh"] = model.core.layers[layer].projections(x)
         axes = {n: {0: "batch"} for n in (*inputs, *outputs) if n != "t"}
-        return _trace(_Body(model, layer), tuple(values[n] for n in inputs), inputs, outputs, axes, opset)
+        return _trace(_Body(model, inputs, layer), tuple(values[n] for n in inputs), inputs, outputs, axes, opset)
 
 
 def _prefix_flat(graph: onnx.GraphProto, prefix: str, keep: Mapping[str, str]) -> onnx.GraphProto:

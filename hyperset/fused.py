@@ -63,17 +63,24 @@ def _rows(t: Tensor) -> Tensor:
     return t.reshape(-1, t.shape[-1])
 
 
+def folded_relu(X: Tensor, D: Tensor, g: Tensor, eps: float) -> tuple[Tensor, ...]:
+    """ReLU(RMSNorm_g(X D)) D^T with the norm folded into the weights: (the result, s, U, ReLU(U), r, Y0) with
+    s = sign(g) (+1 at 0), U = X (D s), r = 1/rms(U) = 1/rms(X D) per token and Y0 = ReLU(U) (D |g|)^T; the result
+    is r Y0. The inference path (``HyperSETLayer.ff_descent``) and `relu_descent`'s forward both run this."""
+    s = torch.where(g >= 0, 1.0, -1.0).to(g.dtype)
+    U = X @ (D * s)  # (B, N, M): X D with the columns of negative gain flipped
+    r = inv_rms(U, eps)  # (B, N, 1)
+    V = torch.relu(U)
+    Y0 = V @ (D * g.abs()).transpose(0, 1)
+    return Y0 * r, s, U, V, r, Y0
+
+
 class _ReLUDescent(torch.autograd.Function):
     @staticmethod
     def forward(ctx, X: Tensor, D: Tensor, g: Tensor, eps: float) -> Tensor:
-        s = torch.where(g >= 0, 1.0, -1.0).to(g.dtype)
-        Dg = D * g.abs()
-        U = X @ (D * s)  # (B, N, M): X D with the columns of negative gain flipped; rms(U) = rms(X D)
-        r = inv_rms(U, eps)  # (B, N, 1)
-        V = torch.relu(U)
-        Y0 = V @ Dg.t()
+        out, s, U, V, r, Y0 = folded_relu(X, D, g, eps)
         ctx.save_for_backward(X, D, g, s, U, V, r, Y0)
-        return Y0 * r
+        return out
 
     @staticmethod
     @once_differentiable
