@@ -12,13 +12,20 @@ On a machine where PyTorch sees no CUDA device it says so and exits 0 without wr
              refuses two ranks on one device
   fused      an fp32 training step of the peer configuration (bench/peer_bench.py, batch 8) through the fused
              operators (hyperset.fused) and through the written-out layer: the same logits and gradients (1e-4
-             of each tensor's largest value), and the seconds of each
+             of each tensor's largest value); then boards/s at batch 64 of each and of the trainer's mixed
+             precision (autocast, where the fused operators step aside), median of 5 interleaved steps
   solver     the shipped model solving examples/ on CUDA and on the CPU: the same boards, and the seconds of each
-  onnx       the shipped model exported unrolled at its trained depth, run by ONNX Runtime's CUDA provider and its
-             CPU provider: parity with torch (logits and energies) and boards/s at batch 256, median of 5
+  onnx       the shipped model exported unrolled at its trained depth and as the Loop graph (run at the trained
+             depth and at 48 iterations), each run by ONNX Runtime's CUDA provider and its CPU provider: parity
+             with torch (logits and energies) and boards/s at batch 256, median of 5; on CUDA also with TF32
+             matrix products (ONNX Runtime's default, which OrtSession turns off)
+  solve_cli  `hyperset-solve examples/*.txt --iters 48 --json` with torch on CUDA, ONNX Runtime on CUDA and torch
+             on the CPU: every board valid, the same boards, and the device and provider each run reports
 
 Each check records its outcome and error instead of stopping the others; the exit code is 1 if any failed.
-Writes bench/results/gpu_check.json.
+Writes bench/results/gpu_check.json, with the machine (GPU, torch, CUDA, ONNX Runtime) and command of each run.
+`--only CHECK ...` runs some of the checks and replaces their results in an existing file, e.g. after installing
+onnxruntime-gpu: `python bench/gpu_check.py --only onnx_cuda`.
 """
 
 from __future__ import annotations
@@ -81,15 +88,19 @@ def amp_steps(preset: str, device: torch.device, steps: int = 5) -> dict[str, An
     return {"preset": preset, "dtype": str(dtype), "losses": losses}
 
 
-def fused_check(device: torch.device, batch: int = 8, tol: float = 1e-4) -> dict[str, Any]:
+def fused_check(device: torch.device, batch: int = 8, tol: float = 1e-4, speed_batch: int = 64,
+                rounds: int = 5) -> dict[str, Any]:
     """One fp32 training step (last-iteration cross-entropy) of the peer configuration with random weights through
     hyperset.fused and through fused.written_out(): logits and every gradient must agree within `tol` of the
-    reference tensor's largest magnitude."""
+    reference tensor's largest magnitude. Then the boards/s at `speed_batch` of each and of the same model under
+    the trainer's autocast dtype (median of `rounds` interleaved steps after two warm-up rounds)."""
+    import contextlib
     import copy
 
     import flops
 
     from hyperset import fused
+    from hyperset.device import autocast_dtype
     from hyperset.models import HyperSETModel
 
     cfg = flops.config_from_args("sudoku", flops.PEER_D128).replace(emb_dropout=0.0)
@@ -113,16 +124,34 @@ def fused_check(device: torch.device, batch: int = 8, tol: float = 1e-4) -> dict
             torch.cuda.synchronize(device)
         return logits.detach(), time.perf_counter() - t0
 
-    fast, fast_s = step(model)
+    fast, _ = step(model)
     with fused.written_out():
-        slow, slow_s = step(twin)
+        slow, _ = step(twin)
     worst = {"logits": ((fast - slow).abs().max() / slow.abs().max().clamp_min(1e-12)).item()}
     for (name, p), q in zip(model.named_parameters(), twin.parameters()):
         worst[name] = ((p.grad - q.grad).abs().max() / q.grad.abs().max().clamp_min(1e-3)).item()
     bad = {k: v for k, v in worst.items() if not v <= tol}
     if bad:
         raise RuntimeError(f"fused and written-out training steps differ on {device}: {bad}")
-    return {"max_relative_difference": max(worst.values()), "fused_s": fast_s, "written_out_s": slow_s}
+    # speed at the peer configuration's batch: warm, then interleaved rounds of one step of each
+    x = torch.randint(0, 10, (speed_batch, 81), device=device)
+    y = torch.randint(0, 9, (speed_batch, 81), device=device)
+    amp = autocast_dtype(device)
+    modes = {"fused": contextlib.nullcontext, "written_out": fused.written_out,
+             "autocast": lambda: torch.autocast(device.type, dtype=amp, enabled=amp is not None)}
+    times: dict[str, list[float]] = {k: [] for k in modes}
+    for i in range(rounds + 2):
+        for name, mode in modes.items():
+            m = twin if name == "written_out" else model
+            m.zero_grad(set_to_none=True)
+            with mode():
+                seconds = step(m)[1]
+            if i >= 2:
+                times[name].append(seconds)
+    speed = {f"{k}_boards_per_s": speed_batch / statistics.median(v) for k, v in times.items()}
+    return {"max_relative_difference": max(worst.values()), "speed_batch": speed_batch, "rounds": rounds,
+            "autocast_dtype": str(amp), **speed,
+            "fused_over_written_out": speed["fused_boards_per_s"] / speed["written_out_boards_per_s"]}
 
 
 def sudoku_data(folder: Path, n_train: int = 64, n_valid: int = 16) -> Path:
@@ -172,7 +201,7 @@ def solver_check(devices: tuple[str, str] = ("cuda", "cpu")) -> dict[str, Any]:
     puzzles = [p.givens for f in sorted((ROOT / "examples").glob("*.txt")) for p in parse_file(f)]
     out = {}
     for device in devices:
-        results, seconds = timed_solve(Solver.load(device=device), puzzles)
+        results, seconds, _ = timed_solve(Solver.load(device=device), puzzles)
         out[device] = {"seconds": seconds, "boards": [r.prediction for r in results],
                        "valid": sum(r.valid for r in results)}
     same = out[devices[0]]["boards"] == out[devices[1]]["boards"]
@@ -192,67 +221,137 @@ def _median_seconds(fn: Callable[[], Any], repeats: int = 5) -> float:
     return statistics.median(times)
 
 
-def onnx_check(folder: Path, batch: int = 256, devices: tuple[str, str] = ("cuda", "cpu")) -> dict[str, Any]:
-    """The unrolled graph on ONNX Runtime's CUDA and CPU providers: parity with torch and boards/s."""
+def onnx_check(folder: Path, batch: int = 256, devices: tuple[str, str] = ("cuda", "cpu"),
+               loop_iters: int = 48) -> dict[str, Any]:
+    """The unrolled graph (trained depth) and the Loop graph (trained depth and `loop_iters`) on ONNX Runtime's CUDA
+    and CPU providers: parity with torch and boards/s."""
     from hyperset.checkpoint import load_checkpoint
     from hyperset.exports import export as E
     from hyperset.exports.runtime import OrtSession
     from hyperset.solve import bundled_checkpoint
 
     model, info = load_checkpoint(bundled_checkpoint(), task="sudoku")
-    iters = E.trained_iterations(model, info)
-    path = E.export_unrolled(model, iters, folder / "sudoku.onnx", info=info).path
+    trained = E.trained_iterations(model, info)
+    graphs = {"unrolled": E.export_unrolled(model, trained, folder / "sudoku.onnx", info=info).path,
+              "loop": E.export_loop(model, folder / "sudoku-loop.onnx", info=info).path}
+    runs = [("unrolled", trained), ("loop", trained), ("loop", loop_iters)]
     boards = E.example_inputs(model.cfg, batch=batch)
-    reference = E.torch_outputs(model, boards, iters)
-    out: dict[str, Any] = {"iters": iters, "batch": batch}
-    for device in devices:
-        session = OrtSession(path, device)
-        if device == "cuda" and session.device != "cuda":
-            raise RuntimeError(f"ONNX Runtime came up on {session.provider}: {session.reason}")
-        out[device] = {"provider": session.provider,
-                       "parity": E.compare(reference, E.onnx_outputs(session, boards)),
-                       "boards_per_s": batch / _median_seconds(lambda s=session: E.onnx_outputs(s, boards))}
-    out[f"{devices[0]}_over_{devices[1]}"] = out[devices[0]]["boards_per_s"] / out[devices[1]]["boards_per_s"]
+    out: dict[str, Any] = {"trained_iters": trained, "batch": batch}
+    for graph, iters in runs:
+        reference = E.torch_outputs(model, boards, iters)
+        feed = None if graph == "unrolled" else iters
+        row: dict[str, Any] = {}
+        variants = [(d, d, False) for d in devices] + [("cuda_tf32", "cuda", True)] * ("cuda" in devices)
+        for label, device, tf32 in variants:
+            session = OrtSession(graphs[graph], device, cuda_tf32=tf32)
+            if device == "cuda" and session.device != "cuda":
+                raise RuntimeError(f"ONNX Runtime came up on {session.provider}: {session.reason}")
+            seconds = _median_seconds(lambda s=session, f=feed: E.onnx_outputs(s, boards, f))
+            row[label] = {"provider": session.provider,
+                           "parity": E.compare(reference, E.onnx_outputs(session, boards, feed)),
+                           "boards_per_s": batch / seconds}
+        row[f"{devices[0]}_over_{devices[1]}"] = row[devices[0]]["boards_per_s"] / row[devices[1]]["boards_per_s"]
+        out[f"{graph}_{iters}"] = row
     return out
 
 
-def run() -> dict[str, Any]:
+def solve_cli_check(iters: int = 48, runs: tuple[tuple[str, str], ...] = (("torch", "cuda"), ("onnx", "cuda"),
+                                                                          ("torch", "cpu"))) -> dict[str, Any]:
+    """`hyperset-solve examples/*.txt --iters 48 --json` with each (backend, device): every board valid, the same
+    boards, and the device and provider the summary reports."""
+    files = [str(f) for f in sorted((ROOT / "examples").glob("*.txt"))]
+    out: dict[str, Any] = {"iters": iters}
+    boards = {}
+    for backend, device in runs:
+        cmd = [sys.executable, "-c", "from hyperset.cli import solve_main; solve_main()", *files, "--iters",
+               str(iters), "--backend", backend, "--device", device, "--json"]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
+        if proc.returncode:
+            raise RuntimeError(f"{backend} on {device}: exit {proc.returncode}: {proc.stderr[-2000:]}")
+        report = json.loads(proc.stdout)
+        summary = report["summary"]
+        if device == "cuda" and "CPUExecutionProvider" in summary["backend"]:
+            raise RuntimeError(f"{backend} on {device} ran on {summary['backend']}")
+        boards[f"{backend}_{device}"] = [r["prediction"] for r in report["results"]]
+        out[f"{backend}_{device}"] = summary
+    if len({tuple(b) for b in boards.values()}) != 1:
+        raise RuntimeError(f"the runs {list(boards)} solved the examples differently")
+    return out
+
+
+CHECKS = ("training_amp", "fused_fp32", "trainer_amp", "nccl", "solver", "onnx_cuda", "solve_cli")
+
+
+def machine() -> dict[str, Any]:
     device = torch.device("cuda")
-    report: dict[str, Any] = {"gpu": torch.cuda.get_device_name(device), "gpus": torch.cuda.device_count(),
-                              "torch": torch.__version__, "cuda": torch.version.cuda,
-                              "bf16_supported": torch.cuda.is_bf16_supported()}
-    report["training_amp"] = {p: _guarded(lambda p=p: amp_steps(p, device)) for p in TRAIN_PRESETS}
-    report["fused_fp32"] = _guarded(lambda: fused_check(device))
+    info = {"gpu": torch.cuda.get_device_name(device), "gpus": torch.cuda.device_count(), "torch": torch.__version__,
+            "cuda": torch.version.cuda, "bf16_supported": torch.cuda.is_bf16_supported()}
+    try:
+        import onnxruntime
+
+        info["onnxruntime"] = onnxruntime.__version__
+    except ImportError:
+        info["onnxruntime"] = None
+    return info
+
+
+def run(checks: tuple[str, ...] = CHECKS) -> dict[str, Any]:
+    """The named checks on the first CUDA device, each guarded."""
+    device = torch.device("cuda")
+    report: dict[str, Any] = {}
+    if "training_amp" in checks:
+        report["training_amp"] = {p: _guarded(lambda p=p: amp_steps(p, device)) for p in TRAIN_PRESETS}
+    if "fused_fp32" in checks:
+        report["fused_fp32"] = _guarded(lambda: fused_check(device))
     with tempfile.TemporaryDirectory(prefix="hyperset-gpu-") as tmp:
         folder = Path(tmp)
-        data = sudoku_data(folder)
-        report["trainer_amp"] = _guarded(lambda: trainer_run(data, folder / "one"))
-        report["nccl"] = _guarded(lambda: nccl_run(data, folder / "two"))
-        report["solver"] = _guarded(solver_check)
-        report["onnx_cuda"] = _guarded(lambda: onnx_check(folder))
+        data = sudoku_data(folder) if {"trainer_amp", "nccl"} & set(checks) else folder
+        if "trainer_amp" in checks:
+            report["trainer_amp"] = _guarded(lambda: trainer_run(data, folder / "one"))
+        if "nccl" in checks:
+            report["nccl"] = _guarded(lambda: nccl_run(data, folder / "two"))
+        if "solver" in checks:
+            report["solver"] = _guarded(solver_check)
+        if "onnx_cuda" in checks:
+            report["onnx_cuda"] = _guarded(lambda: onnx_check(folder))
+    if "solve_cli" in checks:
+        report["solve_cli"] = _guarded(solve_cli_check)
     return report
 
 
 def failed(report: dict[str, Any]) -> list[str]:
-    checks = {**{f"training_amp/{k}": v for k, v in report["training_amp"].items()},
-              **{k: report[k] for k in ("fused_fp32", "trainer_amp", "nccl", "solver", "onnx_cuda")}}
-    return [name for name, r in checks.items() if not r["ok"]]
+    """The names of the checks in `report` that failed (a report may hold only some of them)."""
+    named: dict[str, Any] = {f"training_amp/{k}": v for k, v in report.get("training_amp", {}).items()}
+    named.update({k: report[k] for k in CHECKS[1:] if k in report})
+    return [name for name, r in named.items() if not r["ok"]]
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=RESULTS / "gpu_check.json")
+    ap.add_argument("--only", nargs="+", choices=CHECKS, metavar="CHECK",
+                    help=f"run these checks and replace their results in an existing --out ({', '.join(CHECKS)})")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print(f"gpu_check: PyTorch sees no CUDA device (torch {torch.__version__}, built with CUDA "
               f"{torch.version.cuda or 'none'}): nothing to check here, {args.out} left as it is")
         return 0
-    report = run()
-    report["command"] = "python bench/gpu_check.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    checks = tuple(args.only or CHECKS)
+    command = "python bench/gpu_check.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    report: dict[str, Any] = {}
+    if args.only and args.out.exists():
+        report = json.loads(args.out.read_text())
+        report["runs"] = [r for r in report.get("runs", []) if set(r["checks"]) - set(checks)]
+    info = machine()
+    results = run(checks)
+    report.update(results)
+    report["runs"] = [*report.get("runs", []), {"command": command.strip(), "checks": list(checks), **info}]
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    bad = failed(report)
-    print(f"gpu_check on {report['gpu']}: " + (f"FAILED {', '.join(bad)}" if bad else "every check passed"))
+    tmp = args.out.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(report, indent=2) + "\n")
+    tmp.replace(args.out)
+    bad = failed(results)
+    print(f"gpu_check on {info['gpu']}: " + (f"FAILED {', '.join(bad)}" if bad else f"passed: {', '.join(checks)}"))
     print(f"wrote {args.out}")
     return 1 if bad else 0
 

@@ -32,12 +32,14 @@ folds these itself when it loads the model. Traced graphs also lose every ``Mul`
 
 from __future__ import annotations
 
+import copy
+import functools
 import hashlib
 import io
 import json
 import time
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -421,11 +423,25 @@ def _model_device(model: nn.Module) -> torch.device:
     return p.device if p is not None else torch.device("cpu")
 
 
+def _traced_on_cpu(build: Callable[..., onnx.ModelProto]) -> Callable[..., onnx.ModelProto]:
+    """A graph builder that traces a CPU copy of a model whose weights are elsewhere (a GPU): the graph does not
+    depend on where the weights were, and on the CPU every example input and constant is on the weights' device."""
+
+    @functools.wraps(build)
+    def wrapper(model: HyperSETModel, *args: Any, **kwargs: Any) -> onnx.ModelProto:
+        if _model_device(model).type != "cpu":
+            model = copy.deepcopy(model).cpu()
+        return build(model, *args, **kwargs)
+
+    return wrapper
+
+
 # ----------------------------------------------------------------------------------------------------
 # Graph builders (in memory)
 # ----------------------------------------------------------------------------------------------------
 
 
+@_traced_on_cpu
 def unrolled_proto(model: HyperSETModel, iters: int, opset: int = DEFAULT_OPSET,
                    info: Mapping[str, Any] | None = None) -> onnx.ModelProto:
     """The unrolled graph as a ModelProto (see :func:`export_unrolled`)."""
@@ -442,6 +458,7 @@ def unrolled_proto(model: HyperSETModel, iters: int, opset: int = DEFAULT_OPSET,
     return _finish(proto, meta, f"Hyper-SET {model.cfg.task} model, core unrolled {iters} times per layer")
 
 
+@_traced_on_cpu
 def stem_proto(model: HyperSETModel, opset: int = DEFAULT_OPSET,
                info: Mapping[str, Any] | None = None) -> onnx.ModelProto:
     """``<input> -> x0`` (B, N, d)."""
@@ -452,6 +469,7 @@ def stem_proto(model: HyperSETModel, opset: int = DEFAULT_OPSET,
     return _finish(proto, _metadata(model, "stem", opset, info), "Hyper-SET stem: input -> x0")
 
 
+@_traced_on_cpu
 def head_proto(model: HyperSETModel, opset: int = DEFAULT_OPSET,
                info: Mapping[str, Any] | None = None) -> onnx.ModelProto:
     """``x`` (B, N, d) -> ``logits``."""
@@ -462,6 +480,7 @@ def head_proto(model: HyperSETModel, opset: int = DEFAULT_OPSET,
     return _finish(proto, _metadata(model, "head", opset, info), "Hyper-SET head: x -> logits")
 
 
+@_traced_on_cpu
 def step_proto(model: HyperSETModel, layer: int = 0, opset: int = DEFAULT_OPSET,
                info: Mapping[str, Any] | None = None) -> onnx.ModelProto:
     """One iteration of distinct layer ``layer``: ``(x, x0, t) -> (x_next, energy_attn, energy_ff)``."""
@@ -479,6 +498,7 @@ def step_proto(model: HyperSETModel, layer: int = 0, opset: int = DEFAULT_OPSET,
     return _finish(proto, meta, "Hyper-SET core, one iteration: (x, x0, t) -> x_next and the energies of x_next")
 
 
+@_traced_on_cpu
 def prologue_proto(model: HyperSETModel, opset: int = DEFAULT_OPSET) -> onnx.ModelProto:
     """``x0 -> [alpha, gamma], [zh]``: what the Loop graph makes before its Loop (see `_loop_io`)."""
     made, _, _ = _loop_io(model)
@@ -488,6 +508,7 @@ def prologue_proto(model: HyperSETModel, opset: int = DEFAULT_OPSET) -> onnx.Mod
         return _trace(_Prologue(model, made), (x0,), ("x0",), made, axes, opset)
 
 
+@_traced_on_cpu
 def body_proto(model: HyperSETModel, layer: int = 0, opset: int = DEFAULT_OPSET) -> onnx.ModelProto:
     """The Loop body of distinct layer ``layer`` when the graph makes the step sizes once or carries the head
     projections (see `_loop_io`)."""
@@ -529,6 +550,7 @@ def _prefix_flat(graph: onnx.GraphProto, prefix: str, keep: Mapping[str, str]) -
     return out
 
 
+@_traced_on_cpu
 def loop_proto(model: HyperSETModel, default_iters: int | None = None, opset: int = DEFAULT_OPSET,
                info: Mapping[str, Any] | None = None,
                steps: Sequence[onnx.ModelProto] | None = None) -> onnx.ModelProto:

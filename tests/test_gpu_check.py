@@ -33,8 +33,9 @@ def test_a_failing_check_is_recorded_and_named_not_raised() -> None:
 
 def test_the_fused_check_passes_on_the_cpu_and_names_a_difference() -> None:
     """The check the GPU run makes of hyperset.fused, run here on the CPU: the two paths agree."""
-    out = gpu_check.fused_check(torch.device("cpu"), batch=2)
-    assert out["max_relative_difference"] <= 1e-4 and out["fused_s"] > 0
+    out = gpu_check.fused_check(torch.device("cpu"), batch=2, speed_batch=2, rounds=1)
+    assert out["max_relative_difference"] <= 1e-4
+    assert min(out[f"{k}_boards_per_s"] for k in ("fused", "written_out", "autocast")) > 0
 
 
 def test_the_fused_check_fails_when_the_paths_disagree(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -44,3 +45,42 @@ def test_the_fused_check_fails_when_the_paths_disagree(monkeypatch: pytest.Monke
     monkeypatch.setattr(fused, "relu_descent", lambda *a: relu_descent(*a) * 1.001)
     with pytest.raises(RuntimeError, match="differ on cpu"):
         gpu_check.fused_check(torch.device("cpu"), batch=2)
+
+
+def test_only_replaces_the_named_checks_and_keeps_the_others(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--only onnx_cuda` after a full run: the other results and the first run's record stay, the new run is added."""
+    import json
+
+    out = tmp_path / "gpu_check.json"
+    first = {"solver": {"ok": True, "puzzles": 3}, "onnx_cuda": {"ok": False, "error": "came up on the CPU"},
+             "runs": [{"command": "python bench/gpu_check.py", "checks": ["solver", "onnx_cuda"], "gpu": "X"}]}
+    out.write_text(json.dumps(first))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(gpu_check, "machine", lambda: {"gpu": "Y", "onnxruntime": "1.31.1"})
+    monkeypatch.setattr(gpu_check, "run", lambda checks: {c: {"ok": True, "boards_per_s": 1.0} for c in checks})
+    assert gpu_check.main(["--out", str(out), "--only", "onnx_cuda"]) == 0
+    report = json.loads(out.read_text())
+    assert report["solver"] == first["solver"] and report["onnx_cuda"]["ok"]
+    assert [r["gpu"] for r in report["runs"]] == ["X", "Y"] and report["runs"][1]["checks"] == ["onnx_cuda"]
+    monkeypatch.setattr(gpu_check, "run", lambda checks: {c: {"ok": False, "error": "e"} for c in checks})
+    assert gpu_check.main(["--out", str(out), "--only", "solver", "onnx_cuda"]) == 1
+    assert [r["gpu"] for r in json.loads(out.read_text())["runs"]] == ["Y"]  # every check of run X was replaced
+
+
+def test_the_solver_and_onnx_checks_run_with_the_cpu_in_both_places(tmp_path: Path) -> None:
+    """The solver and ONNX checks, with the CPU standing in for CUDA: same boards, parity, a speed each."""
+    solver = gpu_check.solver_check(("cpu", "cpu"))
+    assert solver["same_boards_as_cpu"] and solver["cpu_valid"] == solver["puzzles"] > 0
+    onnx = gpu_check.onnx_check(tmp_path, batch=4, devices=("cpu", "cpu"), loop_iters=20)
+    depth = onnx["trained_iters"]
+    for row in (f"unrolled_{depth}", f"loop_{depth}", "loop_20"):
+        assert onnx[row]["cpu"]["provider"] == "CPUExecutionProvider" and onnx[row]["cpu"]["boards_per_s"] > 0
+        assert onnx[row]["cpu"]["parity"]["prediction_agreement"] == 1.0
+        assert onnx[row]["cpu"]["parity"]["max_abs_logits"] < 1e-3
+
+
+def test_the_solve_cli_check_compares_backends_and_names_the_provider() -> None:
+    out = gpu_check.solve_cli_check(iters=20, runs=(("torch", "cpu"), ("onnx", "cpu")))
+    assert out["torch_cpu"]["valid"] == out["torch_cpu"]["puzzles"] > 0
+    assert out["onnx_cpu"]["backend"] == "onnxruntime (CPUExecutionProvider)"
