@@ -6,7 +6,8 @@ omegaconf 2.3.1, loguru 0.7.3):
 
     git clone https://github.com/huyunzhe/hyper-set /tmp/hyper-set-peer
     pip install einops==0.8.2 hydra-core==1.3.8 loguru==0.7.3
-    python bench/peer_bench.py --peer /tmp/hyper-set-peer [--rounds 7] [--threads 1] [--bf16]
+    python bench/peer_bench.py --peer /tmp/hyper-set-peer [--rounds 7] [--threads 1] [--bf16] [--compile]
+    python bench/peer_bench.py --peer /tmp/hyper-set-peer --device cuda [--bf16] [--compile]
 
 (`sudoku/models.py` imports einops and `utils.metric_utils`; the `utils` package's `__init__` also imports
 `utils.training_utils`, which imports hydra, omegaconf and loguru. numpy and torch are already here. wandb is
@@ -34,7 +35,9 @@ less contention, is used; both are in the JSON with the load average):
 Runners: `ours` (the library as it trains in eager mode: hyperset.fused, step sizes once), `ours_written_out`
 (the same model inside hyperset.fused.written_out(): the layer written out under autograd, step sizes at every
 iteration; its inference is ours), `peer` (the authors' code), and with --compile `ours_compiled`.
-Writes bench/results/peer_bench.json.
+With `--device cuda` both models train and infer on the GPU (the parity check stays on the CPU), each timed call
+ends with a synchronize, and no roofline is measured: at batch 64 these kernels are bound by their launches.
+Writes bench/results/peer_bench.json (peer_bench_cuda.json on a GPU).
 """
 
 from __future__ import annotations
@@ -142,13 +145,14 @@ class Runner:
     optimizer holds the same parameters, only the forward and backward passes are compiled. With ``written_out``
     the steps run inside ``hyperset.fused.written_out()``."""
 
-    def __init__(self, kind: str, model: nn.Module, bf16: bool, compiled: bool = False, written_out: bool = False):
-        self.model = model
+    def __init__(self, kind: str, model: nn.Module, bf16: bool, compiled: bool = False, written_out: bool = False,
+                 device: torch.device = torch.device("cpu")):
+        self.model = model.to(device)
         self.mode = fused.written_out if written_out else contextlib.nullcontext
         self.net = torch.compile(model) if compiled else model  # what the steps run
         self.loss = loss_fn(kind, self.net)
         self.opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
-        self.autocast = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+        self.autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
 
     def train(self, x: torch.Tensor, y: torch.Tensor) -> None:
         self.model.train()
@@ -178,14 +182,18 @@ def counted_flops(runner: Runner, x: torch.Tensor, y: torch.Tensor) -> dict[str,
 
 
 def interleaved(runners: dict[str, Runner], x: torch.Tensor, y: torch.Tensor, rounds: int) -> dict[str, Any]:
-    """Seconds per training step and per inference pass, each runner in turn, the order reversed every round."""
+    """Seconds per training step and per inference pass, each runner in turn, the order reversed every round (on a
+    GPU each timed call ends with a synchronize)."""
     times: dict[str, list[float]] = {f"{n}_{w}": [] for n in runners for w in ("train", "inference")}
+    sync = torch.cuda.synchronize if x.is_cuda else (lambda: None)
     for r in range(rounds + 1):  # round 0 warms up
         order = list(runners) if r % 2 == 0 else list(reversed(runners))
         for work in ("train", "inference"):
             for name in order:
+                sync()
                 t0 = time.perf_counter()
                 runners[name].train(x, y) if work == "train" else runners[name].infer(x)
+                sync()
                 if r:
                     times[f"{name}_{work}"].append(time.perf_counter() - t0)
     return times
@@ -209,7 +217,7 @@ def versions(peer_dir: Path) -> dict[str, str]:
 RUNNERS = ("ours", "ours_written_out", "ours_compiled", "peer")
 
 
-def summarise(times: dict[str, list[float]], roof: dict[str, Any], fpb: dict[str, float],
+def summarise(times: dict[str, list[float]], roof: dict[str, Any] | None, fpb: dict[str, float],
               least: dict[str, Any] | None = None) -> dict[str, Any]:
     """Boards/s from the medians, the ratio to the authors' of each of ours (``ours``, and ``ours_written_out`` and
     ``ours_compiled`` when they ran), GFLOP/s of the configuration's work (`fpb`), and shares of the roofline
@@ -226,9 +234,10 @@ def summarise(times: dict[str, list[float]], roof: dict[str, Any], fpb: dict[str
         row.update({f"best_{n}_boards_per_s": v for n, v in best.items()})
         for n in names[:-1]:
             row[f"best_ratio_{n}_to_peer"] = best[n] / best["peer"]
-        row.update({f"best_{n}_share_of_roofline": flops.share(v, roof[key]) for n, v in best.items()})
-        row["roofline_boards_per_s"] = roof[key]["roofline_boards_per_s"]
-        row.update({f"{n}_share_of_roofline": flops.share(v, roof[key]) for n, v in rates.items()})
+        if roof is not None:
+            row.update({f"best_{n}_share_of_roofline": flops.share(v, roof[key]) for n, v in best.items()})
+            row["roofline_boards_per_s"] = roof[key]["roofline_boards_per_s"]
+            row.update({f"{n}_share_of_roofline": flops.share(v, roof[key]) for n, v in rates.items()})
         if least is not None:
             row["least_work_roofline_boards_per_s"] = least[key]["roofline_boards_per_s"]
             row.update({f"{n}_share_of_least_work_roofline": flops.share(v, least[key]) for n, v in rates.items()})
@@ -253,19 +262,29 @@ def per_board(count: dict[str, Any]) -> dict[str, float]:
     return {"inference": count["forward_flops"], "training": count["training_flops"]}
 
 
-def run(peer_dir: Path, rounds: int, threads: int, bf16: bool, compiled: bool = False) -> dict[str, Any]:
+def run(peer_dir: Path, rounds: int, threads: int, bf16: bool, compiled: bool = False,
+        device: str = "cpu") -> dict[str, Any]:
+    """The comparison on `device`; on a GPU without rooflines (kernels of these sizes are bound by their launches,
+    not by the matmul rate) and with the GPU's name in the machine facts."""
     torch.set_num_threads(threads)
     info = flops.machine(threads)
+    dev = torch.device(device)
+    cpu = dev.type == "cpu"
+    if not cpu:
+        if not torch.cuda.is_available():
+            raise SystemExit(f"--device {device}: PyTorch sees no CUDA device")
+        info.update(device=device, gpu=torch.cuda.get_device_name(dev), cuda=torch.version.cuda)
     cfg = our_config()
-    if bf16 and not info["native_bf16"]:
-        raise SystemExit("--bf16: this CPU has no native bf16 (avx512_bf16 / amx_bf16)")
+    if bf16 and not (info["native_bf16"] if cpu else torch.cuda.is_bf16_supported()):
+        raise SystemExit(f"--bf16: this {'CPU' if cpu else 'GPU'} has no native bf16")
     torch.manual_seed(0)
     peer = load_peer(peer_dir, cfg)
     x, y = batch()
     diff = parity(cfg, peer, x)
-    print(f"parity: max |logits ours - authors'| = {diff:.2e} (same weights, eval)", flush=True)
+    print(f"parity: max |logits ours - authors'| = {diff:.2e} (same weights, eval, on the CPU)", flush=True)
+    x, y = x.to(dev), y.to(dev)
     dtypes = ["float32"] + (["bfloat16"] if bf16 else [])
-    roof_before = rooflines(cfg)
+    roof_before = rooflines(cfg) if cpu else None
     fpb = {"configuration": per_board(flops.count(cfg, BATCH, steps_every_t=True)),
            "least_work": per_board(flops.count(cfg, BATCH))}
     rep: dict[str, Any] = {
@@ -280,12 +299,18 @@ def run(peer_dir: Path, rounds: int, threads: int, bf16: bool, compiled: bool = 
                          ("ours_compiled", {"compiled": True})):
             if name != "ours_compiled" or compiled:
                 torch.manual_seed(0)
-                runners[name] = Runner("ours", HyperSETModel(cfg), half, **kw)
-        runners["peer"] = Runner("peer", load_peer(peer_dir, cfg), half)
+                runners[name] = Runner("ours", HyperSETModel(cfg), half, device=dev, **kw)
+        runners["peer"] = Runner("peer", load_peer(peer_dir, cfg), half, device=dev)
         if dtype == "float32":
             rep["flops_counted"] = {n: counted_flops(r, x, y) for n, r in runners.items() if n != "ours_compiled"}
         print(f"{dtype}: {rounds} interleaved rounds ...", flush=True)
         rep["times_s"][dtype] = interleaved(runners, x, y, rounds)
+    if roof_before is None:
+        for dtype in dtypes:
+            rep["results"][dtype] = summarise(rep["times_s"][dtype], None, fpb["configuration"])
+        rep["roofline"] = None
+        info["load_average_1min_at_end"] = flops.load_average()
+        return rep
     roof_after = rooflines(cfg)
     for dtype in dtypes:
         rep["results"][dtype] = summarise(
@@ -298,6 +323,8 @@ def run(peer_dir: Path, rounds: int, threads: int, bf16: bool, compiled: bool = 
 
 def print_summary(rep: dict[str, Any]) -> None:
     m = rep["machine"]
+    if "gpu" in m:
+        print(f"{m['gpu']} (CUDA {m['cuda']}), host {m['cpu']}")
     print(f"{m['cpu']}, {m['threads']} thread(s), native bf16 {m['native_bf16']}; load "
           f"{m['load_average_1min_at_start']:.2f} -> {m['load_average_1min_at_end']:.2f}")
     conf, least = rep["flops_per_board_model"]["configuration"], rep["flops_per_board_model"]["least_work"]
@@ -307,15 +334,20 @@ def print_summary(rep: dict[str, Any]) -> None:
     for dtype, res in rep["results"].items():
         for work in ("training", "inference"):
             r = res[work]
-            print(f"  {dtype} {work}: roofline {r['roofline_boards_per_s']:.1f} boards/s (least work "
-                  f"{r['least_work_roofline_boards_per_s']:.1f})")
+            roofed = "roofline_boards_per_s" in r
+            if roofed:
+                print(f"  {dtype} {work}: roofline {r['roofline_boards_per_s']:.1f} boards/s (least work "
+                      f"{r['least_work_roofline_boards_per_s']:.1f})")
+            else:
+                print(f"  {dtype} {work}:")
             for n in RUNNERS:
                 if f"{n}_boards_per_s" not in r:
                     continue
                 ratio = f"  {r[f'ratio_{n}_to_peer']:.2f}x the authors'" if n != "peer" else ""
-                print(f"    {n:17s} {r[f'{n}_boards_per_s']:6.1f} boards/s  {100 * r[f'{n}_share_of_roofline']:3.0f}% "
-                      f"of the roofline ({100 * r[f'{n}_share_of_least_work_roofline']:.0f}% of least work)"
-                      f"{ratio}; fastest round {r[f'best_{n}_boards_per_s']:.1f}")
+                shares = (f"  {100 * r[f'{n}_share_of_roofline']:3.0f}% of the roofline "
+                          f"({100 * r[f'{n}_share_of_least_work_roofline']:.0f}% of least work)") if roofed else ""
+                print(f"    {n:17s} {r[f'{n}_boards_per_s']:7.1f} boards/s{shares}{ratio}; "
+                      f"fastest round {r[f'best_{n}_boards_per_s']:.1f}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -326,9 +358,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--bf16", action="store_true", help="also bf16 autocast rows (CPUs with native bf16)")
     ap.add_argument("--compile", action="store_true",
                     help="also our model under torch.compile, as the trainer runs it with train.compile = true")
-    ap.add_argument("--out", type=Path, default=RESULTS / "peer_bench.json")
+    ap.add_argument("--device", default="cpu", help="cpu (default) or cuda: where both models run")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="default bench/results/peer_bench.json, peer_bench_cuda.json with --device cuda")
     args = ap.parse_args(argv)
-    rep = run(args.peer.resolve(), args.rounds, args.threads, args.bf16, args.compile)
+    if args.out is None:
+        args.out = RESULTS / ("peer_bench.json" if args.device == "cpu" else "peer_bench_cuda.json")
+    rep = run(args.peer.resolve(), args.rounds, args.threads, args.bf16, args.compile, args.device)
     rep["command"] = "python bench/peer_bench.py " + " ".join(argv if argv is not None else sys.argv[1:])
     print_summary(rep)
     args.out.parent.mkdir(parents=True, exist_ok=True)

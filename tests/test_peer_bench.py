@@ -51,3 +51,19 @@ def test_summary_gives_the_written_out_row_and_the_least_work_share() -> None:
     assert train["ours_share_of_roofline"] == pytest.approx(1.0)
     assert train["ours_share_of_least_work_roofline"] == pytest.approx(0.5)
     assert train["least_work_roofline_boards_per_s"] == 128.0
+
+
+def test_summary_without_a_roofline_gives_rates_and_ratios_only() -> None:
+    """On a GPU no roofline is measured: the rows have boards/s and ratios, and no shares."""
+    times = {"ours_train": [1.0], "peer_train": [2.0], "ours_inference": [1.0], "peer_inference": [1.0]}
+    out = peer_bench.summarise(times, None, {"training": 3e9, "inference": 1e9})
+    assert out["training"]["ratio_ours_to_peer"] == pytest.approx(2.0)
+    assert not [k for row in out.values() for k in row if "roofline" in k]
+
+
+def test_device_cuda_without_cuda_is_refused_before_any_work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit, match="sees no CUDA device"):
+        peer_bench.run(tmp_path, rounds=1, threads=1, bf16=False, device="cuda")
