@@ -7,9 +7,9 @@ through W, and so does the next attention step); `share_of_least_work_roofline` 
 which makes each iteration's projections once for both (hyperset.exports.export._carries). A large square matmul
 is timed too, for reference. Runners:
 
-    pytorch, ort_loop, ort_unrolled     as the library runs on a CPU: each update on slices of a few boards whose
-                                        activations stay in cache (hyperset.core.slice_rows, 12 Sudoku boards; the
-                                        onnx solver backend's `rows`, 4 boards: ORT_SLICE_BYTES)
+    pytorch, ort_loop, ort_unrolled     as the library runs on a CPU: slices of a few boards whose activations
+                                        stay in cache (hyperset.core.slice_rows, 12 Sudoku boards, each through all
+                                        the iterations; the onnx solver backend's `rows`, 4 boards: ORT_SLICE_BYTES)
     *_whole_batch                       one call, every op on the whole batch
 
     python bench/onnx_bench.py --threads 1      # full run: T and 4T iterations, batch 1 and the solver's CPU batch

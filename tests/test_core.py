@@ -284,8 +284,11 @@ def test_step_sizes_computed_once_equal_those_of_every_iteration_and_gradients_s
 
 
 def test_cpu_inference_runs_slices_of_rows_with_the_numbers_of_the_whole_batch(monkeypatch):
-    """Without gradients on a CPU each update (and each traced energy) runs a few rows at a time so that they stay
-    in cache; logits, energies and every frame equal those of the whole batch at once."""
+    """Without gradients on a CPU a few rows at a time run so that they stay in cache: `run` takes each slice
+    through every iteration, `frames` slices each update (and each traced energy), the torch solver backend runs
+    like `run`. Logits, energies, geometry, every state and every frame equal those of the whole batch at once."""
+    from hyperset.backends import TorchBackend
+
     cfg = _cfg()
     model = _model(cfg).eval()
     x, _ = _inputs(cfg, batch=8)
@@ -299,14 +302,24 @@ def test_cpu_inference_runs_slices_of_rows_with_the_numbers_of_the_whole_batch(m
     with torch.no_grad():
         assert core.slice_rows(cfg, 8, torch.device("cpu")) == 3
         assert core.slice_rows(cfg, 3, torch.device("cpu")) == 0  # one slice is the batch
-        sliced = model.run(x, 5, trace=True)
+        sliced = model.run(x, 5, trace=True, geometry=True, all_logits=True)
         frames = [f.energies for f in model.frames(x, 5, energies=True)]
-        assert calls[:3] == [3, 3, 2]
+        assert calls[:15] == [3] * 10 + [2] * 5  # run: slice by slice, each through the 5 iterations
+        assert calls[15:30] == [3, 3, 2] * 5  # frames: every update in slices
+        backend = TorchBackend(model, "cpu").run(x, 5)
         monkeypatch.setattr(core, "SLICE_BYTES", 1 << 40)
-        whole = model.run(x, 5, trace=True)
-    assert len(calls) == 2 * 5 * 3 + 5
+        whole = model.run(x, 5, trace=True, geometry=True, all_logits=True)
+        whole_backend = TorchBackend(model, "cpu").run(x, 5)
+    assert len(calls) == 3 * 15 + 2 * 5  # run, frames and the backend in 3 slices; run and the backend whole
     torch.testing.assert_close(sliced.logits, whole.logits, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(torch.stack(sliced.all_logits), torch.stack(whole.all_logits), atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(backend[0], whole_backend[0], atol=1e-6, rtol=1e-6)
+    for k, v in whole_backend[1].items():
+        torch.testing.assert_close(backend[1][k], v, atol=1e-5, rtol=1e-6)
+        torch.testing.assert_close(v, whole.trace.stacked()[f"energy_{k}"], atol=1e-5, rtol=1e-6)
+    assert set(sliced.trace.stacked()) == set(whole.trace.stacked()) >= {"effective_rank", "average_angle"}
     for k, v in whole.trace.stacked().items():
         torch.testing.assert_close(sliced.trace.stacked()[k], v, atol=1e-5, rtol=1e-6)
-        torch.testing.assert_close(torch.stack([f[k.removeprefix("energy_")] for f in frames]), v, atol=1e-5,
-                                   rtol=1e-6)
+        if k.startswith("energy_"):
+            torch.testing.assert_close(torch.stack([f[k.removeprefix("energy_")] for f in frames]), v, atol=1e-5,
+                                       rtol=1e-6)
