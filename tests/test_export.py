@@ -405,3 +405,18 @@ def test_hyperset_export_write_error_names_the_output_file(tiny_checkpoint: Path
     result = CliRunner().invoke(export_main, [str(tiny_checkpoint), "--iters", "1", "--out", str(out), "--no-check"])
     assert result.exit_code == 2, result.output
     assert result.stderr.strip() == f"hyperset-export: error: cannot write {out}: No space left on device"
+
+
+def test_graph_builders_trace_a_cpu_copy_of_a_model_whose_weights_are_elsewhere(monkeypatch):
+    """A model on a GPU is exported from a CPU copy (tracing it in place mixed CUDA weights with CPU example inputs:
+    `hyperset-solve --backend onnx --device cuda` failed). Here the model claims to live on CUDA: a builder that
+    traced it in place would move the example inputs there and fail on this CPU-only machine; the graphs equal
+    those of the model on the CPU."""
+    model = _model(CONFIGS["sudoku-dead-time"])
+    where = E._model_device
+    monkeypatch.setattr(E, "_model_device", lambda m: torch.device("cuda") if m is model else where(m))
+    elsewhere = {"unrolled": E.unrolled_proto(model, T), "loop": E.loop_proto(model)}
+    monkeypatch.setattr(E, "_model_device", where)
+    here = {"unrolled": E.unrolled_proto(model, T), "loop": E.loop_proto(model)}
+    for kind in here:
+        assert elsewhere[kind].graph == here[kind].graph, kind

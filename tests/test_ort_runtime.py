@@ -286,3 +286,25 @@ def test_describe_runtime() -> None:
     assert isinstance(info["cuda_usable"], bool) and info["cuda_reason"]
     assert info["onnxruntime_version"]
     assert "cuda_build_version" in info
+
+
+@pytest.mark.parametrize("tf32", [False, True])
+def test_cuda_is_asked_for_with_tf32_off_unless_wanted(tiny_model: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        tf32: bool) -> None:
+    """ONNX Runtime's CUDA provider multiplies fp32 matrices in TF32 by default (the shipped model's logits moved
+    by 0.1 on an H200); the session asks for full fp32 unless cuda_tf32=True. The CPU provider gets no options."""
+    import onnxruntime
+
+    asked = []
+
+    def session(path: str, options: object, providers: list) -> None:
+        asked.append(providers)
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(onnxruntime, "InferenceSession", session)
+    with pytest.raises(OnnxModelError):
+        OrtSession(tiny_model, "cuda", cuda_check=_usable, cuda_tf32=tf32)
+    assert asked == [[(CUDA_PROVIDER, {"use_tf32": str(int(tf32))}), CPU_PROVIDER]]
+    with pytest.raises(OnnxModelError):
+        OrtSession(tiny_model, "cpu")
+    assert asked[1] == [CPU_PROVIDER]
