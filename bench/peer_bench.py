@@ -305,18 +305,12 @@ def run(peer_dir: Path, rounds: int, threads: int, bf16: bool, compiled: bool = 
             rep["flops_counted"] = {n: counted_flops(r, x, y) for n, r in runners.items() if n != "ours_compiled"}
         print(f"{dtype}: {rounds} interleaved rounds ...", flush=True)
         rep["times_s"][dtype] = interleaved(runners, x, y, rounds)
-    if roof_before is None:
-        for dtype in dtypes:
-            rep["results"][dtype] = summarise(rep["times_s"][dtype], None, fpb["configuration"])
-        rep["roofline"] = None
-        info["load_average_1min_at_end"] = flops.load_average()
-        return rep
-    roof_after = rooflines(cfg)
+    roof_after = rooflines(cfg) if cpu else None
     for dtype in dtypes:
-        rep["results"][dtype] = summarise(
-            rep["times_s"][dtype], best_roofline(roof_before["configuration"], roof_after["configuration"], dtype),
-            fpb["configuration"], best_roofline(roof_before["least_work"], roof_after["least_work"], dtype))
-    rep["roofline"] = {"before": roof_before, "after": roof_after}
+        conf, least = ((best_roofline(roof_before[k], roof_after[k], dtype) for k in ("configuration", "least_work"))
+                       if cpu else (None, None))
+        rep["results"][dtype] = summarise(rep["times_s"][dtype], conf, fpb["configuration"], least)
+    rep["roofline"] = {"before": roof_before, "after": roof_after} if cpu else None
     info["load_average_1min_at_end"] = flops.load_average()
     return rep
 

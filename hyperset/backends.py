@@ -21,7 +21,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
-from .core import relay, slice_rows
+from .core import relay
 from .device import describe
 
 __all__ = ["BACKEND_GROUP", "BackendStep", "CallableBackend", "SolverBackend", "TorchBackend", "backend_factory",
@@ -67,7 +67,8 @@ class SolverBackend(Protocol):
 
 
 class TorchBackend:
-    """The model itself, through :meth:`HyperSETModel.frames`."""
+    """The model itself: :meth:`HyperSETModel.run` with the trace for whole passes, :meth:`HyperSETModel.frames` per
+    iteration."""
 
     source = "torch"
 
@@ -82,26 +83,12 @@ class TorchBackend:
 
     @torch.no_grad()
     def run(self, boards: Tensor, iters: int) -> tuple[Tensor, dict[str, Tensor]]:
-        """The logits after `iters` iterations and the energies (T, B) of every iteration; on a CPU one slice of
-        boards at a time through all the iterations (see `RecurrentCore.run`)."""
-        boards = boards.to(self.torch_device)
-        cfg = getattr(self.model, "cfg", None)
-        rows = slice_rows(cfg, len(boards), self.torch_device) if cfg is not None else 0
-        if not rows:
-            return self._run(boards, iters)
-        parts = [self._run(boards[i:i + rows], iters) for i in range(0, len(boards), rows)]
-        return (torch.cat([p[0] for p in parts]),
-                {k: torch.cat([p[1][k] for p in parts], dim=1) for k in parts[0][1]})
-
-    def _run(self, boards: Tensor, iters: int) -> tuple[Tensor, dict[str, Tensor]]:
-        x, energies = None, {}
-        for frame in self.model.frames(boards.to(self.torch_device), iters, energies=True, logits=False):
-            x = frame.state
-            for k, v in frame.energies.items():
-                energies.setdefault(k, []).append(v)
-        if x is None:
+        """The logits after `iters` iterations and the energies (T, B) of every iteration: ``model.run`` with the
+        trace (on a CPU one slice of boards at a time through all the iterations, see `RecurrentCore.run`)."""
+        if int(iters) < 1:
             raise ValueError(f"iterations must be >= 1, got {iters}")
-        return self.model.readout(x).float(), {k: torch.stack(v) for k, v in energies.items()}
+        out = self.model.run(boards.to(self.torch_device), int(iters), trace=True)
+        return out.logits.float(), {k: torch.stack(v) for k, v in out.trace.energy.items()}
 
     @torch.no_grad()  # on a generator: every resume runs without gradient, and sends pass through
     def iterate(self, boards: Tensor, iters: int) -> Generator[BackendStep, Tensor | None, None]:
