@@ -8,6 +8,8 @@ On a machine where PyTorch sees no CUDA device it says so and exits 0 without wr
              GPU has it, else fp16 with loss scaling) for a model of every task and a baseline (sudoku-cpu,
              cifar10-cpu, mim-cpu, sudoku-cpu-transformer) on random inputs; then the real trainer (Sudoku,
              amp "auto") on generated puzzles
+  compile    the trainer on the paper's Sudoku recipe (d=768, batch 16, amp "auto"), 200 steps eager and 200 with
+             train.compile = true: steps/s of each after compiling, and the logged losses of the two within 0.05
   nccl       the trainer under torchrun with two processes, one GPU each (NCCL); skipped with one GPU, since NCCL
              refuses two ranks on one device
   fused      an fp32 training step of the peer configuration (bench/peer_bench.py, batch 8) through the fused
@@ -173,17 +175,46 @@ TRAIN_ARGS = ["sudoku", "--recipe", "sudoku-cpu", "--steps", "3", "--quiet", "--
               "--set", "train.warmup_steps=1", "--set", "train.amp=auto"]
 
 
-def trainer_run(data: Path, out: Path, nproc: int = 1, device: str = "cuda") -> dict[str, Any]:
-    """`hyperset-train sudoku` on the GPU(s), as a subprocess (under torchrun when nproc > 1)."""
+# the paper's Sudoku recipe (d=768, 24 iterations, batch 16) on the generated puzzles, evaluated only at the end
+COMPILE_ARGS = ["sudoku", "--recipe", "sudoku-paper", "--quiet", "--json", "--set", "data.n_train=64",
+                "--set", "data.n_val=8", "--set", "data.n_select=8", "--set", "train.eval_every=100000"]
+
+
+def trainer_run(data: Path, out: Path, nproc: int = 1, device: str = "cuda",
+                args: list[str] = TRAIN_ARGS) -> dict[str, Any]:
+    """`hyperset-train` with `args` on the GPU(s), as a subprocess (under torchrun when nproc > 1)."""
     launcher = [sys.executable] + (["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
                                    if nproc > 1 else [])
-    cmd = [*launcher, "-m", "hyperset.training", *TRAIN_ARGS, "--data", str(data), "--out", str(out),
+    cmd = [*launcher, "-m", "hyperset.training", *args, "--data", str(data), "--out", str(out),
            "--device", device]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT)
     if proc.returncode:
         raise RuntimeError(f"exit {proc.returncode}: {proc.stderr[-2000:]}")
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     return {"processes": nproc, "command": " ".join(cmd[1:]), "log": [m for m in metrics if "loss" in m]}
+
+
+def compile_check(data: Path, folder: Path, device: str = "cuda", steps: int = 200, log_every: int = 50,
+                  extra: tuple[str, ...] = (), tol: float = 0.05) -> dict[str, Any]:
+    """The trainer on the paper's Sudoku recipe, eager and with ``train.compile = true`` (what the docs recommend
+    on a GPU), from the same seed: steps/s from the first log line to the last (compiling happens before the
+    first), and the mean losses of each logged interval, which must agree within `tol`."""
+    args = [*COMPILE_ARGS, "--steps", str(steps), "--set", f"train.log_every={log_every}", *extra]
+    out: dict[str, Any] = {}
+    for name, more in (("eager", []), ("compiled", ["--set", "train.compile=true"])):
+        t0 = time.perf_counter()
+        log = trainer_run(data, folder / name, device=device, args=[*args, *more])["log"]
+        if len(log) < 2:
+            raise RuntimeError(f"{name}: {len(log)} log lines; need steps >= 2 * log_every")
+        first, last = log[0], log[-1]
+        out[name] = {"seconds": time.perf_counter() - t0,
+                     "steps_per_s": (last["step"] - first["step"]) / max(last["time"] - first["time"], 0.1),
+                     "losses": [m["loss"] for m in log]}
+    diff = max(abs(a - b) for a, b in zip(out["eager"]["losses"], out["compiled"]["losses"]))
+    if not diff <= tol:
+        raise RuntimeError(f"compiled losses differ from eager by {diff:.4f} (> {tol})")
+    return {"command": "hyperset-train " + " ".join(args), **out, "loss_max_abs_difference": diff,
+            "compiled_over_eager": out["compiled"]["steps_per_s"] / out["eager"]["steps_per_s"]}
 
 
 def nccl_run(data: Path, out: Path) -> dict[str, Any]:
@@ -279,7 +310,8 @@ def solve_cli_check(iters: int = 48, runs: tuple[tuple[str, str], ...] = (("torc
     return out
 
 
-CHECKS = ("training_amp", "fused_fp32", "trainer_amp", "nccl", "solver", "onnx_cuda", "solve_cli")
+CHECKS = ("training_amp", "fused_fp32", "trainer_amp", "trainer_compile", "nccl", "solver", "onnx_cuda",
+          "solve_cli")
 
 
 def machine() -> dict[str, Any]:
@@ -305,9 +337,11 @@ def run(checks: tuple[str, ...] = CHECKS) -> dict[str, Any]:
         report["fused_fp32"] = _guarded(lambda: fused_check(device))
     with tempfile.TemporaryDirectory(prefix="hyperset-gpu-") as tmp:
         folder = Path(tmp)
-        data = sudoku_data(folder) if {"trainer_amp", "nccl"} & set(checks) else folder
+        data = sudoku_data(folder) if {"trainer_amp", "trainer_compile", "nccl"} & set(checks) else folder
         if "trainer_amp" in checks:
             report["trainer_amp"] = _guarded(lambda: trainer_run(data, folder / "one"))
+        if "trainer_compile" in checks:
+            report["trainer_compile"] = _guarded(lambda: compile_check(data, folder / "compile"))
         if "nccl" in checks:
             report["nccl"] = _guarded(lambda: nccl_run(data, folder / "two"))
         if "solver" in checks:

@@ -84,3 +84,27 @@ def test_the_solve_cli_check_compares_backends_and_names_the_provider() -> None:
     out = gpu_check.solve_cli_check(iters=20, runs=(("torch", "cpu"), ("onnx", "cpu")))
     assert out["torch_cpu"]["valid"] == out["torch_cpu"]["puzzles"] > 0
     assert out["onnx_cpu"]["backend"] == "onnxruntime (CPUExecutionProvider)"
+
+
+def test_the_compile_check_runs_the_trainer_both_ways_and_fails_when_losses_part(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The compiled-trainer check on the CPU with a small model: both runs log, their losses agree; a compiled run
+    whose losses drift from eager's fails the check."""
+    data = gpu_check.sudoku_data(tmp_path)
+    small = ("--set", "model.dim=32", "--set", "model.heads=2", "--set", "model.ff_hidden=64", "--set", "model.iters=2")
+    out = gpu_check.compile_check(data, tmp_path / "a", device="cpu", steps=4, log_every=2, extra=small)
+    assert len(out["eager"]["losses"]) == len(out["compiled"]["losses"]) == 2
+    assert out["loss_max_abs_difference"] < 0.01 and out["compiled_over_eager"] > 0
+    assert "--recipe sudoku-paper" in out["command"]
+    run = gpu_check.trainer_run
+
+    def drifting(data: Path, out: Path, **kw: object) -> dict:
+        result = run(data, out, **kw)
+        if "train.compile=true" in kw["args"]:
+            result["log"] = [{**m, "loss": m["loss"] + 0.5} for m in result["log"]]
+        return result
+
+    monkeypatch.setattr(gpu_check, "trainer_run", drifting)
+    with pytest.raises(RuntimeError, match="compiled losses differ"):
+        gpu_check.compile_check(data, tmp_path / "b", device="cpu", steps=4, log_every=2,
+                                extra=(*small, "--set", "model.iters=1"))
