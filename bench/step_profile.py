@@ -1,0 +1,176 @@
+"""Where a training step's time goes: the matmuls against everything else, and on a GPU the kernels it launches.
+
+    python bench/step_profile.py [--peer DIR] [--threads 1] [--rounds 5]     # CPU: also the 85% budget
+    python bench/step_profile.py --peer DIR --device cuda                     # GPU: kernels per step
+
+The configuration and runners of bench/peer_bench.py: the authors' Sudoku model at d=128 (4 heads, M=4d, 24
+iterations, batch 64, loss on the last iteration, fp32) and their training step (AdamW, clipping at 1.0); `ours`
+is the library in eager mode (hyperset.fused, step sizes once) and, with --peer DIR (a checkout of
+huyunzhe/hyper-set, see peer_bench's docstring), `peer` is the authors' code. Every round runs, for each runner
+in turn (the order reversed every round), a timed training step and then one under torch.profiler; medians of
+--rounds rounds after one of warm-up:
+
+  step_s       wall seconds of a training step, not profiled
+  matmul_s     self time of the matmul ops (mm, bmm, baddbmm, addmm) in the profiled step: on a CPU the time the
+               products ran
+  other_s      step_s - matmul_s: elementwise work, softmax, reductions, copies, the optimizer, Python
+  top_ops      the ops with the most self time in the median profiled step: [name, ms, calls]
+  on a GPU     kernels (CUDA kernels, copies and fills launched in a step), gpu_busy_s (the sum of their
+               durations) and top_kernels; there the self times are host time, not the kernels' time
+
+On a CPU the run also measures the fp32 training roofline at the configuration's shapes (bench/flops.py, as
+peer_bench does) and states the budget that 85% of it leaves: `budget_85.step_s`, the step at 85% of the roofline,
+and `budget_85.left_beside_matmuls_s`, what remains of it once our matmuls have run as they run in the step.
+Writes bench/results/step_profile.json (step_profile_cuda.json on a GPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import flops
+import peer_bench
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from hyperset.checkpoint import atomic_write_json
+from hyperset.models import HyperSETModel
+
+MATMUL_OPS = ("aten::mm", "aten::bmm", "aten::baddbmm", "aten::addmm")
+TOP = 12
+
+
+def profile_step(runner: peer_bench.Runner, x: torch.Tensor, y: torch.Tensor) -> dict[str, Any]:
+    """One training step under torch.profiler: its wall time, the matmuls' self time, the top ops (and kernels)."""
+    cuda = x.is_cuda
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        t0 = time.perf_counter()
+        runner.train(x, y)
+        sync()
+        step_s = time.perf_counter() - t0
+    rows = [(e.key, e.self_cpu_time_total / 1e6, e.count) for e in prof.key_averages() if e.key.startswith("aten::")]
+    top = sorted(rows, key=lambda r: -r[1])[:TOP]
+    out: dict[str, Any] = {"profiled_step_s": step_s, "matmul_s": sum(s for name, s, _ in rows if name in MATMUL_OPS),
+                           "top_ops": [[name, round(1e3 * s, 3), n] for name, s, n in top]}
+    if cuda:
+        kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        out.update(kernels=len(kernels), gpu_busy_s=sum(e.device_time for e in kernels) / 1e6,
+                   top_kernels=Counter(e.name[:100] for e in kernels).most_common(TOP))
+    return out
+
+
+def rounds_of(runners: dict[str, peer_bench.Runner], x: torch.Tensor, y: torch.Tensor,
+              rounds: int) -> dict[str, dict[str, Any]]:
+    """Each round, each runner in turn (the order reversed every round): a timed training step, then a profiled
+    one. Medians over the rounds, after one round of warm-up; the top ops and kernels of the median profiled step."""
+    sync = torch.cuda.synchronize if x.is_cuda else (lambda: None)
+    seen: dict[str, list[tuple[float, dict[str, Any]]]] = {n: [] for n in runners}
+    for r in range(rounds + 1):
+        for name in (list(runners) if r % 2 == 0 else list(reversed(runners))):
+            sync()
+            t0 = time.perf_counter()
+            runners[name].train(x, y)
+            sync()
+            seconds = time.perf_counter() - t0
+            prof = profile_step(runners[name], x, y)
+            if r:
+                seen[name].append((seconds, prof))
+    out = {}
+    for name, got in seen.items():
+        profs = sorted((p for _, p in got), key=lambda p: p["profiled_step_s"])
+        mid = profs[len(profs) // 2]
+        step_s = statistics.median(s for s, _ in got)
+        matmul_s = statistics.median(p["matmul_s"] for p in profs)
+        row = {"step_s": step_s, "profiled_step_s": mid["profiled_step_s"], "matmul_s": matmul_s,
+               "other_s": step_s - matmul_s, "matmul_share": matmul_s / step_s, "top_ops": mid["top_ops"]}
+        if "kernels" in mid:
+            row.update({k: statistics.median(p[k] for p in profs) for k in ("kernels", "gpu_busy_s")},
+                       top_kernels=mid["top_kernels"])
+        out[name] = row
+    return out
+
+
+def run(peer_dir: Path | None, device: str = "cpu", rounds: int = 5, threads: int = 1,
+        batch: int = peer_bench.BATCH) -> dict[str, Any]:
+    torch.set_num_threads(threads)
+    dev = torch.device(device)
+    info = flops.machine(threads)
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise SystemExit(f"--device {device}: PyTorch sees no CUDA device")
+        info.update(device=device, gpu=torch.cuda.get_device_name(dev), cuda=torch.version.cuda)
+    cfg = peer_bench.our_config()
+    x, y = (t[:batch].to(dev) for t in peer_bench.batch())
+    torch.manual_seed(0)
+    runners = {"ours": peer_bench.Runner("ours", HyperSETModel(cfg), False, device=dev)}
+    if peer_dir is not None:
+        runners["peer"] = peer_bench.Runner("peer", peer_bench.load_peer(peer_dir, cfg), False, device=dev)
+    rep: dict[str, Any] = {"machine": info, "config": cfg.to_dict(), "batch": batch, "rounds": rounds,
+                           "dtype": "float32"}
+    print(f"{rounds} rounds of a timed and a profiled training step of {', '.join(runners)} ...", flush=True)
+    rep["runners"] = rounds_of(runners, x, y, rounds)
+    if dev.type == "cpu":
+        cache: dict[str, dict[tuple, float]] = {}  # each matmul shape timed once for both rooflines
+        roof = flops.measure_rooflines(cfg, batch, steps_every_t=True, cache=cache)["float32"]["training"]
+        least = flops.measure_rooflines(cfg, batch, cache=cache)["float32"]["training"]
+        step_85 = batch / (0.85 * roof["roofline_boards_per_s"])
+        ours = rep["runners"]["ours"]
+        rep["roofline_boards_per_s"] = roof["roofline_boards_per_s"]
+        rep["least_work_roofline_boards_per_s"] = least["roofline_boards_per_s"]
+        for r in rep["runners"].values():
+            r["share_of_roofline"] = batch / r["step_s"] / roof["roofline_boards_per_s"]
+        rep["budget_85"] = {"step_s": step_85, "our_matmuls_at_roofline_rates_s": least["seconds_per_batch"],
+                            "left_beside_matmuls_s": step_85 - ours["matmul_s"],
+                            "our_other_s": ours["other_s"]}
+    info["load_average_1min_at_end"] = flops.load_average()
+    rep["command"] = "python bench/step_profile.py " + " ".join(sys.argv[1:])
+    return rep
+
+
+def print_summary(rep: dict[str, Any]) -> None:
+    m = rep["machine"]
+    where = f"{m['gpu']} (CUDA {m['cuda']}), host {m['cpu']}" if "gpu" in m else f"{m['cpu']}, {m['threads']} thread(s)"
+    print(f"{where}; fp32 training step, batch {rep['batch']}, medians of {rep['rounds']} rounds")
+    for name, r in rep["runners"].items():
+        line = (f"  {name:5s} step {r['step_s']:.3f} s: matmuls {r['matmul_s']:.3f} s ({r['matmul_share']:.0%}), "
+                f"the rest {r['other_s']:.3f} s")
+        if "kernels" in r:
+            line += f"; {r['kernels']:.0f} kernels, GPU busy {1e3 * r['gpu_busy_s']:.1f} ms"
+        if "share_of_roofline" in r:
+            line += f"; {r['share_of_roofline']:.0%} of the roofline"
+        print(line)
+    if "budget_85" in rep:
+        b = rep["budget_85"]
+        print(f"  85% of the {rep['roofline_boards_per_s']:.1f} boards/s roofline: a step of {b['step_s']:.3f} s; our "
+              f"matmuls as they run leave {b['left_beside_matmuls_s']:.3f} s for work that now takes "
+              f"{b['our_other_s']:.3f} s (at the roofline's rates they would take "
+              f"{b['our_matmuls_at_roofline_rates_s']:.3f} s)")
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--peer", type=Path, default=None, help="a checkout of huyunzhe/hyper-set (else ours only)")
+    ap.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--batch", type=int, default=peer_bench.BATCH, help=argparse.SUPPRESS)  # small runs in tests
+    ap.add_argument("--out", type=Path, default=None,
+                    help="default bench/results/step_profile.json (step_profile_cuda.json on a GPU)")
+    args = ap.parse_args(argv)
+    rep = run(args.peer, args.device, args.rounds, args.threads, args.batch)
+    print_summary(rep)
+    out = args.out or flops.RESULTS / ("step_profile.json" if args.device == "cpu" else "step_profile_cuda.json")
+    atomic_write_json(out, rep)
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,24 @@
+"""bench/step_profile.py on the CPU with a small batch: the step splits into matmuls and the rest, and the 85%
+budget is stated against a roofline measured in the same run."""
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import step_profile  # noqa: E402
+
+
+def test_a_cpu_profile_splits_the_step_and_states_the_budget(tmp_path: Path) -> None:
+    out = tmp_path / "profile.json"
+    step_profile.main(["--rounds", "1", "--batch", "2", "--out", str(out)])
+    rep = json.loads(out.read_text())
+    ours = rep["runners"]["ours"]
+    assert 0 < ours["matmul_s"] < ours["step_s"] and ours["other_s"] == ours["step_s"] - ours["matmul_s"]
+    assert "aten::mm" in [name for name, _, _ in ours["top_ops"]]
+    assert "kernels" not in ours and "peer" not in rep["runners"]
+    budget = rep["budget_85"]
+    assert budget["step_s"] == 2 / (0.85 * rep["roofline_boards_per_s"])
+    assert budget["left_beside_matmuls_s"] == budget["step_s"] - ours["matmul_s"]
+    assert rep["least_work_roofline_boards_per_s"] > rep["roofline_boards_per_s"]  # step sizes once: less work
+    assert 0 < ours["share_of_roofline"] < 1
