@@ -41,7 +41,7 @@ class TransformerLayer(nn.Module):
         for lin in (self.q, self.k, self.v, self.o, self.fc1, self.fc2):
             nn.init.normal_(lin.weight, std=0.02)
 
-    def step(self, x: Tensor, t: int, steps: object = None) -> Tensor:
+    def step(self, x: Tensor, t: int, steps: object = None, shared: object = None) -> Tensor:
         y = self.norm1(x)
         q, k, v = (split_heads(f(y), self.heads) for f in (self.q, self.k, self.v))
         x = x + self.o(merge_heads(_softmax_attention(q, k, v)))
@@ -72,7 +72,7 @@ class CRATELayer(nn.Module):
         self.D = nn.Parameter(torch.empty(d, d))
         nn.init.kaiming_uniform_(self.D, a=math.sqrt(5))
 
-    def step(self, x: Tensor, t: int, steps: object = None) -> Tensor:
+    def step(self, x: Tensor, t: int, steps: object = None, shared: object = None) -> Tensor:
         w = split_heads(self.qkv(self.ln1(x)), self.heads)
         o = merge_heads(_softmax_attention(w, w, w))
         x = x + (o @ self.qkv.weight if self.tied else self.to_out(o))
@@ -140,7 +140,7 @@ class EnergyTransformerLayer(nn.Module):
         g_hn = -F.relu(g @ self.Xi.t()) @ self.Xi
         return g_att + g_hn
 
-    def step(self, x: Tensor, t: int, steps: object = None) -> Tensor:
+    def step(self, x: Tensor, t: int, steps: object = None, shared: object = None) -> Tensor:
         g = self.norm(x)
         if torch.is_inference_mode_enabled() or torch.onnx.is_in_onnx_export():
             grad = self.energy_grad(g)

@@ -172,12 +172,13 @@ class RecurrentCore(nn.Module):
         return layer.step(x, t, self.steps_at(x, x0, t))
 
     def _update(self, x: Tensor, x0: Tensor, t: int, layer: nn.Module,
-                fixed: tuple[Tensor, Tensor] | None) -> Tensor:
-        """`step`, or the layer's step with step sizes computed once; by slices of rows at inference on a CPU."""
+                fixed: tuple[Tensor, Tensor] | None, shared: object = None) -> Tensor:
+        """`step`, or the layer's step with step sizes computed once; by slices of rows at inference on a CPU.
+        `shared`: what the layer's steps share in this pass (its `pass_weights`)."""
         rows = slice_rows(self.cfg, len(x), x.device)
         if fixed is None:
-            return by_rows(lambda v, v0: self.step(v, v0, t, layer), rows, x, x0)
-        return by_rows(lambda v, a, g: layer.step(v, t, (a, g)), rows, x, *fixed)
+            return by_rows(lambda v, v0: layer.step(v, t, self.steps_at(v, v0, t), shared), rows, x, x0)
+        return by_rows(lambda v, a, g: layer.step(v, t, (a, g), shared), rows, x, *fixed)
 
     def iterate(self, x0: Tensor, iters: int | None = None, skip: int = 0,
                 detach_every: int = 0) -> Generator[tuple[nn.Module, int, Tensor], Tensor | None, None]:
@@ -202,8 +203,9 @@ class RecurrentCore(nn.Module):
                     for t in range(1, skip + 1):
                         x = self.step(x, x0, t, layer)
                 x = x.detach()
+            shared = layer.pass_weights() if hasattr(layer, "pass_weights") else None
             for t in range(skip + 1, skip + iters + 1):
-                x = self._update(x, x0, t, layer, fixed)
+                x = self._update(x, x0, t, layer, fixed, shared)
                 rows = yield layer, t, x
                 if rows is not None:
                     x, x0 = x[rows], x0[rows]

@@ -7,7 +7,8 @@ traffic, not the matmuls, is most of a training step. These functions compute th
 two backward:
 
 - `relu_descent`: -dE_FF/dX = ReLU(RMSNorm(X D)) D^T, with the norm folded into the weights as at inference
-  (``HyperSETLayer.ff_descent``): r ReLU(X (D s)) (D |g|)^T, r = 1 / rms(X D) per token, s = sign(g).
+  (``HyperSETLayer.ff_descent``): r ReLU(X (D s)) (D |g|)^T, r = 1 / rms(X D) per token, s = sign(g). The folded
+  weights (`fold_ff`) are made once per pass, like the step sizes.
 - `bisoftmax_grad`: dE_ATTN/dX = merge((P + P^T) Zn) W^T, Zn the head projections on their spheres and
   P = softmax(beta Zn Zn^T). The map Zn -> (P + P^T) Zn is the gradient of the attention energy, so its Jacobian
   is the energy's Hessian, which is symmetric: the backward pass is the map's directional derivative along the
@@ -63,50 +64,53 @@ def _rows(t: Tensor) -> Tensor:
     return t.reshape(-1, t.shape[-1])
 
 
-def folded_relu(X: Tensor, D: Tensor, g: Tensor, eps: float) -> tuple[Tensor, ...]:
-    """ReLU(RMSNorm_g(X D)) D^T with the norm folded into the weights: (the result, s, U, ReLU(U), r, Y0) with
-    s = sign(g) (+1 at 0), U = X (D s), r = 1/rms(U) = 1/rms(X D) per token and Y0 = ReLU(U) (D |g|)^T; the result
-    is r Y0. The inference path (``HyperSETLayer.ff_descent``) and `relu_descent`'s forward both run this."""
+def fold_ff(D: Tensor, g: Tensor) -> tuple[Tensor, Tensor]:
+    """The feedforward's weights with its RMSNorm gain g folded in: (D s, D |g|), s = sign(g) (+1 at 0). They do not
+    depend on the state, so a pass makes them once (``HyperSETLayer.pass_weights``) and autograd sums their
+    gradients over the iterations, as for the step sizes."""
     s = torch.where(g >= 0, 1.0, -1.0).to(g.dtype)
-    U = X @ (D * s)  # (B, N, M): X D with the columns of negative gain flipped
+    return D * s, D * g.abs()
+
+
+def folded_relu(X: Tensor, Ds: Tensor, Dg: Tensor, eps: float) -> tuple[Tensor, ...]:
+    """ReLU(RMSNorm_g(X D)) D^T from the folded weights (Ds, Dg) = `fold_ff(D, g)`: (the result, U, ReLU(U), r, Y0)
+    with U = X (D s), r = 1/rms(U) = 1/rms(X D) per token and Y0 = ReLU(U) (D |g|)^T; the result is r Y0. The
+    inference path (``HyperSETLayer.ff_descent``) and `relu_descent`'s forward both run this."""
+    U = X @ Ds  # (B, N, M): X D with the columns of negative gain flipped
     r = inv_rms(U, eps)  # (B, N, 1)
     V = torch.relu(U)
-    Y0 = V @ (D * g.abs()).transpose(0, 1)
-    return Y0 * r, s, U, V, r, Y0
+    Y0 = V @ Dg.transpose(0, 1)
+    return Y0 * r, U, V, r, Y0
 
 
 class _ReLUDescent(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, X: Tensor, D: Tensor, g: Tensor, eps: float) -> Tensor:
-        out, s, U, V, r, Y0 = folded_relu(X, D, g, eps)
-        ctx.save_for_backward(X, D, g, s, U, V, r, Y0)
+    def forward(ctx, X: Tensor, Ds: Tensor, Dg: Tensor, eps: float) -> Tensor:
+        out, U, V, r, Y0 = folded_relu(X, Ds, Dg, eps)
+        ctx.save_for_backward(X, Ds, Dg, U, V, r, Y0)
         return out
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dF: Tensor) -> tuple[Tensor | None, ...]:
-        X, D, g, s, U, V, r, Y0 = ctx.saved_tensors
+        X, Ds, Dg, U, V, r, Y0 = ctx.saved_tensors
         M = U.shape[-1]
         dY0 = dF * r
         # d r / d U = -r^3 U / M per token
         coef = (dF * Y0).sum(-1, keepdim=True).mul_(r.pow(3)).mul_(-1.0 / M)
-        dU = dY0 @ (D * g.abs())
+        dU = dY0 @ Dg
         torch.ops.aten.threshold_backward.grad_input(dU, U, 0.0, grad_input=dU)  # through the ReLU, in place
         dU.addcmul_(U, coef)  # through r
-        dX = dU @ (D * s).t() if ctx.needs_input_grad[0] else None
-        dD = dg = None
-        if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
-            dDg = _rows(dY0).t() @ _rows(V)  # (d, M)
-            if ctx.needs_input_grad[1]:
-                dD = (_rows(X).t() @ _rows(dU)).mul_(s).addcmul_(dDg, g.abs())
-            if ctx.needs_input_grad[2]:
-                dg = (dDg * D).sum(0) * torch.sign(g)
-        return dX, dD, dg, None
+        dX = dU @ Ds.t() if ctx.needs_input_grad[0] else None
+        dDs = _rows(X).t() @ _rows(dU) if ctx.needs_input_grad[1] else None  # (d, M)
+        dDg = _rows(dY0).t() @ _rows(V) if ctx.needs_input_grad[2] else None  # (d, M)
+        return dX, dDs, dDg, None
 
 
-def relu_descent(X: Tensor, D: Tensor, g: Tensor, eps: float) -> Tensor:
-    """ReLU(RMSNorm_g(X D)) D^T, (B, N, d): the feedforward step's direction, -dE_FF/dX (eq. 10)."""
-    return _ReLUDescent.apply(X, D, g, eps)
+def relu_descent(X: Tensor, Ds: Tensor, Dg: Tensor, eps: float) -> Tensor:
+    """ReLU(RMSNorm_g(X D)) D^T, (B, N, d), from the folded weights (Ds, Dg) = `fold_ff(D, g)`: the feedforward
+    step's direction, -dE_FF/dX (eq. 10). The gradients of D and g flow through `fold_ff`."""
+    return _ReLUDescent.apply(X, Ds, Dg, eps)
 
 
 def _split(z: Tensor, heads: int) -> Tensor:

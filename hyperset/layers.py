@@ -188,7 +188,8 @@ class HyperSETLayer(nn.Module):
         G = attn_energy_grad_heads(Z * self.norm_attn.weight, self.cfg.attention, self.cfg.phi)
         return merge_heads(G) @ W.transpose(0, 1)
 
-    def ff_descent(self, X: Tensor, D: Tensor, normalize: bool = True) -> Tensor:
+    def ff_descent(self, X: Tensor, D: Tensor, normalize: bool = True,
+                   folded: tuple[Tensor, Tensor] | None = None) -> Tensor:
         """-dE_FF/dX with the hidden activations on their sphere first (eq. 10; exact if normalize=False).
 
         At inference, for the ReLU energy, the normalisation is folded into the weights, the same value in fewer
@@ -196,23 +197,34 @@ class HyperSETLayer(nn.Module):
         per token, ReLU(r (X D) g) D^T = r ReLU(X (D s)) (D |g|)^T, because r > 0, |g| >= 0 and
         rms(X D s) = rms(X D). With gradients in eager mode the folded form runs too, with its own backward pass
         (`hyperset.fused.relu_descent`); under autocast or torch.compile the written-out form runs (compiled, it is
-        the faster one for the compiler: 1.44 against 2.27 s per step of the Sudoku recipe on one CPU thread)."""
-        if normalize and self.cfg.feedforward == "relu":
-            if fused.usable(X):
-                return fused.relu_descent(X, D, self.norm_ff.weight, self.norm_ff.eps)
-            if not torch.is_grad_enabled():
-                return fused.folded_relu(X, D, self.norm_ff.weight, self.norm_ff.eps)[0]
+        the faster one for the compiler: 1.44 against 2.27 s per step of the Sudoku recipe on one CPU thread).
+        `folded`: (D s, D |g|) made once for the pass (`pass_weights`), else they are made here."""
+        if normalize and self.cfg.feedforward == "relu" and (fused.usable(X) or not torch.is_grad_enabled()):
+            Ds, Dg = folded if folded is not None else fused.fold_ff(D, self.norm_ff.weight)
+            if torch.is_grad_enabled():
+                return fused.relu_descent(X, Ds, Dg, self.norm_ff.eps)
+            return fused.folded_relu(X, Ds, Dg, self.norm_ff.eps)[0]
         U = X @ D  # (B, N, M)
         if normalize:
             U = self.norm_ff(U)
         return ff_energy_grad_hidden(U, self.cfg.feedforward, self.cfg.phi) @ D.transpose(0, 1)
 
-    def step(self, x: Tensor, t: int, steps: tuple[Tensor, Tensor]) -> Tensor:
-        """Attention step (eq. 8), then feedforward step (eq. 10) on the updated tokens."""
+    def pass_weights(self) -> tuple[Tensor, Tensor] | None:
+        """What every step of a pass can share: the feedforward's folded weights (``fused.fold_ff``) where the
+        weights are the same at every t (no depth LoRA) and the folded form runs (eager, ReLU, normalised); else
+        None and each step makes its own. On a GPU this saves about 15 small kernels per iteration of training."""
+        if (self.lora is not None or self.cfg.feedforward != "relu"
+                or not (fused.usable(self.D) or not torch.is_grad_enabled())):
+            return None
+        return fused.fold_ff(self.D, self.norm_ff.weight)
+
+    def step(self, x: Tensor, t: int, steps: tuple[Tensor, Tensor], shared: object = None) -> Tensor:
+        """Attention step (eq. 8), then feedforward step (eq. 10) on the updated tokens. `shared`: the
+        pass's `pass_weights`."""
         alpha, gamma = steps
         W, D = self.weights(t)
         x = x - alpha * self.attn_grad(x, W)
-        return x + gamma * self.ff_descent(x, D)
+        return x + gamma * self.ff_descent(x, D, folded=shared)
 
     def projections(self, x: Tensor, t: int | None = None) -> Tensor:
         W, _ = self.weights(t)

@@ -295,7 +295,7 @@ def test_cpu_inference_runs_slices_of_rows_with_the_numbers_of_the_whole_batch(m
     layer = model.core.layers[0]
     calls = []
     step = layer.step
-    monkeypatch.setattr(layer, "step", lambda v, t, s: calls.append(len(v)) or step(v, t, s))
+    monkeypatch.setattr(layer, "step", lambda v, t, s, shared=None: calls.append(len(v)) or step(v, t, s, shared))
     widest = max(cfg.dim, cfg.ff_hidden, cfg.heads * cfg.seq_len)
     monkeypatch.setattr(core, "SLICE_BYTES", 3 * 4 * cfg.seq_len * widest)  # 3 rows per slice
     assert core.slice_rows(cfg, 8, torch.device("cpu")) == 0  # gradients on: the whole batch
