@@ -212,7 +212,7 @@ class HyperSETLayer(nn.Module):
     def pass_weights(self) -> tuple[Tensor, Tensor] | None:
         """What every step of a pass can share: the feedforward's folded weights (``fused.fold_ff``) where the
         weights are the same at every t (no depth LoRA) and the folded form runs (eager, ReLU, normalised); else
-        None and each step makes its own. On a GPU this saves about 15 small kernels per iteration of training."""
+        None and each step makes its own. A training step launches about 16 kernels fewer per iteration with them."""
         if (self.lora is not None or self.cfg.feedforward != "relu"
                 or not (fused.usable(self.D) or not torch.is_grad_enabled())):
             return None
