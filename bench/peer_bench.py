@@ -250,12 +250,22 @@ def best_roofline(before: dict[str, Any], after: dict[str, Any], dtype: str) -> 
             for k in ("inference", "training")}
 
 
-def rooflines(cfg: Any) -> dict[str, Any]:
+def rooflines(cfg: Any, batch: int = BATCH) -> dict[str, Any]:
     """The configuration's roofline (step sizes at every iteration, as the authors' code) and the least-work one,
     each matmul shape timed once for both."""
     cache: dict[str, dict[tuple, float]] = {}
-    return {"configuration": flops.measure_rooflines(cfg, BATCH, steps_every_t=True, cache=cache),
-            "least_work": flops.measure_rooflines(cfg, BATCH, cache=cache)}
+    return {"configuration": flops.measure_rooflines(cfg, batch, steps_every_t=True, cache=cache),
+            "least_work": flops.measure_rooflines(cfg, batch, cache=cache)}
+
+
+def machine_on(device: str, threads: int) -> tuple[torch.device, dict[str, Any]]:
+    """The device to run on and the machine's facts, on a GPU with its name (exits if PyTorch sees no CUDA)."""
+    dev, info = torch.device(device), flops.machine(threads)
+    if dev.type != "cpu":
+        if not torch.cuda.is_available():
+            raise SystemExit(f"--device {device}: PyTorch sees no CUDA device")
+        info.update(device=device, gpu=torch.cuda.get_device_name(dev), cuda=torch.version.cuda)
+    return dev, info
 
 
 def per_board(count: dict[str, Any]) -> dict[str, float]:
@@ -267,13 +277,8 @@ def run(peer_dir: Path, rounds: int, threads: int, bf16: bool, compiled: bool = 
     """The comparison on `device`; on a GPU without rooflines (kernels of these sizes are bound by their launches,
     not by the matmul rate) and with the GPU's name in the machine facts."""
     torch.set_num_threads(threads)
-    info = flops.machine(threads)
-    dev = torch.device(device)
+    dev, info = machine_on(device, threads)
     cpu = dev.type == "cpu"
-    if not cpu:
-        if not torch.cuda.is_available():
-            raise SystemExit(f"--device {device}: PyTorch sees no CUDA device")
-        info.update(device=device, gpu=torch.cuda.get_device_name(dev), cuda=torch.version.cuda)
     cfg = our_config()
     if bf16 and not (info["native_bf16"] if cpu else torch.cuda.is_bf16_supported()):
         raise SystemExit(f"--bf16: this {'CPU' if cpu else 'GPU'} has no native bf16")

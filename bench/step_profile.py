@@ -101,12 +101,7 @@ def rounds_of(runners: dict[str, peer_bench.Runner], x: torch.Tensor, y: torch.T
 def run(peer_dir: Path | None, device: str = "cpu", rounds: int = 5, threads: int = 1,
         batch: int = peer_bench.BATCH) -> dict[str, Any]:
     torch.set_num_threads(threads)
-    dev = torch.device(device)
-    info = flops.machine(threads)
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise SystemExit(f"--device {device}: PyTorch sees no CUDA device")
-        info.update(device=device, gpu=torch.cuda.get_device_name(dev), cuda=torch.version.cuda)
+    dev, info = peer_bench.machine_on(device, threads)
     cfg = peer_bench.our_config()
     x, y = (t[:batch].to(dev) for t in peer_bench.batch())
     torch.manual_seed(0)
@@ -118,9 +113,8 @@ def run(peer_dir: Path | None, device: str = "cpu", rounds: int = 5, threads: in
     print(f"{rounds} rounds of a timed and a profiled training step of {', '.join(runners)} ...", flush=True)
     rep["runners"] = rounds_of(runners, x, y, rounds)
     if dev.type == "cpu":
-        cache: dict[str, dict[tuple, float]] = {}  # each matmul shape timed once for both rooflines
-        roof = flops.measure_rooflines(cfg, batch, steps_every_t=True, cache=cache)["float32"]["training"]
-        least = flops.measure_rooflines(cfg, batch, cache=cache)["float32"]["training"]
+        roofs = peer_bench.rooflines(cfg, batch)
+        roof, least = (roofs[k]["float32"]["training"] for k in ("configuration", "least_work"))
         step_85 = batch / (0.85 * roof["roofline_boards_per_s"])
         ours = rep["runners"]["ours"]
         rep["roofline_boards_per_s"] = roof["roofline_boards_per_s"]

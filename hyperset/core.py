@@ -167,9 +167,10 @@ class RecurrentCore(nn.Module):
             return None
         return self.steps_at(x0, x0, 1)
 
-    def step(self, x: Tensor, x0: Tensor, t: int | Tensor, layer: nn.Module) -> Tensor:
-        """One update of `layer` at iteration t (1-based): the step sizes from t and the condition, then the step."""
-        return layer.step(x, t, self.steps_at(x, x0, t))
+    def step(self, x: Tensor, x0: Tensor, t: int | Tensor, layer: nn.Module, shared: object = None) -> Tensor:
+        """One update of `layer` at iteration t (1-based): the step sizes from t and the condition, then the step
+        (`shared`: what the layer's steps share in a pass, its `pass_weights`)."""
+        return layer.step(x, t, self.steps_at(x, x0, t), shared)
 
     def _update(self, x: Tensor, x0: Tensor, t: int, layer: nn.Module,
                 fixed: tuple[Tensor, Tensor] | None, shared: object = None) -> Tensor:
@@ -177,7 +178,7 @@ class RecurrentCore(nn.Module):
         `shared`: what the layer's steps share in this pass (its `pass_weights`)."""
         rows = slice_rows(self.cfg, len(x), x.device)
         if fixed is None:
-            return by_rows(lambda v, v0: layer.step(v, t, self.steps_at(v, v0, t), shared), rows, x, x0)
+            return by_rows(lambda v, v0: self.step(v, v0, t, layer, shared), rows, x, x0)
         return by_rows(lambda v, a, g: layer.step(v, t, (a, g), shared), rows, x, *fixed)
 
     def iterate(self, x0: Tensor, iters: int | None = None, skip: int = 0,

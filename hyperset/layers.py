@@ -199,7 +199,7 @@ class HyperSETLayer(nn.Module):
         (`hyperset.fused.relu_descent`); under autocast or torch.compile the written-out form runs (compiled, it is
         the faster one for the compiler: 1.44 against 2.27 s per step of the Sudoku recipe on one CPU thread).
         `folded`: (D s, D |g|) made once for the pass (`pass_weights`), else they are made here."""
-        if normalize and self.cfg.feedforward == "relu" and (fused.usable(X) or not torch.is_grad_enabled()):
+        if normalize and self._folds(X):
             Ds, Dg = folded if folded is not None else fused.fold_ff(D, self.norm_ff.weight)
             if torch.is_grad_enabled():
                 return fused.relu_descent(X, Ds, Dg, self.norm_ff.eps)
@@ -209,12 +209,16 @@ class HyperSETLayer(nn.Module):
             U = self.norm_ff(U)
         return ff_energy_grad_hidden(U, self.cfg.feedforward, self.cfg.phi) @ D.transpose(0, 1)
 
+    def _folds(self, x: Tensor) -> bool:
+        """Whether the normalised feedforward step at x runs folded (`ff_descent`): the ReLU energy, and either no
+        gradient or the fused operator's conditions (``fused.usable``)."""
+        return self.cfg.feedforward == "relu" and (fused.usable(x) or not torch.is_grad_enabled())
+
     def pass_weights(self) -> tuple[Tensor, Tensor] | None:
         """What every step of a pass can share: the feedforward's folded weights (``fused.fold_ff``) where the
-        weights are the same at every t (no depth LoRA) and the folded form runs (eager, ReLU, normalised); else
-        None and each step makes its own. A training step launches about 16 kernels fewer per iteration with them."""
-        if (self.lora is not None or self.cfg.feedforward != "relu"
-                or not (fused.usable(self.D) or not torch.is_grad_enabled())):
+        weights are the same at every t (no depth LoRA) and the folded form runs; else None and each step makes
+        its own. A training step launches about 16 kernels fewer per iteration with them."""
+        if self.lora is not None or not self._folds(self.D):
             return None
         return fused.fold_ff(self.D, self.norm_ff.weight)
 
