@@ -91,11 +91,13 @@ def amp_steps(preset: str, device: torch.device, steps: int = 5) -> dict[str, An
 
 
 def fused_check(device: torch.device, batch: int = 8, tol: float = 1e-4, speed_batch: int = 64,
-                rounds: int = 5) -> dict[str, Any]:
+                rounds: int = 5, compiled: bool = True) -> dict[str, Any]:
     """One fp32 training step (last-iteration cross-entropy) of the peer configuration with random weights through
-    hyperset.fused and through fused.written_out(): logits and every gradient must agree within `tol` of the
-    reference tensor's largest magnitude. Then the boards/s at `speed_batch` of each and of the same model under
-    the trainer's autocast dtype (median of `rounds` interleaved steps after two warm-up rounds)."""
+    hyperset.fused, through fused.written_out() and (`compiled`) through hyperset.fused under torch.compile, as
+    the trainer runs it with train.compile = true: logits and every gradient must agree with the written-out
+    step's within `tol` of the reference tensor's largest magnitude. Then the boards/s at `speed_batch` of each and
+    of the eager model under the trainer's autocast dtype (median of `rounds` interleaved steps after two warm-up
+    rounds)."""
     import contextlib
     import copy
 
@@ -113,6 +115,9 @@ def fused_check(device: torch.device, batch: int = 8, tol: float = 1e-4, speed_b
             if not name.startswith(("core.step_sizes.L1", "core.step_sizes.L2.weight")):  # keep the dead time network
                 p.add_(0.05 * torch.randn_like(p))
     twin = copy.deepcopy(model)
+    nets = {"fused": model, "written_out": twin}
+    if compiled:
+        nets["compiled"] = torch.compile(copy.deepcopy(model))
     x = torch.randint(0, 10, (batch, 81), device=device)
     y = torch.randint(0, 9, (batch, 81), device=device)
 
@@ -126,34 +131,45 @@ def fused_check(device: torch.device, batch: int = 8, tol: float = 1e-4, speed_b
             torch.cuda.synchronize(device)
         return logits.detach(), time.perf_counter() - t0
 
-    fast, _ = step(model)
     with fused.written_out():
         slow, _ = step(twin)
-    worst = {"logits": ((fast - slow).abs().max() / slow.abs().max().clamp_min(1e-12)).item()}
-    for (name, p), q in zip(model.named_parameters(), twin.parameters()):
-        worst[name] = ((p.grad - q.grad).abs().max() / q.grad.abs().max().clamp_min(1e-3)).item()
-    bad = {k: v for k, v in worst.items() if not v <= tol}
-    if bad:
-        raise RuntimeError(f"fused and written-out training steps differ on {device}: {bad}")
+    differences = {}
+    for kind, net in nets.items():
+        if kind == "written_out":
+            continue
+        fast, _ = step(net)
+        worst = {"logits": ((fast - slow).abs().max() / slow.abs().max().clamp_min(1e-12)).item()}
+        for (name, p), q in zip(getattr(net, "_orig_mod", net).named_parameters(), twin.parameters()):
+            worst[name] = ((p.grad - q.grad).abs().max() / q.grad.abs().max().clamp_min(1e-3)).item()
+        bad = {k: v for k, v in worst.items() if not v <= tol}
+        if bad:
+            raise RuntimeError(f"{kind} and written-out training steps differ on {device}: {bad}")
+        differences[kind] = max(worst.values())
     # speed at the peer configuration's batch: warm, then interleaved rounds of one step of each
     x = torch.randint(0, 10, (speed_batch, 81), device=device)
     y = torch.randint(0, 9, (speed_batch, 81), device=device)
     amp = autocast_dtype(device)
     modes = {"fused": contextlib.nullcontext, "written_out": fused.written_out,
              "autocast": lambda: torch.autocast(device.type, dtype=amp, enabled=amp is not None)}
+    if compiled:
+        modes["compiled"] = contextlib.nullcontext
     times: dict[str, list[float]] = {k: [] for k in modes}
     for i in range(rounds + 2):
         for name, mode in modes.items():
-            m = twin if name == "written_out" else model
+            m = nets.get(name, model)
             m.zero_grad(set_to_none=True)
             with mode():
                 seconds = step(m)[1]
             if i >= 2:
                 times[name].append(seconds)
     speed = {f"{k}_boards_per_s": speed_batch / statistics.median(v) for k, v in times.items()}
-    return {"max_relative_difference": max(worst.values()), "speed_batch": speed_batch, "rounds": rounds,
-            "autocast_dtype": str(amp), **speed,
-            "fused_over_written_out": speed["fused_boards_per_s"] / speed["written_out_boards_per_s"]}
+    out = {"max_relative_difference": differences["fused"], "speed_batch": speed_batch, "rounds": rounds,
+           "autocast_dtype": str(amp), **speed,
+           "fused_over_written_out": speed["fused_boards_per_s"] / speed["written_out_boards_per_s"]}
+    if compiled:
+        out.update(compiled_max_relative_difference=differences["compiled"],
+                   compiled_over_fused=speed["compiled_boards_per_s"] / speed["fused_boards_per_s"])
+    return out
 
 
 def sudoku_data(folder: Path, n_train: int = 64, n_valid: int = 16) -> Path:

@@ -34,7 +34,10 @@ less contention, is used; both are in the JSON with the load average):
 
 Runners: `ours` (the library as it trains in eager mode: hyperset.fused, step sizes once), `ours_written_out`
 (the same model inside hyperset.fused.written_out(): the layer written out under autograd, step sizes at every
-iteration; its inference is ours), `peer` (the authors' code), and with --compile `ours_compiled`.
+iteration; its inference is ours), `peer` (the authors' code), and with --compile `ours_compiled` (the model
+under torch.compile as the trainer runs it with train.compile = true: hyperset.fused traced and fused by the
+compiler) and, in fp32, `ours_compiled_written_out` (the written-out path compiled: what the compiler makes of
+the layer without the hand-written backward passes; under bf16 autocast the two are the same code).
 With `--device cuda` both models train and infer on the GPU (the parity check stays on the CPU), each timed call
 ends with a synchronize, and no roofline is measured: at batch 64 these kernels are bound by their launches.
 Writes bench/results/peer_bench.json (peer_bench_cuda.json on a GPU).
@@ -214,13 +217,13 @@ def versions(peer_dir: Path) -> dict[str, str]:
     return out
 
 
-RUNNERS = ("ours", "ours_written_out", "ours_compiled", "peer")
+RUNNERS = ("ours", "ours_written_out", "ours_compiled", "ours_compiled_written_out", "peer")
 
 
 def summarise(times: dict[str, list[float]], roof: dict[str, Any] | None, fpb: dict[str, float],
               least: dict[str, Any] | None = None) -> dict[str, Any]:
     """Boards/s from the medians, the ratio to the authors' of each of ours (``ours``, and ``ours_written_out`` and
-    ``ours_compiled`` when they ran), GFLOP/s of the configuration's work (`fpb`), and shares of the roofline
+    the compiled ones when they ran), GFLOP/s of the configuration's work (`fpb`), and shares of the roofline
     `roof` (and of `least`, the least-work roofline, when given); also from the fastest round of each (`best_*`),
     which other processes on a shared machine disturb least."""
     names = [n for n in RUNNERS if f"{n}_train" in times]
@@ -301,13 +304,14 @@ def run(peer_dir: Path, rounds: int, threads: int, bf16: bool, compiled: bool = 
         half = dtype == "bfloat16"
         runners = {}
         for name, kw in (("ours", {}), ("ours_written_out", {"written_out": True}),
-                         ("ours_compiled", {"compiled": True})):
-            if name != "ours_compiled" or compiled:
+                         ("ours_compiled", {"compiled": True}),
+                         ("ours_compiled_written_out", {"compiled": True, "written_out": True})):
+            if ("compiled" not in kw or compiled) and not (half and name == "ours_compiled_written_out"):
                 torch.manual_seed(0)
                 runners[name] = Runner("ours", HyperSETModel(cfg), half, device=dev, **kw)
         runners["peer"] = Runner("peer", load_peer(peer_dir, cfg), half, device=dev)
         if dtype == "float32":
-            rep["flops_counted"] = {n: counted_flops(r, x, y) for n, r in runners.items() if n != "ours_compiled"}
+            rep["flops_counted"] = {n: counted_flops(r, x, y) for n, r in runners.items() if "compiled" not in n}
         print(f"{dtype}: {rounds} interleaved rounds ...", flush=True)
         rep["times_s"][dtype] = interleaved(runners, x, y, rounds)
     roof_after = rooflines(cfg) if cpu else None
@@ -345,7 +349,7 @@ def print_summary(rep: dict[str, Any]) -> None:
                 ratio = f"  {r[f'ratio_{n}_to_peer']:.2f}x the authors'" if n != "peer" else ""
                 shares = (f"  {100 * r[f'{n}_share_of_roofline']:3.0f}% of the roofline "
                           f"({100 * r[f'{n}_share_of_least_work_roofline']:.0f}% of least work)") if roofed else ""
-                print(f"    {n:17s} {r[f'{n}_boards_per_s']:7.1f} boards/s{shares}{ratio}; "
+                print(f"    {n:25s} {r[f'{n}_boards_per_s']:7.1f} boards/s{shares}{ratio}; "
                       f"fastest round {r[f'best_{n}_boards_per_s']:.1f}")
 
 

@@ -1,11 +1,12 @@
 """Where a training step's time goes: the matmuls against everything else, and on a GPU the kernels it launches.
 
-    python bench/step_profile.py [--peer DIR] [--threads 1] [--rounds 5]     # CPU: also the 85% budget
+    python bench/step_profile.py [--peer DIR] [--threads 1] [--rounds 5] [--compile]   # CPU: the 85% budget
     python bench/step_profile.py --peer DIR --device cuda                     # GPU: kernels per step
 
 The configuration and runners of bench/peer_bench.py: the authors' Sudoku model at d=128 (4 heads, M=4d, 24
 iterations, batch 64, loss on the last iteration, fp32) and their training step (AdamW, clipping at 1.0); `ours`
-is the library in eager mode (hyperset.fused, step sizes once) and, with --peer DIR (a checkout of
+is the library in eager mode (hyperset.fused, step sizes once), with --compile `ours_compiled` is the same under
+torch.compile (as the trainer runs it with train.compile = true) and, with --peer DIR (a checkout of
 huyunzhe/hyper-set, see peer_bench's docstring), `peer` is the authors' code. Every round runs, for each runner
 in turn (the order reversed every round), a timed training step and then one under torch.profiler; medians of
 --rounds rounds after one of warm-up:
@@ -14,13 +15,15 @@ in turn (the order reversed every round), a timed training step and then one und
   matmul_s     self time of the matmul ops (mm, bmm, baddbmm, addmm) in the profiled step: on a CPU the time the
                products ran
   other_s      step_s - matmul_s: elementwise work, softmax, reductions, copies, the optimizer, Python
-  top_ops      the ops with the most self time in the median profiled step: [name, ms, calls]
+  top_ops      the ops with the most self time in the median profiled step: [name, ms, calls]; a compiled
+               step's fused elementwise kernels are its "compiled graph" rows
   on a GPU     kernels (CUDA kernels, copies and fills launched in a step), gpu_busy_s (the sum of their
                durations) and top_kernels; there the self times are host time, not the kernels' time
 
 On a CPU the run also measures the fp32 training roofline at the configuration's shapes (bench/flops.py, as
 peer_bench does) and states the budget that 85% of it leaves: `budget_85.step_s`, the step at 85% of the roofline,
-and `budget_85.left_beside_matmuls_s`, what remains of it once our matmuls have run as they run in the step.
+and `budget_85.left_beside_matmuls_s`, what remains of it once our matmuls have run as they run in the step
+(`budget_85.compiled` the same for the compiled step).
 Writes bench/results/step_profile.json (step_profile_cuda.json on a GPU).
 """
 
@@ -44,6 +47,7 @@ from hyperset.models import HyperSETModel
 
 MATMUL_OPS = ("aten::mm", "aten::bmm", "aten::baddbmm", "aten::addmm")
 TOP = 12
+COMPILED = "## Call CompiledFxGraph"  # the profiler's name for a call of code torch.compile generated
 
 
 def profile_step(runner: peer_bench.Runner, x: torch.Tensor, y: torch.Tensor) -> dict[str, Any]:
@@ -56,7 +60,14 @@ def profile_step(runner: peer_bench.Runner, x: torch.Tensor, y: torch.Tensor) ->
         runner.train(x, y)
         sync()
         step_s = time.perf_counter() - t0
-    rows = [(e.key, e.self_cpu_time_total / 1e6, e.count) for e in prof.key_averages() if e.key.startswith("aten::")]
+    seconds: Counter[str] = Counter()
+    calls: Counter[str] = Counter()
+    for e in prof.key_averages():
+        if e.key.startswith(("aten::", COMPILED)):
+            name = "compiled graph" if e.key.startswith(COMPILED) else e.key  # all of them in one row
+            seconds[name] += e.self_cpu_time_total / 1e6
+            calls[name] += e.count
+    rows = [(name, s, calls[name]) for name, s in seconds.items()]
     top = sorted(rows, key=lambda r: -r[1])[:TOP]
     out: dict[str, Any] = {"profiled_step_s": step_s, "matmul_s": sum(s for name, s, _ in rows if name in MATMUL_OPS),
                            "top_ops": [[name, round(1e3 * s, 3), n] for name, s, n in top]}
@@ -99,13 +110,16 @@ def rounds_of(runners: dict[str, peer_bench.Runner], x: torch.Tensor, y: torch.T
 
 
 def run(peer_dir: Path | None, device: str = "cpu", rounds: int = 5, threads: int = 1,
-        batch: int = peer_bench.BATCH) -> dict[str, Any]:
+        batch: int = peer_bench.BATCH, compiled: bool = False) -> dict[str, Any]:
     torch.set_num_threads(threads)
     dev, info = peer_bench.machine_on(device, threads)
     cfg = peer_bench.our_config()
     x, y = (t[:batch].to(dev) for t in peer_bench.batch())
     torch.manual_seed(0)
     runners = {"ours": peer_bench.Runner("ours", HyperSETModel(cfg), False, device=dev)}
+    if compiled:
+        torch.manual_seed(0)
+        runners["ours_compiled"] = peer_bench.Runner("ours", HyperSETModel(cfg), False, compiled=True, device=dev)
     if peer_dir is not None:
         runners["peer"] = peer_bench.Runner("peer", peer_bench.load_peer(peer_dir, cfg), False, device=dev)
     rep: dict[str, Any] = {"machine": info, "config": cfg.to_dict(), "batch": batch, "rounds": rounds,
@@ -124,8 +138,11 @@ def run(peer_dir: Path | None, device: str = "cpu", rounds: int = 5, threads: in
         rep["budget_85"] = {"step_s": step_85, "our_matmuls_at_roofline_rates_s": least["seconds_per_batch"],
                             "left_beside_matmuls_s": step_85 - ours["matmul_s"],
                             "our_other_s": ours["other_s"]}
+        if compiled:
+            comp = rep["runners"]["ours_compiled"]
+            rep["budget_85"]["compiled"] = {"left_beside_matmuls_s": step_85 - comp["matmul_s"],
+                                            "other_s": comp["other_s"]}
     info["load_average_1min_at_end"] = flops.load_average()
-    rep["command"] = "python bench/step_profile.py " + " ".join(sys.argv[1:])
     return rep
 
 
@@ -134,7 +151,7 @@ def print_summary(rep: dict[str, Any]) -> None:
     where = f"{m['gpu']} (CUDA {m['cuda']}), host {m['cpu']}" if "gpu" in m else f"{m['cpu']}, {m['threads']} thread(s)"
     print(f"{where}; fp32 training step, batch {rep['batch']}, medians of {rep['rounds']} rounds")
     for name, r in rep["runners"].items():
-        line = (f"  {name:5s} step {r['step_s']:.3f} s: matmuls {r['matmul_s']:.3f} s ({r['matmul_share']:.0%}), "
+        line = (f"  {name:13s} step {r['step_s']:.3f} s: matmuls {r['matmul_s']:.3f} s ({r['matmul_share']:.0%}), "
                 f"the rest {r['other_s']:.3f} s")
         if "kernels" in r:
             line += f"; {r['kernels']:.0f} kernels, GPU busy {1e3 * r['gpu_busy_s']:.1f} ms"
@@ -147,6 +164,9 @@ def print_summary(rep: dict[str, Any]) -> None:
               f"matmuls as they run leave {b['left_beside_matmuls_s']:.3f} s for work that now takes "
               f"{b['our_other_s']:.3f} s (at the roofline's rates they would take "
               f"{b['our_matmuls_at_roofline_rates_s']:.3f} s)")
+        if "compiled" in b:
+            print(f"  compiled: its matmuls leave {b['compiled']['left_beside_matmuls_s']:.3f} s for work that takes "
+                  f"{b['compiled']['other_s']:.3f} s")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -155,11 +175,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--compile", action="store_true", help="also our step under torch.compile")
     ap.add_argument("--batch", type=int, default=peer_bench.BATCH, help=argparse.SUPPRESS)  # small runs in tests
     ap.add_argument("--out", type=Path, default=None,
                     help="default bench/results/step_profile.json (step_profile_cuda.json on a GPU)")
     args = ap.parse_args(argv)
-    rep = run(args.peer, args.device, args.rounds, args.threads, args.batch)
+    rep = run(args.peer, args.device, args.rounds, args.threads, args.batch, args.compile)
+    rep["command"] = "python bench/step_profile.py " + " ".join(argv if argv is not None else sys.argv[1:])
     print_summary(rep)
     out = args.out or flops.RESULTS / ("step_profile.json" if args.device == "cpu" else "step_profile_cuda.json")
     atomic_write_json(out, rep)

@@ -152,7 +152,7 @@ class RecurrentCore(nn.Module):
         time network that gives every t the same c_t (a dead one, L2's weight = 0, as the authors' init leaves it,
         or fixed steps). Else None: `step` computes them at every t.
 
-        With gradients too, in eager mode: every iteration then uses the same (alpha, gamma) tensors, and autograd
+        With gradients too, eager or compiled: every iteration then uses the same (alpha, gamma) tensors, and autograd
         sums their gradients over the iterations before one backward pass through the step-size network, the
         gradient of computing them at every t (the network's per-token L3 is ~15% of a training step's matmuls at
         the authors' configuration). Under torch.compile the weight check runs in eager mode (`constant_in_t` is

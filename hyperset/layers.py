@@ -195,9 +195,8 @@ class HyperSETLayer(nn.Module):
         At inference, for the ReLU energy, the normalisation is folded into the weights, the same value in fewer
         passes over the (B, N, M) hidden tensor: with g the RMSNorm gain, s = sign(g) (+1 at 0) and r = 1/rms(X D)
         per token, ReLU(r (X D) g) D^T = r ReLU(X (D s)) (D |g|)^T, because r > 0, |g| >= 0 and
-        rms(X D s) = rms(X D). With gradients in eager mode the folded form runs too, with its own backward pass
-        (`hyperset.fused.relu_descent`); under autocast or torch.compile the written-out form runs (compiled, it is
-        the faster one for the compiler: 1.44 against 2.27 s per step of the Sudoku recipe on one CPU thread).
+        rms(X D s) = rms(X D). With gradients the folded form runs too, with its own backward pass
+        (`hyperset.fused.relu_descent`), eager or compiled; under autocast the written-out form runs.
         `folded`: (D s, D |g|) made once for the pass (`pass_weights`), else they are made here."""
         if normalize and self._folds(X):
             Ds, Dg = folded if folded is not None else fused.fold_ff(D, self.norm_ff.weight)

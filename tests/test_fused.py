@@ -74,9 +74,11 @@ def test_their_backward_cannot_be_differentiated_again() -> None:
         gx.sum().backward()
 
 
-def test_they_run_only_for_eager_training_without_autocast() -> None:
+def test_they_run_only_for_training_without_autocast() -> None:
     x = torch.zeros(1)
     assert fused.usable(x)
+    # under torch.compile too: the compiler traces their backward passes
+    assert torch.compile(lambda v: v + float(fused.usable(v)), backend="eager")(x).item() == 1.0
     with torch.no_grad():
         assert not fused.usable(x)
     with torch.autocast("cpu", dtype=torch.bfloat16):

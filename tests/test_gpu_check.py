@@ -32,10 +32,10 @@ def test_a_failing_check_is_recorded_and_named_not_raised() -> None:
 
 
 def test_the_fused_check_passes_on_the_cpu_and_names_a_difference() -> None:
-    """The check the GPU run makes of hyperset.fused, run here on the CPU: the two paths agree."""
+    """The check the GPU run makes of hyperset.fused, eager and compiled, run here on the CPU: the paths agree."""
     out = gpu_check.fused_check(torch.device("cpu"), batch=2, speed_batch=2, rounds=1)
-    assert out["max_relative_difference"] <= 1e-4
-    assert min(out[f"{k}_boards_per_s"] for k in ("fused", "written_out", "autocast")) > 0
+    assert out["max_relative_difference"] <= 1e-4 and out["compiled_max_relative_difference"] <= 1e-4
+    assert min(out[f"{k}_boards_per_s"] for k in ("fused", "written_out", "autocast", "compiled")) > 0
 
 
 def test_the_fused_check_fails_when_the_paths_disagree(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -27,16 +27,19 @@ def test_summary_takes_medians_ratios_and_shares_of_the_roofline() -> None:
     assert infer["ratio_ours_to_peer"] == pytest.approx(0.5) and infer["peer_gflop_per_s"] == pytest.approx(128)
 
 
-def test_summary_gives_the_compiled_row_its_own_ratio() -> None:
-    times = {"ours_train": [2.0], "ours_compiled_train": [1.0], "peer_train": [4.0],
-             "ours_inference": [1.0], "ours_compiled_inference": [0.25], "peer_inference": [1.0]}
+def test_summary_gives_the_compiled_rows_their_own_ratios() -> None:
+    times = {"ours_train": [2.0], "ours_compiled_train": [1.0], "ours_compiled_written_out_train": [8.0],
+             "peer_train": [4.0], "ours_inference": [1.0], "ours_compiled_inference": [0.25],
+             "ours_compiled_written_out_inference": [0.5], "peer_inference": [1.0]}
     roof = {"training": {"roofline_boards_per_s": 64.0}, "inference": {"roofline_boards_per_s": 128.0}}
     out = peer_bench.summarise(times, roof, {"training": 3e9, "inference": 1e9})
     train, infer = out["training"], out["inference"]
     assert train["ratio_ours_to_peer"] == pytest.approx(2.0)
     assert train["ratio_ours_compiled_to_peer"] == pytest.approx(4.0)
     assert train["ours_compiled_share_of_roofline"] == pytest.approx(1.0)
+    assert train["ratio_ours_compiled_written_out_to_peer"] == pytest.approx(0.5)
     assert infer["best_ratio_ours_compiled_to_peer"] == pytest.approx(4.0) and "ratio_peer_to_peer" not in infer
+    assert infer["ours_compiled_written_out_boards_per_s"] == pytest.approx(128.0)
 
 
 def test_summary_gives_the_written_out_row_and_the_least_work_share() -> None:

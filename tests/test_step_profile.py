@@ -22,3 +22,14 @@ def test_a_cpu_profile_splits_the_step_and_states_the_budget(tmp_path: Path) -> 
     assert budget["left_beside_matmuls_s"] == budget["step_s"] - ours["matmul_s"]
     assert rep["least_work_roofline_boards_per_s"] > rep["roofline_boards_per_s"]  # step sizes once: less work
     assert 0 < ours["share_of_roofline"] < 1
+
+
+def test_the_compiled_step_gets_its_own_split_and_budget(tmp_path: Path) -> None:
+    out = tmp_path / "profile.json"
+    step_profile.main(["--rounds", "1", "--batch", "2", "--compile", "--out", str(out)])
+    rep = json.loads(out.read_text())
+    comp = rep["runners"]["ours_compiled"]
+    assert 0 < comp["matmul_s"] < comp["step_s"] and comp["other_s"] == comp["step_s"] - comp["matmul_s"]
+    assert "compiled graph" in [name for name, _, _ in comp["top_ops"]]  # the fused elementwise kernels
+    assert rep["budget_85"]["compiled"]["left_beside_matmuls_s"] == rep["budget_85"]["step_s"] - comp["matmul_s"]
+    assert rep["command"].endswith("--compile --out " + str(out))
