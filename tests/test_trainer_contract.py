@@ -106,3 +106,23 @@ def test_a_nan_loss_between_log_lines_ends_the_run_at_a_save_even_if_the_weights
     with pytest.raises(DivergedError, match=r"diverged at step 2: the loss became nan; .*no state was saved yet"):
         Trainer(LineTask(nan_once_at=1), _cfg(eval_every=2), tmp_path, device="cpu", quiet=True).fit()
     assert not (tmp_path / "last").exists() and not (tmp_path / "best").exists()
+
+
+def test_compile_where_torch_compile_cannot_run_trains_without_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                  capsys: pytest.CaptureFixture) -> None:
+    """train.compile = true on a machine where torch.compile fails (a CPU without a C++ compiler): the run says why
+    and trains eagerly instead of stopping at its first step with the compiler's traceback."""
+    from hyperset.training import trainer
+
+    assert trainer.compile_problem(torch.device("cpu")) is None  # this machine has a working compiler
+
+    def no_compiler(*args, **kwargs):
+        raise RuntimeError("InvalidCxxCompiler: No working C++ compiler found\n(the compiler's details)")
+
+    monkeypatch.setattr(torch, "compile", no_compiler)
+    assert trainer.compile_problem(torch.device("cpu")) == \
+        "RuntimeError: InvalidCxxCompiler: No working C++ compiler found"
+    result = Trainer(LineTask(), _cfg(compile=True), tmp_path, device="cpu").fit()
+    assert result["finished"] and result["step"] == 7
+    assert "train.compile = true, but torch.compile does not work on cpu here (RuntimeError: InvalidCxxCompiler" \
+        in capsys.readouterr().out

@@ -213,6 +213,16 @@ def segment_budget(plan: list[dict[str, int]], step: int) -> int:
     return next(p["steps"] for p in reversed(plan) if step >= p["from_step"])
 
 
+def compile_problem(device: torch.device) -> str | None:
+    """Why ``torch.compile`` cannot run on `device` in this environment, or None when it can: a one-line function is
+    compiled and run once. On a CPU the compiler needs a working C++ compiler (``CXX``, else g++), on a GPU Triton."""
+    try:
+        torch.compile(lambda t: t * 2 + 1)(torch.ones(4, device=device))
+    except Exception as e:  # torch.compile's errors share no base class narrower than Exception
+        return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
+    return None
+
+
 def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
     params = [p for p in model.parameters() if p.requires_grad]
     if cfg.optimizer == "adamw":
@@ -345,7 +355,12 @@ class Trainer:
         net = env.wrap(model)
         # fp16 needs loss scaling; bf16 and fp32 do not
         scaler = torch.amp.GradScaler(device.type, enabled=self._amp_dtype(device) == torch.float16)
-        run = _Run(env, model, opt, torch.compile(net) if cfg.compile else net, scaler, self._autocast(device),
+        compiled = cfg.compile
+        if compiled and (problem := compile_problem(device)) is not None:
+            self._say(f"train.compile = true, but torch.compile does not work on {device.type} here ({problem}): "
+                      f"training without it (the same results, slower)")
+            compiled = False
+        run = _Run(env, model, opt, torch.compile(net) if compiled else net, scaler, self._autocast(device),
                    micro, step=progress["step"], best=progress["best"], best_metrics=progress["best_metrics"],
                    t0=time.time() - progress["elapsed"], last_save=time.time())
         self._say(f"training {self.task.name} on {describe(device)} x {env.world} process(es): "
