@@ -101,19 +101,12 @@ def fused_check(device: torch.device, batch: int = 8, tol: float = 1e-4, speed_b
     import contextlib
     import copy
 
-    import flops
+    import peer_bench
 
     from hyperset import fused
     from hyperset.device import autocast_dtype
-    from hyperset.models import HyperSETModel
 
-    cfg = flops.config_from_args("sudoku", flops.PEER_D128).replace(emb_dropout=0.0)
-    torch.manual_seed(0)
-    model = HyperSETModel(cfg).to(device)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if not name.startswith(("core.step_sizes.L1", "core.step_sizes.L2.weight")):  # keep the dead time network
-                p.add_(0.05 * torch.randn_like(p))
+    model = peer_bench.random_model(dead_time_network=True, device=device)
     twin = copy.deepcopy(model)
     nets = {"fused": model, "written_out": twin}
     if compiled:

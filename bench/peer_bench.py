@@ -75,6 +75,20 @@ def our_config() -> Any:
     return flops.config_from_args("sudoku", flops.PEER_D128)
 
 
+def random_model(dead_time_network: bool = True, device: str | torch.device = "cpu") -> HyperSETModel:
+    """Our model at the shared configuration without dropout, every weight random (seed 0): for comparing the
+    optimised and the written-out training paths (tests/test_fused.py, gpu_check's fused check). With
+    `dead_time_network` the step-size network's L1 and L2 weights stay zero, as the authors' init leaves them (step
+    sizes the same at every t, made once per pass); else they are random too."""
+    torch.manual_seed(0)
+    model = HyperSETModel(our_config().replace(emb_dropout=0.0)).to(device)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if not (dead_time_network and name.startswith(("core.step_sizes.L1", "core.step_sizes.L2.weight"))):
+                p.add_(0.05 * torch.randn_like(p))
+    return model
+
+
 def load_peer(peer_dir: Path, cfg: Any) -> nn.Module:
     """The authors' Sudoku `Model` at `cfg`'s values, as their `sudoku/utils.py` builds it (training.dropout 0)."""
     if not (peer_dir / "sudoku" / "models.py").is_file():

@@ -17,7 +17,7 @@ from hyperset.energies import attn_energy_grad_heads, merge_heads, rms_normalize
 from hyperset.models import build_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-import flops  # noqa: E402
+import peer_bench  # noqa: E402
 
 
 def _written_out_ff(X, D, g, eps):
@@ -91,15 +91,8 @@ def test_they_run_only_for_training_without_autocast() -> None:
 def _peer_model(dead_time_network: bool) -> torch.nn.Module:
     """The shared configuration (d=128, 4 heads, M=4d, 24 iterations, time embedding 512) with every weight
     random: the authors' dead time network (L1 = L2 = 0: step sizes once per pass) or a live one."""
-    cfg = flops.config_from_args("sudoku", flops.PEER_D128).replace(emb_dropout=0.0)
-    torch.manual_seed(0)
-    model = build_model(cfg)
-    steps = model.core.step_sizes
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if not (dead_time_network and name.startswith(("core.step_sizes.L1", "core.step_sizes.L2.weight"))):
-                p.add_(0.05 * torch.randn_like(p))
-    assert steps.constant_in_t() == dead_time_network
+    model = peer_bench.random_model(dead_time_network)
+    assert model.core.step_sizes.constant_in_t() == dead_time_network
     return model
 
 
