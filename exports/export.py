@@ -174,10 +174,14 @@ class _Step(nn.Module):
 
     def forward(self, x: Tensor, x0: Tensor, t: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         layer = self.model.core.layers[self.index]
-        x = self.model.core.step(x, x0, t, layer)
-        energy = layer.energy(x, t)
-        zeros = _zeros_b(x)
-        return x, energy.get("attn", zeros), energy.get("ff", zeros)
+        return _with_energies(layer, self.model.core.step(x, x0, t, layer), t)
+
+
+def _with_energies(layer: nn.Module, x: Tensor, t: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(x, E_ATTN(x), E_FF(x)) after an update of `layer` at t; zeros for an energy the layer does not have."""
+    energy = layer.energy(x, t)
+    zeros = _zeros_b(x)
+    return x, energy.get("attn", zeros), energy.get("ff", zeros)
 
 
 def _hoistable(model: HyperSETModel) -> bool:
@@ -234,9 +238,7 @@ class _Body(nn.Module):
         x, t = v["x"], v["t"]
         steps = (v["alpha"], v["gamma"]) if "alpha" in v else core.steps_at(x, v["x0"], t)
         if "zh" not in v:
-            x = layer.step(x, t, steps)
-            energy = layer.energy(x, t)
-            return x, energy["attn"], energy["ff"]
+            return _with_energies(layer, layer.step(x, t, steps), t)
         alpha, gamma = steps
         x = x - alpha * layer.attn_grad_from_projections(v["zh"], layer.W)
         x = x + gamma * layer.ff_descent(x, layer.D)
