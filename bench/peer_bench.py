@@ -6,7 +6,7 @@ omegaconf 2.3.1, loguru 0.7.3):
 
     git clone https://github.com/huyunzhe/hyper-set /tmp/hyper-set-peer
     pip install einops==0.8.2 hydra-core==1.3.8 loguru==0.7.3
-    python bench/peer_bench.py --peer /tmp/hyper-set-peer [--rounds 7] [--threads 1] [--bf16] [--compile]
+    python bench/peer_bench.py --peer /tmp/hyper-set-peer [--rounds 7] [--threads 1] [--bf16] [--compile [--slices 4]]
     python bench/peer_bench.py --peer /tmp/hyper-set-peer --device cuda [--bf16] [--compile]
 
 (`sudoku/models.py` imports einops and `utils.metric_utils`; the `utils` package's `__init__` also imports
@@ -37,7 +37,11 @@ Runners: `ours` (the library as it trains in eager mode: hyperset.fused, step si
 iteration; its inference is ours), `peer` (the authors' code), and with --compile `ours_compiled` (the model
 under torch.compile as the trainer runs it with train.compile = true: hyperset.fused traced and fused by the
 compiler) and, in fp32, `ours_compiled_written_out` (the written-out path compiled: what the compiler makes of
-the layer without the hand-written backward passes; under bf16 autocast the two are the same code).
+the layer without the hand-written backward passes; under bf16 autocast the two are the same code); with
+--compile --slices N, in fp32, also `ours_compiled_sliced` and `peer_sliced`: the same training step with the
+batch's forward and backward passes run in N slices, gradients accumulated (`in_slices`: the same update, as the
+trainer's train.accum_steps = N makes it) with 1/N of the working set; they train only (inference does not
+slice).
 With `--device cuda` both models train and infer on the GPU (the parity check stays on the CPU), each timed call
 ends with a synchronize, and no roofline is measured: at batch 64 these kernels are bound by their launches.
 Writes bench/results/peer_bench.json (peer_bench_cuda.json on a GPU).
@@ -156,15 +160,24 @@ def loss_fn(kind: str, model: nn.Module) -> Callable[[torch.Tensor, torch.Tensor
     return lambda x, y: F.cross_entropy(model(x).flatten(0, 1), y.flatten())
 
 
+def in_slices(x: torch.Tensor, y: torch.Tensor, slices: int) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """The batch as `slices` row slices, each with its share of the supervised cells: the slices' losses (means over
+    their cells) weighted by these shares and summed are the batch's loss, so are their gradients."""
+    total = (y != -100).sum()
+    return [(xs, ys, (ys != -100).sum() / total) for xs, ys in zip(x.chunk(slices), y.chunk(slices))]
+
+
 class Runner:
     """A model with the authors' optimizer; `train` is one training step, `infer` one forward pass. With
     ``compiled`` the model runs through ``torch.compile`` as the trainer runs it (``train.compile = true``): the
     optimizer holds the same parameters, only the forward and backward passes are compiled. With ``written_out``
-    the steps run inside ``hyperset.fused.written_out()``."""
+    the steps run inside ``hyperset.fused.written_out()``. With `slices` > 1 a training step runs the batch's forward
+    and backward passes slice by slice (`in_slices`), gradients accumulated (the trainer's ``train.accum_steps``):
+    the same update, with a smaller working set."""
 
     def __init__(self, kind: str, model: nn.Module, bf16: bool, compiled: bool = False, written_out: bool = False,
-                 device: torch.device = torch.device("cpu")):
-        self.model = model.to(device)
+                 device: torch.device = torch.device("cpu"), slices: int = 1):
+        self.model, self.slices = model.to(device), slices
         self.mode = fused.written_out if written_out else contextlib.nullcontext
         self.net = torch.compile(model) if compiled else model  # what the steps run
         self.loss = loss_fn(kind, self.net)
@@ -173,10 +186,13 @@ class Runner:
 
     def train(self, x: torch.Tensor, y: torch.Tensor) -> None:
         self.model.train()
+        self.opt.zero_grad()
         with self.mode(), self.autocast:
-            loss = self.loss(x, y)
-            self.opt.zero_grad()
-            loss.backward()
+            if self.slices == 1:
+                self.loss(x, y).backward()
+            else:
+                for xs, ys, share in in_slices(x, y, self.slices):
+                    (self.loss(xs, ys) * share).backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
         self.opt.step()
 
@@ -200,13 +216,14 @@ def counted_flops(runner: Runner, x: torch.Tensor, y: torch.Tensor) -> dict[str,
 
 def interleaved(runners: dict[str, Runner], x: torch.Tensor, y: torch.Tensor, rounds: int) -> dict[str, Any]:
     """Seconds per training step and per inference pass, each runner in turn, the order reversed every round (on a
-    GPU each timed call ends with a synchronize)."""
-    times: dict[str, list[float]] = {f"{n}_{w}": [] for n in runners for w in ("train", "inference")}
+    GPU each timed call ends with a synchronize). Runners in slices train only (inference does not slice)."""
+    works = {n: ("train",) if r.slices > 1 else ("train", "inference") for n, r in runners.items()}
+    times: dict[str, list[float]] = {f"{n}_{w}": [] for n in runners for w in works[n]}
     sync = torch.cuda.synchronize if x.is_cuda else (lambda: None)
     for r in range(rounds + 1):  # round 0 warms up
         order = list(runners) if r % 2 == 0 else list(reversed(runners))
         for work in ("train", "inference"):
-            for name in order:
+            for name in (n for n in order if work in works[n]):
                 sync()
                 t0 = time.perf_counter()
                 runners[name].train(x, y) if work == "train" else runners[name].infer(x)
@@ -231,7 +248,8 @@ def versions(peer_dir: Path) -> dict[str, str]:
     return out
 
 
-RUNNERS = ("ours", "ours_written_out", "ours_compiled", "ours_compiled_written_out", "peer")
+RUNNERS = ("ours", "ours_written_out", "ours_compiled", "ours_compiled_written_out", "ours_compiled_sliced", "peer",
+           "peer_sliced")
 
 
 def summarise(times: dict[str, list[float]], roof: dict[str, Any] | None, fpb: dict[str, float],
@@ -240,16 +258,17 @@ def summarise(times: dict[str, list[float]], roof: dict[str, Any] | None, fpb: d
     the compiled ones when they ran), GFLOP/s of the configuration's work (`fpb`), and shares of the roofline
     `roof` (and of `least`, the least-work roofline, when given); also from the fastest round of each (`best_*`),
     which other processes on a shared machine disturb least."""
-    names = [n for n in RUNNERS if f"{n}_train" in times]
     out: dict[str, Any] = {}
     for work, key in (("train", "training"), ("inference", "inference")):
+        names = [n for n in RUNNERS if f"{n}_{work}" in times]
         rates = {n: BATCH / statistics.median(times[f"{n}_{work}"]) for n in names}
         best = {n: BATCH / min(times[f"{n}_{work}"]) for n in names}
         row = out[key] = {f"{n}_boards_per_s": v for n, v in rates.items()}
-        for n in names[:-1]:
+        others = [n for n in names if n != "peer"]
+        for n in others:
             row[f"ratio_{n}_to_peer"] = rates[n] / rates["peer"]
         row.update({f"best_{n}_boards_per_s": v for n, v in best.items()})
-        for n in names[:-1]:
+        for n in others:
             row[f"best_ratio_{n}_to_peer"] = best[n] / best["peer"]
         if roof is not None:
             row.update({f"best_{n}_share_of_roofline": flops.share(v, roof[key]) for n, v in best.items()})
@@ -290,7 +309,7 @@ def per_board(count: dict[str, Any]) -> dict[str, float]:
 
 
 def run(peer_dir: Path, rounds: int, threads: int, bf16: bool, compiled: bool = False,
-        device: str = "cpu") -> dict[str, Any]:
+        device: str = "cpu", slices: int = 1) -> dict[str, Any]:
     """The comparison on `device`; on a GPU without rooflines (kernels of these sizes are bound by their launches,
     not by the matmul rate) and with the GPU's name in the machine facts."""
     torch.set_num_threads(threads)
@@ -311,21 +330,30 @@ def run(peer_dir: Path, rounds: int, threads: int, bf16: bool, compiled: bool = 
            "least_work": per_board(flops.count(cfg, BATCH))}
     rep: dict[str, Any] = {
         "machine": info, "versions": versions(peer_dir), "config": cfg.to_dict(), "batch": BATCH,
-        "rounds": rounds, "compiled": compiled, "parity_max_abs_diff": diff, "flops_per_board_model": fpb,
+        "rounds": rounds, "compiled": compiled, "slices": slices, "parity_max_abs_diff": diff,
+        "flops_per_board_model": fpb,
         "flops_counted": {}, "results": {}, "times_s": {},
     }
     for dtype in dtypes:
         half = dtype == "bfloat16"
         runners = {}
+        torch.compiler.reset()  # the previous dtype's compiled runners are done: their graphs would count towards
+        # dynamo's recompile limit
+        sliced = {"slices": slices}
         for name, kw in (("ours", {}), ("ours_written_out", {"written_out": True}),
                          ("ours_compiled", {"compiled": True}),
-                         ("ours_compiled_written_out", {"compiled": True, "written_out": True})):
-            if ("compiled" not in kw or compiled) and not (half and name == "ours_compiled_written_out"):
+                         ("ours_compiled_written_out", {"compiled": True, "written_out": True}),
+                         ("ours_compiled_sliced", {"compiled": True, **sliced})):
+            if (("compiled" not in kw or compiled) and not (half and name != "ours_compiled" and "compiled" in kw)
+                    and not (name.endswith("sliced") and slices == 1)):
                 torch.manual_seed(0)
                 runners[name] = Runner("ours", HyperSETModel(cfg), half, device=dev, **kw)
         runners["peer"] = Runner("peer", load_peer(peer_dir, cfg), half, device=dev)
+        if compiled and slices > 1 and not half:
+            runners["peer_sliced"] = Runner("peer", load_peer(peer_dir, cfg), half, device=dev, **sliced)
         if dtype == "float32":
-            rep["flops_counted"] = {n: counted_flops(r, x, y) for n, r in runners.items() if "compiled" not in n}
+            rep["flops_counted"] = {n: counted_flops(r, x, y) for n, r in runners.items()
+                                    if "compiled" not in n and r.slices == 1}
         print(f"{dtype}: {rounds} interleaved rounds ...", flush=True)
         rep["times_s"][dtype] = interleaved(runners, x, y, rounds)
     roof_after = rooflines(cfg) if cpu else None
@@ -375,13 +403,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--bf16", action="store_true", help="also bf16 autocast rows (CPUs with native bf16)")
     ap.add_argument("--compile", action="store_true",
                     help="also our model under torch.compile, as the trainer runs it with train.compile = true")
+    ap.add_argument("--slices", type=int, default=1,
+                    help="with --compile, also fp32 training steps in this many slices of the batch, gradients "
+                         "accumulated (ours compiled and the authors')")
     ap.add_argument("--device", default="cpu", help="cpu (default) or cuda: where both models run")
     ap.add_argument("--out", type=Path, default=None,
                     help="default bench/results/peer_bench.json, peer_bench_cuda.json with --device cuda")
     args = ap.parse_args(argv)
     if args.out is None:
         args.out = RESULTS / ("peer_bench.json" if args.device == "cpu" else "peer_bench_cuda.json")
-    rep = run(args.peer.resolve(), args.rounds, args.threads, args.bf16, args.compile, args.device)
+    if args.slices < 1 or BATCH % args.slices:
+        ap.error(f"--slices must divide the batch of {BATCH}")
+    rep = run(args.peer.resolve(), args.rounds, args.threads, args.bf16, args.compile, args.device, args.slices)
     rep["command"] = "python bench/peer_bench.py " + " ".join(argv if argv is not None else sys.argv[1:])
     print_summary(rep)
     args.out.parent.mkdir(parents=True, exist_ok=True)

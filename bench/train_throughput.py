@@ -8,6 +8,7 @@ Rows:
   paper-d768  the paper's model (d=768, 12 heads, 24 iterations, batch 16, fp32)
   ours        the shipped recipe (d=128, 16 iterations, batch 32, loss on every iteration) in fp32 and bf16
   *-compile   the same under torch.compile (warm-up time, which includes compilation, is recorded)
+  *-accum2    the same training step in two parts of 16 boards, gradients accumulated (train.accum_steps = 2)
 Each row is timed after warm-up steps; the machine's load at the time is recorded (a shared 2-core VM). Each row
 also gets its share of the matmul roofline measured at its own shapes and dtype (bench/flops.py: the boards/s its
 matmuls alone would allow; the readout is counted once per pass, also for the rows with a loss on every iteration,
@@ -42,10 +43,15 @@ ROWS = {
     "ours-bf16": dict(preset="sudoku-cpu", overrides={}, batch=32, supervise="all", amp=True),
     "ours-fp32-compile": dict(preset="sudoku-cpu", overrides={}, batch=32, supervise="all", amp=False, compile=True),
     "ours-bf16-compile": dict(preset="sudoku-cpu", overrides={}, batch=32, supervise="all", amp=True, compile=True),
+    "ours-fp32-compile-accum2": dict(preset="sudoku-cpu", overrides={}, batch=32, supervise="all", amp=False,
+                                     compile=True, accum=2),
+    "ours-bf16-compile-accum2": dict(preset="sudoku-cpu", overrides={}, batch=32, supervise="all", amp=True,
+                                     compile=True, accum=2),
 }
 
 
 def measure(row: dict, steps: int, warmup: int) -> dict:
+    torch.compiler.reset()  # each row compiles anew: past rows' graphs would count towards dynamo's recompile limit
     torch.manual_seed(0)
     model = HyperSETModel(preset_config(row["preset"], **row["overrides"]))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -58,15 +64,17 @@ def measure(row: dict, steps: int, warmup: int) -> dict:
         return torch.autocast("cpu", dtype=torch.bfloat16, enabled=row["amp"])
 
     def train_step() -> None:
-        with ctx():
-            if row["supervise"] == "all":
-                logits = net(puzzles, all_logits=True)
-                loss = F.cross_entropy(logits.float().flatten(0, 2), target.repeat(len(logits), 1).flatten(),
-                                       ignore_index=-100)
-            else:
-                loss = F.cross_entropy(net(puzzles).float().flatten(0, 1), target.flatten(), ignore_index=-100)
         opt.zero_grad()
-        loss.backward()
+        cells = (target != -100).sum()
+        for p, t in zip(puzzles.chunk(row.get("accum", 1)), target.chunk(row.get("accum", 1))):
+            with ctx():  # each part's loss weighted by its share of the supervised cells, as the trainer does
+                if row["supervise"] == "all":
+                    logits = net(p, all_logits=True)
+                    loss = F.cross_entropy(logits.float().flatten(0, 2), t.repeat(len(logits), 1).flatten(),
+                                           ignore_index=-100)
+                else:
+                    loss = F.cross_entropy(net(p).float().flatten(0, 1), t.flatten(), ignore_index=-100)
+            (loss * ((t != -100).sum() / cells)).backward()
         opt.step()
 
     t0 = time.perf_counter()

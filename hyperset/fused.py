@@ -17,8 +17,8 @@ two backward:
 
 They are used where they win: gradients on, no autocast, not in an export (see `usable`), in eager mode and under
 ``torch.compile``, which traces their forward and backward passes and fuses the elementwise work between their
-matmuls (one fp32 training step at the peer configuration on one CPU thread: 43 boards/s compiled with them, 20
-compiled written out, 36 eager; bench/peer_bench.py --compile). ``with written_out():`` turns them off, and with
+matmuls (one fp32 training step at the peer configuration on one CPU thread: 45 boards/s compiled with them, 20
+compiled written out, 38 eager; bench/peer_bench.py --compile). ``with written_out():`` turns them off, and with
 them the step sizes made once per pass under gradients (``RecurrentCore._fixed_steps``, eager or compiled): the
 unoptimised path that the tests and bench/peer_bench.py compare with.
 """

@@ -70,3 +70,29 @@ def test_device_cuda_without_cuda_is_refused_before_any_work(tmp_path: Path, mon
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(SystemExit, match="sees no CUDA device"):
         peer_bench.run(tmp_path, rounds=1, threads=1, bf16=False, device="cuda")
+
+
+def test_a_step_in_slices_has_the_batch_gradient() -> None:
+    """The runners in slices accumulate the slices' losses weighted by their supervised cells: the gradient of the
+    whole batch's mean loss (the same update), within float rounding."""
+    x, y = peer_bench.batch()
+    x, y = x[:8], y[:8]
+    grads = []
+    for slices in (1, 4):
+        runner = peer_bench.Runner("ours", peer_bench.random_model(), False, slices=slices)
+        runner.opt.step = lambda: None  # keep the gradients of the step, not its update
+        runner.train(x, y)
+        grads.append([p.grad.clone() for p in runner.model.parameters()])
+    for a, b in zip(*grads):
+        assert (a - b).abs().max().item() <= 1e-5 * max(a.abs().max().item(), 1e-3)
+    shares = [float(s) for _, _, s in peer_bench.in_slices(x, y, 4)]
+    assert sum(shares) == pytest.approx(1.0) and len(set(shares)) > 1  # weighted by cells, not by rows
+
+
+def test_summary_skips_the_inference_rows_of_runners_in_slices() -> None:
+    times = {"ours_compiled_sliced_train": [1.0], "peer_train": [2.0], "peer_sliced_train": [2.5],
+             "peer_inference": [1.0]}
+    out = peer_bench.summarise(times, None, {"training": 3e9, "inference": 1e9})
+    assert out["training"]["ratio_ours_compiled_sliced_to_peer"] == pytest.approx(2.0)
+    assert out["training"]["ratio_peer_sliced_to_peer"] == pytest.approx(0.8)
+    assert "ours_compiled_sliced_boards_per_s" not in out["inference"]
