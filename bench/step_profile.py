@@ -1,7 +1,7 @@
 """Where a training step's time goes: the matmuls against everything else, and on a GPU the kernels it launches.
 
     python bench/step_profile.py [--peer DIR] [--threads 1] [--rounds 5] [--compile]   # CPU: the 85% budget
-    python bench/step_profile.py --peer DIR --device cuda                     # GPU: kernels per step
+    python bench/step_profile.py --peer DIR --device cuda [--compile]                  # GPU: kernels per step
 
 The configuration and runners of bench/peer_bench.py: the authors' Sudoku model at d=128 (4 heads, M=4d, 24
 iterations, batch 64, loss on the last iteration, fp32) and their training step (AdamW, clipping at 1.0); `ours`

@@ -27,6 +27,7 @@ from pathlib import Path
 import flops
 import torch
 import torch.nn.functional as F
+from peer_bench import in_slices
 
 from hyperset.checkpoint import atomic_write_json
 from hyperset.config import preset_config
@@ -65,16 +66,15 @@ def measure(row: dict, steps: int, warmup: int) -> dict:
 
     def train_step() -> None:
         opt.zero_grad()
-        cells = (target != -100).sum()
-        for p, t in zip(puzzles.chunk(row.get("accum", 1)), target.chunk(row.get("accum", 1))):
-            with ctx():  # each part's loss weighted by its share of the supervised cells, as the trainer does
+        for p, t, share in in_slices(puzzles, target, row.get("accum", 1)):  # weighted as the trainer does
+            with ctx():
                 if row["supervise"] == "all":
                     logits = net(p, all_logits=True)
                     loss = F.cross_entropy(logits.float().flatten(0, 2), t.repeat(len(logits), 1).flatten(),
                                            ignore_index=-100)
                 else:
                     loss = F.cross_entropy(net(p).float().flatten(0, 1), t.flatten(), ignore_index=-100)
-            (loss * ((t != -100).sum() / cells)).backward()
+            (loss * share).backward()
         opt.step()
 
     t0 = time.perf_counter()
