@@ -38,6 +38,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import bench_args  # noqa: E402
 import torch  # noqa: E402
 from click.testing import CliRunner  # noqa: E402
 
@@ -109,10 +110,11 @@ def time_served(client: Any, case: dict[str, Any]) -> tuple[float, int, dict[str
     return seconds, len(job.outputs()), result[3]
 
 
+@bench_args.input_errors_exit
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--threads", type=bench_args.count, default=1)
+    p.add_argument("--repeats", type=bench_args.count, default=3)
     p.add_argument("--served", action="store_true", help="also time the launched app through gradio_client")
     p.add_argument("--out", default=str(OUT))
     args = p.parse_args()

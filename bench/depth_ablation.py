@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import bench_args
 import numpy as np
 import torch
 
@@ -350,6 +351,7 @@ def curve_plot(files: list[Path], path: Path) -> None:
     plt.close(fig)
 
 
+@bench_args.input_errors_exit
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -357,18 +359,21 @@ def main() -> None:
     run = sub.add_parser("run")
     run.add_argument("--arm", required=True, choices=sorted(ARMS))
     run.add_argument("--data", required=True, help="Sudoku data folder (train + valid CSVs)")
-    run.add_argument("--budget", type=float, default=1200.0, help="CPU-seconds of training (one thread)")
-    run.add_argument("--n", type=int, default=500, help="validation puzzles for the measurements")
-    run.add_argument("--n17", type=int, default=300, help="17-given validation puzzles for the default strategy")
-    run.add_argument("--threads", type=int, default=1)
+    run.add_argument("--budget", type=bench_args.seconds, default=1200.0, help="CPU-seconds of training (one thread)")
+    run.add_argument("--n", type=bench_args.count, default=500, help="validation puzzles for the measurements")
+    run.add_argument("--n17", type=bench_args.count, default=300,
+                     help="17-given validation puzzles for the default strategy")
+    run.add_argument("--threads", type=bench_args.count, default=1)
     meas = sub.add_parser("measure", help="measure a checkpoint as the arms are measured (e.g. a shipped model)")
     meas.add_argument("--checkpoint", required=True, help="checkpoint folder or shipped model name")
     meas.add_argument("--name", required=True, help="result name: bench/results/sudoku_depth/NAME.json")
     meas.add_argument("--data", required=True, help="Sudoku data folder (train + valid CSVs)")
-    meas.add_argument("--n", type=int, default=1000, help="validation puzzles (the paper protocol's seeded draw)")
-    meas.add_argument("--n17", type=int, default=1000, help="17-given validation puzzles for the default strategy")
-    meas.add_argument("--threads", type=int, default=1)
-    meas.add_argument("--speed-threads", type=int, default=2,
+    meas.add_argument("--n", type=bench_args.count, default=1000,
+                      help="validation puzzles (the paper protocol's seeded draw)")
+    meas.add_argument("--n17", type=bench_args.count, default=1000,
+                      help="17-given validation puzzles for the default strategy")
+    meas.add_argument("--threads", type=bench_args.count, default=1)
+    meas.add_argument("--speed-threads", type=bench_args.at_least(0), default=2,
                       help="also time the default strategy with this many threads on 256 puzzles (0: skip)")
     sub.add_parser("curve", help="plot every measured checkpoint's one-pass curve -> bench/results/sudoku_depth.png")
     tab = sub.add_parser("table")

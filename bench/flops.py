@@ -32,7 +32,6 @@ roofline. Writes bench/results/flops.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
@@ -41,10 +40,11 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import bench_args
 import torch
 
 from hyperset.checkpoint import atomic_write_json
-from hyperset.config import ModelConfig, preset_config
+from hyperset.config import ModelConfig
 from hyperset.device import cpu_has_native_bf16, cpu_model
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -396,30 +396,19 @@ def print_report(rep: dict[str, Any]) -> None:
           f"{m['load_average_1min_at_start']} -> {m['load_average_1min_at_end']}")
 
 
-def config_from_args(preset: str, sets: list[str]) -> ModelConfig:
-    """A preset with `key=value` overrides (values parsed as JSON where they parse, else as strings)."""
-    overrides: dict[str, Any] = {}
-    for item in sets:
-        key, _, value = item.partition("=")
-        try:
-            overrides[key] = json.loads(value)
-        except json.JSONDecodeError:
-            overrides[key] = value
-    return preset_config(preset, **overrides)
-
-
+@bench_args.input_errors_exit
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--preset", default="sudoku")
+    ap.add_argument("--preset", type=bench_args.preset, default="sudoku")
     ap.add_argument("--set", action="append", default=None, metavar="KEY=VALUE",
                     help="config overrides [default, with --preset sudoku: the authors' d=128 configuration]")
-    ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--iters", type=int, default=None)
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--batch", type=bench_args.count, default=64)
+    ap.add_argument("--iters", type=bench_args.count, default=None)
+    ap.add_argument("--threads", type=bench_args.count, default=1)
     ap.add_argument("--out", type=Path, default=RESULTS / "flops.json")
     args = ap.parse_args(argv)
     sets = args.set if args.set is not None else (PEER_D128 if args.preset == "sudoku" else [])
-    cfg = config_from_args(args.preset, sets)
+    cfg = bench_args.model_config(args.preset, sets)
     rep = report(cfg, args.batch, args.iters, args.threads)
     rep["command"] = "python bench/flops.py " + " ".join(argv if argv is not None else sys.argv[1:])
     print_report(rep)

@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import bench_args
 import numpy as np
 import torch
 from torch import Tensor
@@ -237,6 +238,7 @@ def plot(out: dict[str, Any], path: Path) -> None:
     fig.savefig(path)
 
 
+@bench_args.input_errors_exit
 def main() -> None:
     from hyperset.training.mim_task import load_images
     from hyperset.vision.maskgit import mask_by_ratio
@@ -246,12 +248,12 @@ def main() -> None:
     ap.add_argument("checkpoint", nargs="?", type=Path, default=None, help="token model (default: shipped)")
     ap.add_argument("--data", type=Path, required=True, help="CIFAR-10 root or ImageFolder tree")
     ap.add_argument("--split", default="test")
-    ap.add_argument("--images", type=int, default=200, help="first N images of the split")
-    ap.add_argument("--iters", type=int, default=None, help="iterations (default: 2x the trained depth)")
-    ap.add_argument("--mask-ratios", type=float, nargs="+", default=[0.4, 0.0])
+    ap.add_argument("--images", type=bench_args.count, default=200, help="first N images of the split")
+    ap.add_argument("--iters", type=bench_args.count, default=None, help="iterations (default: 2x the trained depth)")
+    ap.add_argument("--mask-ratios", type=bench_args.ratio, nargs="+", default=[0.4, 0.0])
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--batch", type=int, default=50)
+    ap.add_argument("--threads", type=bench_args.count, default=1)
+    ap.add_argument("--batch", type=bench_args.count, default=50)
     ap.add_argument("--out", type=Path, default=RESULTS / "mim_energy.json")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)

@@ -43,6 +43,8 @@ ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))  # bench/flops.py
 RESULTS = ROOT / "results"
 
+import bench_args  # noqa: E402
+
 
 def flops_per_board(cfg: Any, iters: int, energies: bool = True) -> dict[str, Any]:
     """Multiply-add FLOPs (2 per MAC) of one board through a Hyper-SET model, from the config alone.
@@ -146,8 +148,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     model, info, source = load_bench_model()
     cfg = model.cfg
-    iters_list = [int(x) for x in args.iters.split(",")] if args.iters else [cfg.iters, 4 * cfg.iters]
-    batches = [int(x) for x in args.batches.split(",")]
+    iters_list = args.iters or [cfg.iters, 4 * cfg.iters]
+    batches = args.batches
     rows = core.cache_rows(cfg)
     ort_rows = core.cache_rows(cfg, ORT_SLICE_BYTES)
     report: dict[str, Any] = {
@@ -295,19 +297,23 @@ def plot(report: dict[str, Any], path: Path) -> None:
     tmp.replace(path)
 
 
+@bench_args.input_errors_exit
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--threads", type=int, default=2, help="torch and ONNX Runtime intra-op threads")
-    parser.add_argument("--repeats", type=int, default=None, help="timed runs per runner [5; quick: 2]")
+    parser.add_argument("--threads", type=bench_args.count, default=2,
+                        help="torch and ONNX Runtime intra-op threads")
+    parser.add_argument("--repeats", type=bench_args.count, default=None, help="timed runs per runner [5; quick: 2]")
     parser.add_argument("--quick", action="store_true", help="batches 1 and 16, 2 repeats, a 1024 matmul")
-    parser.add_argument("--iters", default=None, help="comma-separated iteration counts [T and 4T of the model]")
-    parser.add_argument("--batches", default=None,
+    parser.add_argument("--iters", type=bench_args.counts, default=None,
+                        help="comma-separated iteration counts [T and 4T of the model]")
+    parser.add_argument("--batches", type=bench_args.counts, default=None,
                         help=f"batch sizes, comma-separated [1, the solver's CPU batch {CPU_BATCH_SIZE}; quick: 1,16]")
-    parser.add_argument("--matmul-n", type=int, default=None, help="matmul size for the roofline [2048; quick 1024]")
+    parser.add_argument("--matmul-n", type=bench_args.count, default=None,
+                        help="matmul size for the roofline [2048; quick 1024]")
     parser.add_argument("--out", type=Path, default=RESULTS / "onnx_bench.json")
     args = parser.parse_args(argv)
     args.repeats = args.repeats or (2 if args.quick else 5)
-    args.batches = args.batches or ("1,16" if args.quick else f"1,{CPU_BATCH_SIZE}")
+    args.batches = args.batches or ([1, 16] if args.quick else [1, CPU_BATCH_SIZE])
     args.matmul_n = args.matmul_n or (1024 if args.quick else 2048)
     report = run(args)
     report["command"] = "python bench/onnx_bench.py " + " ".join(argv if argv is not None else sys.argv[1:])

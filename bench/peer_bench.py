@@ -61,6 +61,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import bench_args
 import flops
 import torch
 import torch.nn.functional as F
@@ -76,7 +77,7 @@ BATCH = 64
 
 
 def our_config() -> Any:
-    return flops.config_from_args("sudoku", flops.PEER_D128)
+    return bench_args.model_config("sudoku", flops.PEER_D128)
 
 
 def random_model(dead_time_network: bool = True, device: str | torch.device = "cpu") -> HyperSETModel:
@@ -96,13 +97,13 @@ def random_model(dead_time_network: bool = True, device: str | torch.device = "c
 def load_peer(peer_dir: Path, cfg: Any) -> nn.Module:
     """The authors' Sudoku `Model` at `cfg`'s values, as their `sudoku/utils.py` builds it (training.dropout 0)."""
     if not (peer_dir / "sudoku" / "models.py").is_file():
-        raise SystemExit(f"{peer_dir} is not a checkout of huyunzhe/hyper-set (no sudoku/models.py); see --help")
+        raise bench_args.BenchInputError(f"{peer_dir} is not a checkout of huyunzhe/hyper-set (no sudoku/models.py)")
     sys.path.insert(0, str(peer_dir))
     try:
         models = importlib.import_module("sudoku.models")
     except ModuleNotFoundError as e:
-        raise SystemExit(f"the authors' model needs {e.name!r}: pip install einops==0.8.2 hydra-core==1.3.8 "
-                         "loguru==0.7.3") from None
+        raise bench_args.BenchInputError(f"the authors' model needs {e.name!r}: pip install einops==0.8.2 "
+                                         "hydra-core==1.3.8 loguru==0.7.3") from None
     peer_cfg = models.ModelConfig(
         vocab_size=cfg.vocab_size, block_size=cfg.seq_len, n_layer=cfg.n_layers, n_head=cfg.heads, n_embd=cfg.dim,
         time_emb=cfg.time_dim, multiplier=cfg.ff_hidden // cfg.dim, num_classes=cfg.num_classes, n_recur=cfg.iters,
@@ -299,7 +300,7 @@ def machine_on(device: str, threads: int) -> tuple[torch.device, dict[str, Any]]
     dev, info = torch.device(device), flops.machine(threads)
     if dev.type != "cpu":
         if not torch.cuda.is_available():
-            raise SystemExit(f"--device {device}: PyTorch sees no CUDA device")
+            raise bench_args.BenchInputError(f"--device {device}: PyTorch sees no CUDA device")
         info.update(device=device, gpu=torch.cuda.get_device_name(dev), cuda=torch.version.cuda)
     return dev, info
 
@@ -317,7 +318,7 @@ def run(peer_dir: Path, rounds: int, threads: int, bf16: bool, compiled: bool = 
     cpu = dev.type == "cpu"
     cfg = our_config()
     if bf16 and not (info["native_bf16"] if cpu else torch.cuda.is_bf16_supported()):
-        raise SystemExit(f"--bf16: this {'CPU' if cpu else 'GPU'} has no native bf16")
+        raise bench_args.BenchInputError(f"--bf16: this {'CPU' if cpu else 'GPU'} has no native bf16")
     torch.manual_seed(0)
     peer = load_peer(peer_dir, cfg)
     x, y = batch()
@@ -395,26 +396,28 @@ def print_summary(rep: dict[str, Any]) -> None:
                       f"fastest round {r[f'best_{n}_boards_per_s']:.1f}")
 
 
+@bench_args.input_errors_exit
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--peer", type=Path, required=True, help="a checkout of huyunzhe/hyper-set")
-    ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--peer", type=bench_args.peer_checkout, required=True, help="a checkout of huyunzhe/hyper-set")
+    ap.add_argument("--rounds", type=bench_args.count, default=7)
+    ap.add_argument("--threads", type=bench_args.count, default=1)
     ap.add_argument("--bf16", action="store_true", help="also bf16 autocast rows (CPUs with native bf16)")
     ap.add_argument("--compile", action="store_true",
                     help="also our model under torch.compile, as the trainer runs it with train.compile = true")
-    ap.add_argument("--slices", type=int, default=1,
+    ap.add_argument("--slices", type=bench_args.count, default=1,
                     help="with --compile, also fp32 training steps in this many slices of the batch, gradients "
                          "accumulated (ours compiled and the authors')")
-    ap.add_argument("--device", default="cpu", help="cpu (default) or cuda: where both models run")
+    ap.add_argument("--device", type=bench_args.device, default="cpu",
+                    help="cpu (default) or cuda: where both models run")
     ap.add_argument("--out", type=Path, default=None,
                     help="default bench/results/peer_bench.json, peer_bench_cuda.json with --device cuda")
     args = ap.parse_args(argv)
     if args.out is None:
         args.out = RESULTS / ("peer_bench.json" if args.device == "cpu" else "peer_bench_cuda.json")
-    if args.slices < 1 or BATCH % args.slices:
+    if BATCH % args.slices:
         ap.error(f"--slices must divide the batch of {BATCH}")
-    rep = run(args.peer.resolve(), args.rounds, args.threads, args.bf16, args.compile, args.device, args.slices)
+    rep = run(args.peer, args.rounds, args.threads, args.bf16, args.compile, args.device, args.slices)
     rep["command"] = "python bench/peer_bench.py " + " ".join(argv if argv is not None else sys.argv[1:])
     print_summary(rep)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -17,6 +17,10 @@ in turn (the order reversed every round), a timed training step and then one und
   other_s      step_s - matmul_s: elementwise work, softmax, reductions, copies, the optimizer, Python
   top_ops      the ops with the most self time in the median profiled step: [name, ms, calls]; a compiled
                step's fused elementwise kernels are its "compiled graph" rows
+  kernels_of_compiled_graph   on a CPU, the compiled step's generated kernels one by one (inductor's kernel
+               profiling): ["forward: <kernel>" or "backward: <kernel>", ms, calls], most time first; their names
+               list the ops each fuses (e.g. "backward: _softmax" is the softmax the backward recomputes from
+               the saved scores)
   on a GPU     kernels (CUDA kernels, copies and fills launched in a step), gpu_busy_s (the sum of their
                durations) and top_kernels; there the self times are host time, not the kernels' time
 
@@ -30,6 +34,7 @@ Writes bench/results/step_profile.json (step_profile_cuda.json on a GPU).
 from __future__ import annotations
 
 import argparse
+import re
 import statistics
 import sys
 import time
@@ -37,9 +42,11 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import bench_args
 import flops
 import peer_bench
 import torch
+import torch._inductor.config as inductor_config
 from torch.profiler import ProfilerActivity, profile
 
 from hyperset.checkpoint import atomic_write_json
@@ -48,6 +55,18 @@ from hyperset.models import HyperSETModel
 MATMUL_OPS = ("aten::mm", "aten::bmm", "aten::baddbmm", "aten::addmm")
 TOP = 12
 COMPILED = "## Call CompiledFxGraph"  # the profiler's name for a call of code torch.compile generated
+KERNEL = re.compile(r"^graph_\d+_cpp_fused_")  # a kernel it generated for a CPU, with kernel profiling on
+BACKWARD = "CompiledFunctionBackward"
+
+
+def _direction(event: Any) -> str:
+    """"backward" where a generated kernel ran inside the compiled backward graph, else "forward"."""
+    parent = event.cpu_parent
+    while parent is not None:
+        if parent.name == BACKWARD:
+            return "backward"
+        parent = parent.cpu_parent
+    return "forward"
 
 
 def profile_step(runner: peer_bench.Runner, x: torch.Tensor, y: torch.Tensor) -> dict[str, Any]:
@@ -62,15 +81,27 @@ def profile_step(runner: peer_bench.Runner, x: torch.Tensor, y: torch.Tensor) ->
         step_s = time.perf_counter() - t0
     seconds: Counter[str] = Counter()
     calls: Counter[str] = Counter()
+    kernel_s: Counter[str] = Counter()
+    kernel_calls: Counter[str] = Counter()
     for e in prof.key_averages():
-        if e.key.startswith(("aten::", COMPILED)):
-            name = "compiled graph" if e.key.startswith(COMPILED) else e.key  # all of them in one row
+        kernel = KERNEL.match(e.key) is not None
+        if kernel or e.key.startswith(("aten::", COMPILED)):
+            # all of the generated code in one row: its graphs' calls and, with kernel profiling, their kernels
+            name = "compiled graph" if kernel or e.key.startswith(COMPILED) else e.key
             seconds[name] += e.self_cpu_time_total / 1e6
-            calls[name] += e.count
+            calls[name] += 0 if kernel else e.count  # the calls of the graphs, not of their kernels
+    for e in prof.events():
+        if KERNEL.match(e.name):
+            name = f"{_direction(e)}: {KERNEL.sub('', e.name)}"
+            kernel_s[name] += e.self_cpu_time_total / 1e6
+            kernel_calls[name] += 1
     rows = [(name, s, calls[name]) for name, s in seconds.items()]
     top = sorted(rows, key=lambda r: -r[1])[:TOP]
     out: dict[str, Any] = {"profiled_step_s": step_s, "matmul_s": sum(s for name, s, _ in rows if name in MATMUL_OPS),
                            "top_ops": [[name, round(1e3 * s, 3), n] for name, s, n in top]}
+    if kernel_s:
+        out["kernels_of_compiled_graph"] = [[name, round(1e3 * s, 3), kernel_calls[name]]
+                                            for name, s in kernel_s.most_common()]
     if cuda:
         kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
         out.update(kernels=len(kernels), gpu_busy_s=sum(e.device_time for e in kernels) / 1e6,
@@ -102,6 +133,8 @@ def rounds_of(runners: dict[str, peer_bench.Runner], x: torch.Tensor, y: torch.T
         matmul_s = statistics.median(p["matmul_s"] for p in profs)
         row = {"step_s": step_s, "profiled_step_s": mid["profiled_step_s"], "matmul_s": matmul_s,
                "other_s": step_s - matmul_s, "matmul_share": matmul_s / step_s, "top_ops": mid["top_ops"]}
+        if "kernels_of_compiled_graph" in mid:
+            row["kernels_of_compiled_graph"] = mid["kernels_of_compiled_graph"]
         if "kernels" in mid:
             row.update({k: statistics.median(p[k] for p in profs) for k in ("kernels", "gpu_busy_s")},
                        top_kernels=mid["top_kernels"])
@@ -125,7 +158,11 @@ def run(peer_dir: Path | None, device: str = "cpu", rounds: int = 5, threads: in
     rep: dict[str, Any] = {"machine": info, "config": cfg.to_dict(), "batch": batch, "rounds": rounds,
                            "dtype": "float32"}
     print(f"{rounds} rounds of a timed and a profiled training step of {', '.join(runners)} ...", flush=True)
-    rep["runners"] = rounds_of(runners, x, y, rounds)
+    # the CPU kernels torch.compile generates report to the profiler one by one (a record per kernel call); the
+    # step is compiled anew, not taken from code compiled earlier in this process without those records
+    torch.compiler.reset()
+    with inductor_config.patch({"cpp.enable_kernel_profile": True}):
+        rep["runners"] = rounds_of(runners, x, y, rounds)
     if dev.type == "cpu":
         roofs = peer_bench.rooflines(cfg, batch)
         roof, least = (roofs[k]["float32"]["training"] for k in ("configuration", "least_work"))
@@ -158,6 +195,8 @@ def print_summary(rep: dict[str, Any]) -> None:
         if "share_of_roofline" in r:
             line += f"; {r['share_of_roofline']:.0%} of the roofline"
         print(line)
+        for name, ms, n in r.get("kernels_of_compiled_graph", [])[:TOP]:
+            print(f"    {ms:8.1f} ms {n:4d} calls  {name}")
     if "budget_85" in rep:
         b = rep["budget_85"]
         print(f"  85% of the {rep['roofline_boards_per_s']:.1f} boards/s roofline: a step of {b['step_s']:.3f} s; our "
@@ -169,14 +208,17 @@ def print_summary(rep: dict[str, Any]) -> None:
                   f"{b['compiled']['other_s']:.3f} s")
 
 
+@bench_args.input_errors_exit
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--peer", type=Path, default=None, help="a checkout of huyunzhe/hyper-set (else ours only)")
-    ap.add_argument("--device", default="cpu", help="cpu (default) or cuda")
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--peer", type=bench_args.peer_checkout, default=None,
+                    help="a checkout of huyunzhe/hyper-set (else ours only)")
+    ap.add_argument("--device", type=bench_args.device, default="cpu", help="cpu (default) or cuda")
+    ap.add_argument("--rounds", type=bench_args.count, default=5)
+    ap.add_argument("--threads", type=bench_args.count, default=1)
     ap.add_argument("--compile", action="store_true", help="also our step under torch.compile")
-    ap.add_argument("--batch", type=int, default=peer_bench.BATCH, help=argparse.SUPPRESS)  # small runs in tests
+    ap.add_argument("--batch", type=bench_args.count, default=peer_bench.BATCH,
+                    help=argparse.SUPPRESS)  # small runs in tests
     ap.add_argument("--out", type=Path, default=None,
                     help="default bench/results/step_profile.json (step_profile_cuda.json on a GPU)")
     args = ap.parse_args(argv)

@@ -18,6 +18,8 @@ import argparse
 import json
 from pathlib import Path
 
+import bench_args
+
 from hyperset.checkpoint import atomic_write_json
 from hyperset.training.trainer import parse_schedule, segment_budget
 
@@ -60,6 +62,7 @@ def parameters(run: Path) -> int | None:
     return None
 
 
+@bench_args.input_errors_exit
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ours", type=Path, default=ROOT / "runs" / "sudoku-cpu")

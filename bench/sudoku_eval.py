@@ -22,6 +22,7 @@ import sys
 import time
 from pathlib import Path
 
+import bench_args
 import numpy as np
 import torch
 
@@ -151,19 +152,22 @@ def plots(out: dict, prefix: str) -> None:
         plt.close(fig)
 
 
+@bench_args.input_errors_exit
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--checkpoint", default=None, help="checkpoint folder (default: the shipped model)")
     ap.add_argument("--data", required=True, help="folder with the validation CSV (valid.csv / rrnstyle_valid...)")
     ap.add_argument("--split", default="valid")
-    ap.add_argument("--n", type=int, default=1000)
+    ap.add_argument("--n", type=bench_args.count, default=1000)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--max-factor", type=int, default=4, help="iterate up to this multiple of the trained depth")
-    ap.add_argument("--geometry-boards", type=int, default=100)
-    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--max-factor", type=bench_args.count, default=4,
+                    help="iterate up to this multiple of the trained depth")
+    ap.add_argument("--geometry-boards", type=bench_args.at_least(0), default=100)
+    ap.add_argument("--threads", type=bench_args.at_least(0), default=0)
     ap.add_argument("--name", default="sudoku", help="prefix of the output files")
     ap.add_argument("--no-strategies", action="store_true")
-    ap.add_argument("--strategies-n", type=int, default=None, help="puzzles for the strategy table (default: --n)")
+    ap.add_argument("--strategies-n", type=bench_args.count, default=None,
+                    help="puzzles for the strategy table (default: --n)")
     ap.add_argument("--batch-sizes", default="1,4,16,64,256", help="batch sizes timed on 256 puzzles ('' to skip)")
     args = ap.parse_args()
     if args.threads:

@@ -24,6 +24,7 @@ import sys
 import time
 from pathlib import Path
 
+import bench_args
 import flops
 import torch
 import torch.nn.functional as F
@@ -101,12 +102,14 @@ def measure(row: dict, steps: int, warmup: int) -> dict:
             "inference_roofline_boards_per_s": infer_roof, "inference_share_of_roofline": infer_rate / infer_roof}
 
 
+@bench_args.input_errors_exit
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--rows", nargs="*", default=list(ROWS))
+    ap.add_argument("--threads", type=bench_args.count, default=1)
+    ap.add_argument("--steps", type=bench_args.count, default=10)
+    ap.add_argument("--warmup", type=bench_args.at_least(0), default=3)
+    ap.add_argument("--rows", nargs="*", choices=list(ROWS), default=list(ROWS), metavar="ROW",
+                    help=f"rows to measure [all: {', '.join(ROWS)}]")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     results = []

@@ -16,6 +16,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import bench_args
+
 from hyperset.checkpoint import atomic_write_json
 
 ROOT = Path(__file__).resolve().parent
@@ -93,6 +95,7 @@ def plot(runs: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+@bench_args.input_errors_exit
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run", action="append", metavar="NAME=DIR[@START]", help="a run folder (repeatable)")

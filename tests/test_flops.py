@@ -12,11 +12,12 @@ from hyperset.config import ModelConfig, preset_config
 from hyperset.models import HyperSETModel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import bench_args  # noqa: E402
 import flops  # noqa: E402
 
 SMALL = dict(dim=32, heads=4, iters=3)
 CONFIGS = {
-    "authors-sudoku": flops.config_from_args("sudoku", flops.PEER_D128).replace(**SMALL, ff_hidden=64, time_dim=16),
+    "authors-sudoku": bench_args.model_config("sudoku", flops.PEER_D128).replace(**SMALL, ff_hidden=64, time_dim=16),
     "classify": preset_config("cifar10-small", **SMALL, ff_hidden=32, time_dim=16),
     "transformer": preset_config("sudoku-cpu-transformer", **SMALL, ff_hidden=64),
     "crate": preset_config("cifar10-crate", **SMALL),
@@ -61,7 +62,7 @@ def test_flop_model_scales_with_iterations_past_training() -> None:
 
 def test_components_of_the_authors_configuration_match_the_hand_count() -> None:
     """d=128, M=4d, 81 tokens: feedforward 4 N d M, projections 4 N d^2, attention maps 4 N^2 d, L3 4 N d^2."""
-    cfg = flops.config_from_args("sudoku", flops.PEER_D128)
+    cfg = bench_args.model_config("sudoku", flops.PEER_D128)
     counts = flops.count(cfg, 64)
     per_it = counts["forward_flops_per_iteration"]
     N, d, M = 81, 128, 512

@@ -6,12 +6,25 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import bench_args  # noqa: E402
 import peer_bench  # noqa: E402
 
 
 def test_a_folder_that_is_not_the_authors_checkout_is_named(tmp_path: Path) -> None:
-    with pytest.raises(SystemExit, match="not a checkout of huyunzhe/hyper-set"):
+    with pytest.raises(bench_args.BenchInputError, match="not a checkout of huyunzhe/hyper-set"):
         peer_bench.load_peer(tmp_path, peer_bench.our_config())
+
+
+def test_a_missing_package_of_the_authors_model_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "sudoku").mkdir()
+    (tmp_path / "sudoku" / "__init__.py").write_text("")
+    (tmp_path / "sudoku" / "models.py").write_text("import a_package_that_is_not_installed\n")
+    monkeypatch.setattr(sys, "path", sys.path[:])  # load_peer puts the checkout first
+    try:
+        with pytest.raises(bench_args.BenchInputError, match="needs 'a_package_that_is_not_installed': pip install"):
+            peer_bench.load_peer(tmp_path, peer_bench.our_config())
+    finally:
+        sys.modules.pop("sudoku", None)
 
 
 def test_summary_takes_medians_ratios_and_shares_of_the_roofline() -> None:
@@ -68,7 +81,7 @@ def test_device_cuda_without_cuda_is_refused_before_any_work(tmp_path: Path, mon
     import torch
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(SystemExit, match="sees no CUDA device"):
+    with pytest.raises(bench_args.BenchInputError, match="sees no CUDA device"):
         peer_bench.run(tmp_path, rounds=1, threads=1, bf16=False, device="cuda")
 
 

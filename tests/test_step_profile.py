@@ -33,3 +33,7 @@ def test_the_compiled_step_gets_its_own_split_and_budget(tmp_path: Path) -> None
     assert "compiled graph" in [name for name, _, _ in comp["top_ops"]]  # the fused elementwise kernels
     assert rep["budget_85"]["compiled"]["left_beside_matmuls_s"] == rep["budget_85"]["step_s"] - comp["matmul_s"]
     assert rep["command"].endswith("--compile --out " + str(out))
+    kernels = comp["kernels_of_compiled_graph"]  # the generated kernels one by one, forward and backward
+    assert {name.split(": ")[0] for name, _, _ in kernels} == {"forward", "backward"}
+    assert any("softmax" in name for name, _, _ in kernels) and all(ms >= 0 and n > 0 for _, ms, n in kernels)
+    assert "kernels_of_compiled_graph" not in rep["runners"]["ours"]

@@ -1,0 +1,158 @@
+"""Argument types shared by the benchmark scripts, so that bad input stops a benchmark before any work with one
+line, "SCRIPT: error: REASON" after the usage, and exit status 2 (argparse's convention), never a traceback.
+
+    ap.add_argument("--rounds", type=bench_args.count, default=7)      # an integer >= 1
+    ap.add_argument("--images", type=bench_args.at_least(0), ...)      # 0 allowed
+    ap.add_argument("--preset", type=bench_args.preset, ...)           # a known model preset
+    ap.add_argument("--device", type=bench_args.device, ...)           # cpu, or cuda[:N] where PyTorch sees one
+    ap.add_argument("--peer", type=bench_args.peer_checkout, ...)      # a checkout of huyunzhe/hyper-set
+
+Errors a script can only find once it runs (an override of an unknown config field, a package the authors' model
+imports, a GPU without bf16, a missing data folder or checkpoint) end it the same way, without the usage, where its
+main is decorated with `input_errors_exit`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hyperset.checkpoint import CheckpointError
+from hyperset.config import ModelConfig, check_table, list_presets, preset_config
+from hyperset.sudoku.board import PuzzleError
+
+
+class BenchInputError(Exception):
+    """Bad input found after the arguments parsed; the message is the reason, for the user."""
+
+
+def at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse type: an integer >= `minimum`."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {value}")
+        return value
+
+    parse.__name__ = f"integer >= {minimum}"
+    return parse
+
+
+count = at_least(1)
+
+
+def counts(text: str) -> list[int]:
+    """An argparse type: comma-separated integers >= 1 ("1,16,128")."""
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not parts:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 1, got {text!r}")
+    return [count(p) for p in parts]
+
+
+def preset(text: str) -> str:
+    """An argparse type: the name of a model preset."""
+    if text not in list_presets():
+        raise argparse.ArgumentTypeError(f"unknown preset {text!r}; choose from: {', '.join(list_presets())}")
+    return text
+
+
+def device(text: str) -> str:
+    """An argparse type: "cpu", or "cuda" / "cuda:N" where PyTorch sees that GPU."""
+    try:
+        dev = torch.device(text)
+    except RuntimeError:
+        raise argparse.ArgumentTypeError(f"expected cpu, cuda or cuda:N, got {text!r}") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise argparse.ArgumentTypeError(f"expected cpu, cuda or cuda:N, got {text!r}")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise argparse.ArgumentTypeError(f"{text}: PyTorch sees no CUDA device (torch {torch.__version__})")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise argparse.ArgumentTypeError(f"{text}: PyTorch sees {torch.cuda.device_count()} CUDA device(s)")
+    return text
+
+
+def peer_checkout(text: str) -> Path:
+    """An argparse type: a checkout of huyunzhe/hyper-set (a folder with sudoku/models.py), made absolute."""
+    path = Path(text).expanduser()
+    if not (path / "sudoku" / "models.py").is_file():
+        raise argparse.ArgumentTypeError(f"{text} is not a checkout of huyunzhe/hyper-set (no sudoku/models.py)")
+    return path.resolve()
+
+
+def model_config(name: str, sets: list[str]) -> ModelConfig:
+    """Preset `name` with `KEY=VALUE` overrides (values parsed as JSON where they parse, else strings); a malformed
+    override, an unknown key or a value the config refuses is a `BenchInputError` naming it."""
+    overrides: dict[str, Any] = {}
+    for item in sets:
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise BenchInputError(f"--set {item!r}: expected KEY=VALUE")
+        try:
+            overrides[key] = json.loads(value)
+        except json.JSONDecodeError:
+            overrides[key] = value
+    try:
+        check_table(ModelConfig, overrides, "model")
+        return preset_config(name, **overrides)
+    except (KeyError, ValueError) as e:
+        raise BenchInputError(e.args[0] if e.args else str(e)) from None
+
+
+INPUT_ERRORS = (BenchInputError, FileNotFoundError, NotADirectoryError, CheckpointError, PuzzleError)
+
+
+def reason(e: BaseException) -> str:
+    """The one-line reason of an input error: a missing file as "PATH: STRERROR"."""
+    if isinstance(e, OSError) and e.filename is not None:
+        return f"{e.filename}: {e.strerror}"
+    return str(e)
+
+
+def input_errors_exit(main: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorates a script's main: an input error (`INPUT_ERRORS`: a `BenchInputError`, a missing file or folder,
+    a checkpoint or puzzle file that does not load) ends the script with "SCRIPT: error: REASON" on standard error
+    and status 2, as argparse ends it for a bad argument, instead of a traceback."""
+
+    @functools.wraps(main)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return main(*args, **kwargs)
+        except INPUT_ERRORS as e:
+            print(f"{Path(sys.argv[0]).name}: error: {reason(e)}", file=sys.stderr)
+            sys.exit(2)
+
+    return run
+
+
+def seconds(text: str) -> float:
+    """An argparse type: a positive, finite number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text}")
+    return value
+
+
+def ratio(text: str) -> float:
+    """An argparse type: a fraction in [0, 1]."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a fraction, got {text!r}") from None
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1], got {text}")
+    return value

@@ -1,0 +1,95 @@
+"""The benchmark scripts' bad input: one line "SCRIPT: error: REASON" on standard error and exit status 2, before
+any work and without a traceback (bench/bench_args.py)."""
+
+import argparse
+import importlib
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import bench_args  # noqa: E402
+
+
+@pytest.mark.parametrize(("parse", "good", "bad"), [
+    (bench_args.count, [("1", 1), ("64", 64)], ["0", "-3", "x", "1.5"]),
+    (bench_args.at_least(0), [("0", 0)], ["-1"]),
+    (bench_args.counts, [("1,16, 128", [1, 16, 128])], ["", "1,0", "1,x"]),
+    (bench_args.ratio, [("0", 0.0), ("0.4", 0.4), ("1", 1.0)], ["-0.1", "1.5", "nan", "x"]),
+    (bench_args.seconds, [("1200", 1200.0)], ["0", "-5", "inf", "nan", "x"]),
+    (bench_args.preset, [("sudoku", "sudoku")], ["nope"]),
+    (bench_args.device, [("cpu", "cpu")], ["tpu", "cpu:x", "meta"]),
+])
+def test_argument_types_take_good_values_and_refuse_bad_ones(parse, good, bad) -> None:
+    for text, value in good:
+        assert parse(text) == value
+    for text in bad:
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse(text)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the no-CUDA refusal")
+def test_cuda_is_refused_where_pytorch_sees_no_gpu() -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match="PyTorch sees no CUDA device"):
+        bench_args.device("cuda")
+
+
+def test_a_peer_checkout_needs_the_authors_sudoku_model(tmp_path: Path) -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match="not a checkout of huyunzhe/hyper-set"):
+        bench_args.peer_checkout(str(tmp_path))
+    (tmp_path / "sudoku").mkdir()
+    (tmp_path / "sudoku" / "models.py").write_text("")
+    assert bench_args.peer_checkout(str(tmp_path)) == tmp_path.resolve()
+
+
+def test_config_overrides_name_what_is_wrong() -> None:
+    assert bench_args.model_config("sudoku", ["dim=64", "heads=2"]).dim == 64
+    for sets, why in [(["nope=1"], "unknown \\[model\\] keys: nope"), (["dim"], "expected KEY=VALUE"),
+                      (["dim=-3"], "model.dim = -3"), (["dim=\"x\""], "model.dim = 'x'")]:
+        with pytest.raises(bench_args.BenchInputError, match=why):
+            bench_args.model_config("sudoku", sets)
+
+
+def _fake_peer(tmp_path: Path) -> str:
+    (tmp_path / "peer" / "sudoku").mkdir(parents=True)
+    (tmp_path / "peer" / "sudoku" / "models.py").write_text("")
+    return str(tmp_path / "peer")
+
+
+CASES = [
+    ("flops", ["--batch", "0"], "argument --batch"),
+    ("flops", ["--preset", "nope"], "unknown preset 'nope'"),
+    ("flops", ["--set", "nope=1"], "unknown [model] keys: nope"),
+    ("peer_bench", ["--peer", "{missing}"], "is not a checkout of huyunzhe/hyper-set"),
+    ("peer_bench", ["--peer", "{peer}", "--rounds", "0"], "argument --rounds"),
+    ("peer_bench", ["--peer", "{peer}", "--slices", "5"], "--slices must divide the batch of 64"),
+    ("peer_bench", ["--peer", "{peer}", "--device", "tpu"], "argument --device"),
+    ("step_profile", ["--threads", "0"], "argument --threads"),
+    ("onnx_bench", ["--batches", "1,0"], "argument --batches"),
+    ("train_throughput", ["--rows", "nope"], "argument --rows"),
+    ("app_stream_bench", ["--repeats", "0"], "argument --repeats"),
+    ("depth_ablation", ["measure", "--checkpoint", "{missing}", "--name", "x", "--data", "{missing}"],
+     "no such checkpoint folder"),
+    ("mim_table", ["--data", "{missing}"], "no data folder"),
+    ("mim_energy", ["--data", "{missing}", "--mask-ratios", "1.5"], "argument --mask-ratios"),
+    ("sudoku_eval", ["--data", "{missing}", "--n", "0"], "argument --n"),
+    ("sudoku_eval", ["--data", "{missing}"], "file not found"),
+    ("sudoku_baseline", ["--ours", "{missing}"], "metrics.jsonl: No such file or directory"),
+    ("training_curve", ["--run", "x={missing}"], "metrics.jsonl: No such file or directory"),
+]
+
+
+@pytest.mark.parametrize(("script", "args", "why"), CASES, ids=[f"{s}-{i}" for i, (s, _, _) in enumerate(CASES)])
+def test_bad_input_is_one_line_and_exit_2(script: str, args: list[str], why: str, tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    names = {"missing": str(tmp_path / "missing"), "peer": _fake_peer(tmp_path)}
+    monkeypatch.setattr(sys, "argv", [f"bench/{script}.py", *(a.format(**names) for a in args)])
+    main = importlib.import_module(script).main
+    with pytest.raises(SystemExit) as stop:
+        main()
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "Traceback" not in err
+    assert f"{script}.py" in err and "error: " in err and why in err
+    assert not (tmp_path / "missing").exists()
