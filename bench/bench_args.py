@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -33,20 +34,25 @@ class BenchInputError(Exception):
     """Bad input found after the arguments parsed; the message is the reason, for the user."""
 
 
-def at_least(minimum: int) -> Callable[[str], int]:
-    """An argparse type: an integer >= `minimum`."""
+def _number(kind: Callable[[str], Any], what: str, ok: Callable[[Any], bool]) -> Callable[[str], Any]:
+    """An argparse type: `kind(text)` where `ok` holds for it, else an error saying `what` was expected."""
 
-    def parse(text: str) -> int:
+    def parse(text: str) -> Any:
         try:
-            value = int(text)
+            value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {value}")
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if not ok(value):
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text}")
         return value
 
-    parse.__name__ = f"integer >= {minimum}"
+    parse.__name__ = what
     return parse
+
+
+def at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse type: an integer >= `minimum`."""
+    return _number(int, f"an integer >= {minimum}", lambda v: v >= minimum)
 
 
 count = at_least(1)
@@ -136,23 +142,6 @@ def input_errors_exit(main: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
-def seconds(text: str) -> float:
-    """An argparse type: a positive, finite number of seconds."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text}")
-    return value
 
-
-def ratio(text: str) -> float:
-    """An argparse type: a fraction in [0, 1]."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a fraction, got {text!r}") from None
-    if not 0 <= value <= 1:
-        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1], got {text}")
-    return value
+seconds = _number(float, "a positive number of seconds", lambda v: 0 < v < math.inf)
+ratio = _number(float, "a fraction in [0, 1]", lambda v: 0 <= v <= 1)
