@@ -31,7 +31,8 @@ def describe(device: torch.device) -> str:
     if device.type == "cuda":
         return f"cuda:{device.index or 0} ({torch.cuda.get_device_name(device)})"
     if device.type == "cpu":
-        return f"cpu ({torch.get_num_threads()} threads)"
+        n = torch.get_num_threads()
+        return f"cpu ({n} thread{'s' if n != 1 else ''})"
     return str(device)
 
 

@@ -228,7 +228,7 @@ def test_cli_threads_option_sets_and_reports_the_cpu_threads(tiny_checkpoint: Pa
     try:
         code, out, _ = run([str(tmp_path / "p.txt"), "--checkpoint", str(tiny_checkpoint), "--json", "--iters", "2",
                             "--device", "cpu", "--threads", "1"])
-        assert json.loads(out)["summary"]["device"] == "cpu (1 threads)" and code in (0, 1)
+        assert json.loads(out)["summary"]["device"] == "cpu (1 thread)" and code in (0, 1)
     finally:
         torch.set_num_threads(before)
     code, _, err = run([str(tmp_path / "p.txt"), "--checkpoint", str(tiny_checkpoint), "--threads", "0"])
