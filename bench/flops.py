@@ -345,8 +345,13 @@ def load_average() -> float | None:
     return os.getloadavg()[0] if hasattr(os, "getloadavg") else None
 
 
+ISA_LIMITS = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA")  # env vars that cap the SIMD
+
+
 def machine(threads: int) -> dict[str, Any]:
-    """Facts about this machine: CPU model, cores, native bf16, versions, the 1-minute load average now."""
+    """Facts about this machine: CPU model, cores, native bf16, the SIMD level PyTorch's kernels use
+    (`cpu_capability`) and any environment variables set to cap it (`isa_limits`: ATen's and torch.compile's,
+    MKL's, oneDNN's), versions, the 1-minute load average now."""
     cpu, flags = cpu_model(), ""
     try:
         flags = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), "")
@@ -354,7 +359,9 @@ def machine(threads: int) -> dict[str, Any]:
         pass
     native = [f for f in ("avx512_bf16", "amx_bf16") if f in flags.split()]
     return {"cpu": cpu, "logical_cpus": os.cpu_count(), "threads": threads, "native_bf16": bool(native),
-            "bf16_flags": native, "torch": torch.__version__, "python": platform.python_version(),
+            "bf16_flags": native, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "isa_limits": {k: os.environ[k] for k in ISA_LIMITS if k in os.environ},
+            "torch": torch.__version__, "python": platform.python_version(),
             "load_average_1min_at_start": load_average()}
 
 

@@ -371,8 +371,10 @@ def print_summary(rep: dict[str, Any]) -> None:
     m = rep["machine"]
     if "gpu" in m:
         print(f"{m['gpu']} (CUDA {m['cuda']}), host {m['cpu']}")
-    print(f"{m['cpu']}, {m['threads']} thread(s), native bf16 {m['native_bf16']}; load "
-          f"{m['load_average_1min_at_start']:.2f} -> {m['load_average_1min_at_end']:.2f}")
+    limits = "".join(f", {k}={v}" for k, v in m.get("isa_limits", {}).items())
+    print(f"{m['cpu']}, {m['threads']} thread(s), native bf16 {m['native_bf16']}, PyTorch's kernels at "
+          f"{m.get('cpu_capability')}{limits}; load {m['load_average_1min_at_start']:.2f} -> "
+          f"{m['load_average_1min_at_end']:.2f}")
     conf, least = rep["flops_per_board_model"]["configuration"], rep["flops_per_board_model"]["least_work"]
     print(f"FLOPs per board: inference {conf['inference'] / 1e9:.3f} G, training step {conf['training'] / 1e9:.3f} G "
           f"(the configuration, step sizes at every iteration); least work {least['inference'] / 1e9:.3f} G and "

@@ -124,3 +124,12 @@ def test_flops_script_writes_counts_and_a_measured_roofline(tmp_path: Path) -> N
     fp32 = rep["roofline"]["float32"]
     assert fp32["inference"]["roofline_boards_per_s"] > fp32["training"]["roofline_boards_per_s"] > 0
     assert rep["machine"]["load_average_1min_at_end"] is not None
+
+
+def test_machine_facts_name_the_simd_level_and_any_cap_on_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in flops.ISA_LIMITS:
+        monkeypatch.delenv(var, raising=False)
+    facts = flops.machine(1)
+    assert facts["cpu_capability"] == torch.backends.cpu.get_cpu_capability() and facts["isa_limits"] == {}
+    monkeypatch.setenv("MKL_ENABLE_INSTRUCTIONS", "AVX2")
+    assert flops.machine(1)["isa_limits"] == {"MKL_ENABLE_INSTRUCTIONS": "AVX2"}
