@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import math
 import sys
 from collections.abc import Callable
@@ -28,6 +27,7 @@ import torch
 from hyperset.checkpoint import CheckpointError
 from hyperset.config import ModelConfig, check_table, list_presets, preset_config
 from hyperset.sudoku.board import PuzzleError
+from hyperset.training.recipes import parse_value
 
 
 class BenchInputError(Exception):
@@ -73,19 +73,28 @@ def preset(text: str) -> str:
     return text
 
 
-def device(text: str) -> str:
-    """An argparse type: "cpu", or "cuda" / "cuda:N" where PyTorch sees that GPU."""
+def device_problem(text: str) -> str | None:
+    """Why `text` names no device these benchmarks can run on, or None: "cpu", or "cuda" / "cuda:N" where PyTorch
+    sees that GPU."""
     try:
         dev = torch.device(text)
     except RuntimeError:
-        raise argparse.ArgumentTypeError(f"expected cpu, cuda or cuda:N, got {text!r}") from None
+        return f"expected cpu, cuda or cuda:N, got {text!r}"
     if dev.type not in ("cpu", "cuda"):
-        raise argparse.ArgumentTypeError(f"expected cpu, cuda or cuda:N, got {text!r}")
+        return f"expected cpu, cuda or cuda:N, got {text!r}"
     if dev.type == "cuda":
         if not torch.cuda.is_available():
-            raise argparse.ArgumentTypeError(f"{text}: PyTorch sees no CUDA device (torch {torch.__version__})")
+            return f"{text}: PyTorch sees no CUDA device (torch {torch.__version__})"
         if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise argparse.ArgumentTypeError(f"{text}: PyTorch sees {torch.cuda.device_count()} CUDA device(s)")
+            return f"{text}: PyTorch sees {torch.cuda.device_count()} CUDA device(s)"
+    return None
+
+
+def device(text: str) -> str:
+    """An argparse type: a device `device_problem` finds nothing wrong with."""
+    problem = device_problem(text)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
     return text
 
 
@@ -98,17 +107,15 @@ def peer_checkout(text: str) -> Path:
 
 
 def model_config(name: str, sets: list[str]) -> ModelConfig:
-    """Preset `name` with `KEY=VALUE` overrides (values parsed as JSON where they parse, else strings); a malformed
-    override, an unknown key or a value the config refuses is a `BenchInputError` naming it."""
+    """Preset `name` with `KEY=VALUE` overrides (values read as hyperset-train's --set reads them: TOML syntax, else
+    a bare string); a malformed override, an unknown key or a value the config refuses is a `BenchInputError`
+    naming it."""
     overrides: dict[str, Any] = {}
     for item in sets:
         key, eq, value = item.partition("=")
         if not eq or not key:
             raise BenchInputError(f"--set {item!r}: expected KEY=VALUE")
-        try:
-            overrides[key] = json.loads(value)
-        except json.JSONDecodeError:
-            overrides[key] = value
+        overrides[key] = parse_value(value)
     try:
         check_table(ModelConfig, overrides, "model")
         return preset_config(name, **overrides)

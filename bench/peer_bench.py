@@ -296,11 +296,13 @@ def rooflines(cfg: Any, batch: int = BATCH) -> dict[str, Any]:
 
 
 def machine_on(device: str, threads: int) -> tuple[torch.device, dict[str, Any]]:
-    """The device to run on and the machine's facts, on a GPU with its name (exits if PyTorch sees no CUDA)."""
+    """The device to run on and the machine's facts, on a GPU with its name (a `BenchInputError` where PyTorch sees
+    no such device)."""
+    problem = bench_args.device_problem(device)
+    if problem:
+        raise bench_args.BenchInputError(f"--device {device}: {problem}")
     dev, info = torch.device(device), flops.machine(threads)
     if dev.type != "cpu":
-        if not torch.cuda.is_available():
-            raise bench_args.BenchInputError(f"--device {device}: PyTorch sees no CUDA device")
         info.update(device=device, gpu=torch.cuda.get_device_name(dev), cuda=torch.version.cuda)
     return dev, info
 

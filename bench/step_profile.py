@@ -151,6 +151,7 @@ def run(peer_dir: Path | None, device: str = "cpu", rounds: int = 5, threads: in
     torch.manual_seed(0)
     runners = {"ours": peer_bench.Runner("ours", HyperSETModel(cfg), False, device=dev)}
     if compiled:
+        torch.compiler.reset()  # compiled anew below, with the kernel records, not taken from earlier in the process
         torch.manual_seed(0)
         runners["ours_compiled"] = peer_bench.Runner("ours", HyperSETModel(cfg), False, compiled=True, device=dev)
     if peer_dir is not None:
@@ -158,9 +159,7 @@ def run(peer_dir: Path | None, device: str = "cpu", rounds: int = 5, threads: in
     rep: dict[str, Any] = {"machine": info, "config": cfg.to_dict(), "batch": batch, "rounds": rounds,
                            "dtype": "float32"}
     print(f"{rounds} rounds of a timed and a profiled training step of {', '.join(runners)} ...", flush=True)
-    # the CPU kernels torch.compile generates report to the profiler one by one (a record per kernel call); the
-    # step is compiled anew, not taken from code compiled earlier in this process without those records
-    torch.compiler.reset()
+    # the CPU kernels torch.compile generates report to the profiler one by one (a record per kernel call)
     with inductor_config.patch({"cpp.enable_kernel_profile": True}):
         rep["runners"] = rounds_of(runners, x, y, rounds)
     if dev.type == "cpu":
