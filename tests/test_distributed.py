@@ -32,6 +32,7 @@ WORKER = textwrap.dedent('''
                         log_every=1, save_every_seconds=1e9, threads=1)
     trainer = Trainer(task, train, __import__("pathlib").Path(out), resume=resume, quiet=True)
     result = trainer.fit()
+    result["group_alive_after_fit"] = torch.distributed.is_initialized()
     # test-only: every rank dumps its replica and result so the test can compare them
     rank = int(os.environ.get("RANK", "0"))
     dump = os.path.join(os.path.dirname(out), f"dump-{os.path.basename(out)}-rank{rank}")
@@ -95,7 +96,11 @@ def test_two_processes_match_one_process_and_write_one_checkpoint(data_dir: Path
     assert all(torch.equal(r0[k], r1[k]) for k in r0)
     # only rank 0 wrote checkpoints, logs and the run folder's lock: one set of files
     assert sorted(p.name for p in (tmp_path / "ddp").iterdir()) == [".lock", "best", "last", "metrics.jsonl"]
-    assert json.loads((tmp_path / "dump-ddp-rank1.json").read_text())["world_size"] == 2
+    for rank in (0, 1):
+        result = json.loads((tmp_path / f"dump-ddp-rank{rank}.json").read_text())
+        assert result["world_size"] == 2
+        # fit destroyed the process group it created: a process exiting with gloo's threads alive can abort
+        assert result["group_alive_after_fit"] is False
     assert len(losses(tmp_path / "ddp")) == 3  # rank 0 alone logged each step once
 
 

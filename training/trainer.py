@@ -106,6 +106,7 @@ class DistEnv:
     world: int
     rank: int
     device: torch.device
+    owns_group: bool = False  # this setup created the process group, so close() destroys it
 
     @property
     def is_main(self) -> bool:
@@ -120,9 +121,17 @@ class DistEnv:
         if device.type == "cuda":
             device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
             torch.cuda.set_device(device)
-        if not dist.is_initialized():
+        owns = not dist.is_initialized()
+        if owns:
             dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-        return cls(dist.get_world_size(), dist.get_rank(), device)
+        return cls(dist.get_world_size(), dist.get_rank(), device, owns)
+
+    def close(self) -> None:
+        """Destroy the process group this setup created. A process that exits with it alive can abort in gloo's
+        or NCCL's threads during interpreter shutdown ("terminate called without an active exception")."""
+        if self.owns_group and dist.is_initialized():
+            dist.destroy_process_group()
+            self.owns_group = False
 
     def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
         if self.world == 1:
@@ -293,6 +302,7 @@ class Trainer:
         env = DistEnv.setup(self.device)
         self.quiet = self.quiet or not env.is_main
         with contextlib.ExitStack() as held:
+            held.callback(env.close)  # last out, after the lock is released
             if env.is_main:
                 self.out.mkdir(parents=True, exist_ok=True)
                 held.enter_context(run_lock(self.out))  # before anything in the folder is read or changed
