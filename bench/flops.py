@@ -58,7 +58,7 @@ PEER_D128 = ["dim=128", "heads=4", "ff_hidden=512", "iters=24", "time_init=zero"
 class MatMul:
     """`count` products of an (m x k) by a (k x n) matrix; `once`: per pass, else per iteration.
 
-    `layout` says which operand is a transposed view ("nn", "tn", "nt"), as autograd's backward calls them.
+    `layout` says which operand is a transposed view ("nn", "tn", "nt", "tt"), as autograd's backward calls them.
     """
 
     component: str
@@ -262,11 +262,12 @@ def count(cfg: ModelConfig, batch: int, iters: int | None = None, energies: bool
 
 
 def _operands(mm: MatMul, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    a_shape = (mm.count, mm.k, mm.m) if mm.layout == "tn" else (mm.count, mm.m, mm.k)
-    b_shape = (mm.count, mm.n, mm.k) if mm.layout == "nt" else (mm.count, mm.k, mm.n)
+    a_t, b_t = mm.layout[0] == "t", mm.layout[1] == "t"  # which operand is a transposed view
+    a_shape = (mm.count, mm.k, mm.m) if a_t else (mm.count, mm.m, mm.k)
+    b_shape = (mm.count, mm.n, mm.k) if b_t else (mm.count, mm.k, mm.n)
     a, b = torch.randn(a_shape).to(dtype), torch.randn(b_shape).to(dtype)
-    a = a.transpose(-1, -2) if mm.layout == "tn" else a
-    b = b.transpose(-1, -2) if mm.layout == "nt" else b
+    a = a.transpose(-1, -2) if a_t else a
+    b = b.transpose(-1, -2) if b_t else b
     return (a[0], b[0]) if mm.count == 1 else (a, b)
 
 

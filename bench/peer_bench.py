@@ -287,10 +287,11 @@ def best_roofline(before: dict[str, Any], after: dict[str, Any], dtype: str) -> 
             for k in ("inference", "training")}
 
 
-def rooflines(cfg: Any, batch: int = BATCH) -> dict[str, Any]:
+def rooflines(cfg: Any, batch: int = BATCH, cache: dict[str, dict[tuple, float]] | None = None) -> dict[str, Any]:
     """The configuration's roofline (step sizes at every iteration, as the authors' code) and the least-work one,
-    each matmul shape timed once for both."""
-    cache: dict[str, dict[tuple, float]] = {}
+    each matmul shape timed once for both (`cache`: bench/flops.measure_rooflines's, {dtype name: rates by shape},
+    filled in)."""
+    cache = {} if cache is None else cache
     return {"configuration": flops.measure_rooflines(cfg, batch, steps_every_t=True, cache=cache),
             "least_work": flops.measure_rooflines(cfg, batch, cache=cache)}
 

@@ -21,6 +21,12 @@ in turn (the order reversed every round), a timed training step and then one und
                profiling): ["forward: <kernel>" or "backward: <kernel>", ms, calls], most time first; their names
                list the ops each fuses (e.g. "backward: _softmax" is the softmax the backward recomputes from
                the saved scores)
+  matmul_shapes   on a CPU, the step's matmuls by op, shape (m x k by k x n, `count` of them per call) and
+               layout (which operand is a transposed view, from the strides): calls and ms per step (medians), the
+               GFLOP/s they ran at in the step and the GFLOP/s the same shape and layout reach alone, timed
+               repeatedly on warm operands as bench/flops.py times the roofline's shapes (the roofline's own
+               timing where it has the shape);
+               `matmul_at_isolated_rates_s` is what the step's matmuls would take at those rates
   on a GPU     kernels (CUDA kernels, copies and fills launched in a step), gpu_busy_s (the sum of their
                durations) and top_kernels; there the self times are host time, not the kernels' time
 
@@ -69,12 +75,34 @@ def _direction(event: Any) -> str:
     return "forward"
 
 
+def _transposed(shape: list[int], strides: list[int]) -> bool:
+    """Whether a matrix operand is a transposed view (its columns are contiguous, its rows are not)."""
+    return shape[-1] > 1 and shape[-2] > 1 and strides[-2] == 1 and strides[-1] != 1
+
+
+def matmul_shape(event: Any) -> tuple[str, int, int, int, int, str] | None:
+    """(op, m, k, n, count, layout) of a matmul op's call from its operands' recorded shapes and strides (the
+    profiler's record_shapes), or None where they were not recorded."""
+    shapes, strides = event.structured_input_shapes, event.structured_input_strides
+    first = 1 if event.name in ("aten::addmm", "aten::baddbmm") else 0  # after the tensor added to
+    try:
+        a, b = shapes[first], shapes[first + 1]
+        sa, sb = strides[first], strides[first + 1]
+    except (IndexError, TypeError):
+        return None
+    if not (len(a) == len(b) and len(a) in (2, 3) and len(sa) == len(a) and len(sb) == len(b)):
+        return None
+    layout = "".join("t" if _transposed(t, st) else "n" for t, st in ((a, sa), (b, sb)))
+    return event.name, a[-2], a[-1], b[-1], a[0] if len(a) == 3 else 1, layout
+
+
 def profile_step(runner: peer_bench.Runner, x: torch.Tensor, y: torch.Tensor) -> dict[str, Any]:
-    """One training step under torch.profiler: its wall time, the matmuls' self time, the top ops (and kernels)."""
+    """One training step under torch.profiler: its wall time, the matmuls' self time (in all and by shape), the top
+    ops (and kernels)."""
     cuda = x.is_cuda
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with profile(activities=activities) as prof:
+    with profile(activities=activities, record_shapes=True) as prof:
         t0 = time.perf_counter()
         runner.train(x, y)
         sync()
@@ -90,15 +118,21 @@ def profile_step(runner: peer_bench.Runner, x: torch.Tensor, y: torch.Tensor) ->
             name = "compiled graph" if kernel or e.key.startswith(COMPILED) else e.key
             seconds[name] += e.self_cpu_time_total / 1e6
             calls[name] += 0 if kernel else e.count  # the calls of the graphs, not of their kernels
+    shape_s: Counter[tuple] = Counter()
+    shape_calls: Counter[tuple] = Counter()
     for e in prof.events():
         if KERNEL.match(e.name):
             name = f"{_direction(e)}: {KERNEL.sub('', e.name)}"
             kernel_s[name] += e.self_cpu_time_total / 1e6
             kernel_calls[name] += 1
+        elif e.name in MATMUL_OPS and (key := matmul_shape(e)) is not None:
+            shape_s[key] += e.self_cpu_time_total / 1e6
+            shape_calls[key] += 1
     rows = [(name, s, calls[name]) for name, s in seconds.items()]
     top = sorted(rows, key=lambda r: -r[1])[:TOP]
     out: dict[str, Any] = {"profiled_step_s": step_s, "matmul_s": sum(s for name, s, _ in rows if name in MATMUL_OPS),
-                           "top_ops": [[name, round(1e3 * s, 3), n] for name, s, n in top]}
+                           "top_ops": [[name, round(1e3 * s, 3), n] for name, s, n in top],
+                           "matmul_shapes": {key: (s, shape_calls[key]) for key, s in shape_s.items()}}
     if kernel_s:
         out["kernels_of_compiled_graph"] = [[name, round(1e3 * s, 3), kernel_calls[name]]
                                             for name, s in kernel_s.most_common()]
@@ -135,11 +169,34 @@ def rounds_of(runners: dict[str, peer_bench.Runner], x: torch.Tensor, y: torch.T
                "other_s": step_s - matmul_s, "matmul_share": matmul_s / step_s, "top_ops": mid["top_ops"]}
         if "kernels_of_compiled_graph" in mid:
             row["kernels_of_compiled_graph"] = mid["kernels_of_compiled_graph"]
+        keys = {k for p in profs for k in p["matmul_shapes"]}
+        row["matmul_shapes"] = {k: (statistics.median(p["matmul_shapes"].get(k, (0.0, 0))[0] for p in profs),
+                                    max(p["matmul_shapes"].get(k, (0.0, 0))[1] for p in profs)) for k in keys}
         if "kernels" in mid:
             row.update({k: statistics.median(p[k] for p in profs) for k in ("kernels", "gpu_busy_s")},
                        top_kernels=mid["top_kernels"])
         out[name] = row
     return out
+
+
+def matmuls_against_isolated_rates(row: dict[str, Any], rates: dict[tuple, float]) -> None:
+    """Replace a runner's `matmul_shapes` ({(op, m, k, n, count, layout): (seconds, calls)}) by a list, most time
+    first, of each shape's time and rate in the step beside the rate of the same shape alone (bench/flops.py's
+    timing; `rates`, fp32 FLOP/s by shape, holds the roofline's and takes the shapes it lacks); add
+    `matmul_at_isolated_rates_s`."""
+    shapes, at_isolated = [], 0.0
+    for (op, m, k, n, count, layout), (seconds, calls) in row.pop("matmul_shapes").items():
+        mm = flops.MatMul("step", op, m, k, n, count, layout=layout)
+        key = flops._shape_key(mm)
+        if key not in rates:
+            rates[key] = flops.time_matmul(mm)
+        isolated_s = calls * mm.flops / rates[key]
+        at_isolated += isolated_s
+        shapes.append({"op": op, "m": m, "k": k, "n": n, "count": count, "layout": layout, "calls": calls,
+                       "ms": 1e3 * seconds, "in_step_gflops": calls * mm.flops / seconds / 1e9 if seconds else None,
+                       "isolated_gflops": rates[key] / 1e9, "isolated_ms": 1e3 * isolated_s})
+    row["matmul_shapes"] = sorted(shapes, key=lambda r: -r["ms"])
+    row["matmul_at_isolated_rates_s"] = at_isolated
 
 
 def run(peer_dir: Path | None, device: str = "cpu", rounds: int = 5, threads: int = 1,
@@ -163,7 +220,8 @@ def run(peer_dir: Path | None, device: str = "cpu", rounds: int = 5, threads: in
     with inductor_config.patch({"cpp.enable_kernel_profile": True}):
         rep["runners"] = rounds_of(runners, x, y, rounds)
     if dev.type == "cpu":
-        roofs = peer_bench.rooflines(cfg, batch)
+        rates: dict[str, dict[tuple, float]] = {}  # by dtype: the rooflines' shape rates, reused by shape below
+        roofs = peer_bench.rooflines(cfg, batch, rates)
         roof, least = (roofs[k]["float32"]["training"] for k in ("configuration", "least_work"))
         step_85 = batch / (0.85 * roof["roofline_boards_per_s"])
         ours = rep["runners"]["ours"]
@@ -171,6 +229,7 @@ def run(peer_dir: Path | None, device: str = "cpu", rounds: int = 5, threads: in
         rep["least_work_roofline_boards_per_s"] = least["roofline_boards_per_s"]
         for r in rep["runners"].values():
             r["share_of_roofline"] = batch / r["step_s"] / roof["roofline_boards_per_s"]
+            matmuls_against_isolated_rates(r, rates["float32"])
         rep["budget_85"] = {"step_s": step_85, "our_matmuls_at_roofline_rates_s": least["seconds_per_batch"],
                             "left_beside_matmuls_s": step_85 - ours["matmul_s"],
                             "our_other_s": ours["other_s"]}
@@ -178,6 +237,9 @@ def run(peer_dir: Path | None, device: str = "cpu", rounds: int = 5, threads: in
             comp = rep["runners"]["ours_compiled"]
             rep["budget_85"]["compiled"] = {"left_beside_matmuls_s": step_85 - comp["matmul_s"],
                                             "other_s": comp["other_s"]}
+    else:
+        for r in rep["runners"].values():  # on a GPU the ops' self times are host time: no rates
+            r.pop("matmul_shapes")
     info["load_average_1min_at_end"] = flops.load_average()
     return rep
 
@@ -194,6 +256,14 @@ def print_summary(rep: dict[str, Any]) -> None:
         if "share_of_roofline" in r:
             line += f"; {r['share_of_roofline']:.0%} of the roofline"
         print(line)
+        if "matmul_at_isolated_rates_s" in r:
+            print(f"    its matmuls would take {r['matmul_at_isolated_rates_s']:.3f} s at the rates their shapes reach "
+                  f"alone; the slowest against those rates:")
+            timed = [sh for sh in r["matmul_shapes"] if sh["in_step_gflops"]]
+            for sh in sorted(timed, key=lambda sh: sh["isolated_ms"] - sh["ms"])[:4]:
+                shape = f"{sh['op']} {sh['count']} x ({sh['m']} x {sh['k']}) ({sh['k']} x {sh['n']}) {sh['layout']}"
+                print(f"    {sh['ms']:8.1f} ms {sh['calls']:4d} calls  {shape}: {sh['in_step_gflops']:.0f} GFLOP/s "
+                      f"in the step, {sh['isolated_gflops']:.0f} alone")
         for name, ms, n in r.get("kernels_of_compiled_graph", [])[:TOP]:
             print(f"    {ms:8.1f} ms {n:4d} calls  {name}")
     if "budget_85" in rep:

@@ -5,6 +5,10 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+import torch
+from torch.profiler import ProfilerActivity, profile
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import step_profile  # noqa: E402
 
@@ -22,6 +26,25 @@ def test_a_cpu_profile_splits_the_step_and_states_the_budget(tmp_path: Path) -> 
     assert budget["left_beside_matmuls_s"] == budget["step_s"] - ours["matmul_s"]
     assert rep["least_work_roofline_boards_per_s"] > rep["roofline_boards_per_s"]  # step sizes once: less work
     assert 0 < ours["share_of_roofline"] < 1
+    # the matmuls by shape: their times add up to the matmuls' time, each beside its rate alone
+    shapes = ours["matmul_shapes"]
+    assert sum(sh["ms"] for sh in shapes) == pytest.approx(1e3 * ours["matmul_s"], rel=1e-6)
+    assert all(sh["calls"] > 0 and sh["isolated_gflops"] > 0 for sh in shapes)
+    assert ours["matmul_at_isolated_rates_s"] == pytest.approx(sum(sh["isolated_ms"] for sh in shapes) / 1e3)
+    ff = [sh for sh in shapes if (sh["op"], sh["m"], sh["k"], sh["n"]) == ("aten::mm", 2 * 81, 128, 512)]
+    assert ff and ff[0]["calls"] >= 24  # X D at each of the 24 iterations (and the backward's dY0 D)
+
+
+def test_matmul_shapes_and_layouts_come_from_the_recorded_strides() -> None:
+    a, b, c, d = torch.randn(64, 32), torch.randn(64, 48), torch.randn(8, 5, 6), torch.randn(8, 7, 6)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        a.t() @ b
+        torch.bmm(c, d.transpose(1, 2))
+        torch.baddbmm(torch.zeros(8, 5, 7), c, d.transpose(1, 2), beta=0.0)
+        torch.addmm(torch.zeros(48), b.t(), b)
+    got = [step_profile.matmul_shape(e) for e in prof.events() if e.name in step_profile.MATMUL_OPS]
+    assert got == [("aten::mm", 32, 64, 48, 1, "tn"), ("aten::bmm", 5, 6, 7, 8, "nt"),
+                   ("aten::baddbmm", 5, 6, 7, 8, "nt"), ("aten::addmm", 48, 64, 48, 1, "tn")]
 
 
 def test_the_compiled_step_gets_its_own_split_and_budget(tmp_path: Path) -> None:
