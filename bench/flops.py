@@ -297,6 +297,14 @@ def _shape_key(mm: MatMul) -> tuple[int, int, int, int, str]:
     return mm.m, mm.k, mm.n, mm.count, mm.layout
 
 
+def rate(mm: MatMul, rates: dict[tuple, float], dtype: torch.dtype = torch.float32) -> float:
+    """FLOP/s of mm's shape and layout (`time_matmul`), timed once per shape: `rates` caches them (filled in)."""
+    key = _shape_key(mm)
+    if key not in rates:
+        rates[key] = time_matmul(mm, dtype)
+    return rates[key]
+
+
 def roofline(mms: list[MatMul], steps: int, batch: int, dtype: torch.dtype = torch.float32,
              rates: dict[tuple, float] | None = None) -> dict[str, Any]:
     """Boards/s if the matmuls ran at their measured rates and nothing else took time. `rates` caches FLOP/s by
@@ -304,11 +312,8 @@ def roofline(mms: list[MatMul], steps: int, batch: int, dtype: torch.dtype = tor
     rates = {} if rates is None else rates
     seconds, flops = 0.0, 0
     for mm in mms:
-        key = _shape_key(mm)
-        if key not in rates:
-            rates[key] = time_matmul(mm, dtype)
         reps = 1 if mm.once else steps
-        seconds += reps * mm.flops / rates[key]
+        seconds += reps * mm.flops / rate(mm, rates, dtype)
         flops += reps * mm.flops
     return {"dtype": str(dtype).removeprefix("torch."), "seconds_per_batch": seconds,
             "roofline_boards_per_s": batch / seconds, "matmul_flops_per_s": flops / seconds}

@@ -187,14 +187,12 @@ def matmuls_against_isolated_rates(row: dict[str, Any], rates: dict[tuple, float
     shapes, at_isolated = [], 0.0
     for (op, m, k, n, count, layout), (seconds, calls) in row.pop("matmul_shapes").items():
         mm = flops.MatMul("step", op, m, k, n, count, layout=layout)
-        key = flops._shape_key(mm)
-        if key not in rates:
-            rates[key] = flops.time_matmul(mm)
-        isolated_s = calls * mm.flops / rates[key]
+        alone = flops.rate(mm, rates)
+        isolated_s = calls * mm.flops / alone
         at_isolated += isolated_s
         shapes.append({"op": op, "m": m, "k": k, "n": n, "count": count, "layout": layout, "calls": calls,
                        "ms": 1e3 * seconds, "in_step_gflops": calls * mm.flops / seconds / 1e9 if seconds else None,
-                       "isolated_gflops": rates[key] / 1e9, "isolated_ms": 1e3 * isolated_s})
+                       "isolated_gflops": alone / 1e9, "isolated_ms": 1e3 * isolated_s})
     row["matmul_shapes"] = sorted(shapes, key=lambda r: -r["ms"])
     row["matmul_at_isolated_rates_s"] = at_isolated
 
