@@ -6,6 +6,7 @@ line, "SCRIPT: error: REASON" after the usage, and exit status 2 (argparse's con
     ap.add_argument("--preset", type=bench_args.preset, ...)           # a known model preset
     ap.add_argument("--device", type=bench_args.device, ...)           # cpu, or cuda[:N] where PyTorch sees one
     ap.add_argument("--peer", type=bench_args.peer_checkout, ...)      # a checkout of huyunzhe/hyper-set
+    ap.add_argument("--compile-options", type=bench_args.compile_options)  # a JSON object of Inductor settings
 
 Errors a script can only find once it runs (an override of an unknown config field, a package the authors' model
 imports, a GPU without bf16, a missing data folder or checkpoint) end it the same way, without the usage, where its
@@ -16,7 +17,9 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import math
+import shlex
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -106,6 +109,31 @@ def peer_checkout(text: str) -> Path:
     return path.resolve()
 
 
+def compile_options(text: str) -> dict[str, Any]:
+    """An argparse type: a JSON object of torch.compile's Inductor settings (`torch.compile(..., options=...)`),
+    '{"max_autotune": true, "cpp.simdlen": 256}': each key a setting of `torch._inductor.config` (dotted for the
+    nested ones), each value of its default's type where the default is not None, or null."""
+    from torch._inductor import config as inductor
+
+    try:
+        options = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r} ({e.msg})") from None
+    if not isinstance(options, dict) or not options:
+        raise argparse.ArgumentTypeError(f"expected a non-empty JSON object of Inductor settings, got {text!r}")
+    known = inductor.get_config_copy()
+    for key, value in options.items():
+        if key not in known:
+            raise argparse.ArgumentTypeError(f"{key!r} is not a setting of torch._inductor.config "
+                                             f"(torch {torch.__version__})")
+        default = known[key]
+        kinds = (int, float) if type(default) is float else (type(default),)
+        if default is not None and value is not None and type(value) not in kinds:
+            raise argparse.ArgumentTypeError(f"{key}: expected a {type(default).__name__} like its default "
+                                             f"{default!r}, got {value!r}")
+    return options
+
+
 def model_config(name: str, sets: list[str]) -> ModelConfig:
     """Preset `name` with `KEY=VALUE` overrides (values read as hyperset-train's --set reads them: TOML syntax, else
     a bare string); a malformed override, an unknown key or a value the config refuses is a `BenchInputError`
@@ -121,6 +149,12 @@ def model_config(name: str, sets: list[str]) -> ModelConfig:
         return preset_config(name, **overrides)
     except (KeyError, ValueError) as e:
         raise BenchInputError(e.args[0] if e.args else str(e)) from None
+
+
+def command_line(script: str, argv: list[str] | None) -> str:
+    """The command a benchmark ran, as a shell would take it back: "python bench/SCRIPT.py ARGS", each argument
+    quoted where it needs to be (a JSON value of --compile-options, a path with spaces)."""
+    return shlex.join(["python", f"bench/{script}.py", *(argv if argv is not None else sys.argv[1:])])
 
 
 INPUT_ERRORS = (BenchInputError, FileNotFoundError, NotADirectoryError, CheckpointError, PuzzleError)

@@ -34,8 +34,8 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -271,24 +271,60 @@ def _operands(mm: MatMul, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tenso
     return (a[0], b[0]) if mm.count == 1 else (a, b)
 
 
-def time_matmul(mm: MatMul, dtype: torch.dtype = torch.float32, min_seconds: float = 0.02,
-                repeats: int = 3) -> float:
-    """FLOP/s of one matmul shape: best of `repeats` runs of enough calls to take `min_seconds`."""
-    a, b = _operands(mm, dtype)
-    torch.matmul(a, b)
-    calls = 1
+def last_level_cache_bytes(caches: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> int | None:
+    """The largest CPU cache's size (Linux sysfs: `caches`/index*/size, "48K", "2048K"), None where not readable."""
+    sizes = []
+    for index in caches.glob("index*"):
+        try:
+            text = (index / "size").read_text().strip()
+        except OSError:
+            continue
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        digits = text.rstrip("KMG")
+        if digits.isdigit():
+            sizes.append(int(digits) * scale)
+    return max(sizes) if sizes else None
+
+
+COLD_MIN_BYTES = 256 << 20  # what the cold timing's copies fill at least (where the cache size is unknown)
+COLD_MAX_COPIES = 512
+
+
+def _calls_for(call: Callable[[int], Any], min_seconds: float, at_least: int = 1) -> int:
+    """How many calls (a power of two times `at_least`) take `min_seconds`."""
+    calls = at_least
     while True:
         t0 = time.perf_counter()
-        for _ in range(calls):
-            torch.matmul(a, b)
+        for i in range(calls):
+            call(i)
         if time.perf_counter() - t0 >= min_seconds:
-            break
+            return calls
         calls *= 2
+
+
+def time_matmul(mm: MatMul, dtype: torch.dtype = torch.float32, min_seconds: float = 0.02,
+                repeats: int = 3, cold: bool = False) -> float:
+    """FLOP/s of one matmul shape: best of `repeats` runs of enough calls to take `min_seconds`. Warm (the
+    roofline's timing), every call takes the same operands, which stay in cache. With `cold` the calls go round
+    copies of the operands and of the output that together fill twice the last-level cache (at least
+    `COLD_MIN_BYTES`, at most `COLD_MAX_COPIES` copies), so each call reads its operands from memory and writes to
+    an output that is not in cache: the rate of a product whose operands an earlier op wrote out to memory."""
+    a, b = _operands(mm, dtype)
+    if not cold:
+        call = lambda i: torch.matmul(a, b)  # noqa: E731
+    else:
+        out = torch.matmul(a, b)
+        size = sum(t.numel() * t.element_size() for t in (a, b, out))
+        copies = min(COLD_MAX_COPIES, max(2, -(-2 * max(last_level_cache_bytes() or 0, COLD_MIN_BYTES) // size)))
+        sets = [(a.clone(), b.clone(), torch.empty_like(out)) for _ in range(copies)]  # clones keep the layouts
+        call = lambda i: torch.matmul(sets[i % copies][0], sets[i % copies][1], out=sets[i % copies][2])  # noqa: E731
+    call(0)
+    calls = _calls_for(call, min_seconds, copies if cold else 1)
     best = float("inf")
     for _ in range(repeats):
         t0 = time.perf_counter()
-        for _ in range(calls):
-            torch.matmul(a, b)
+        for i in range(calls):
+            call(i)
         best = min(best, (time.perf_counter() - t0) / calls)
     return mm.flops / best
 
@@ -297,11 +333,12 @@ def _shape_key(mm: MatMul) -> tuple[int, int, int, int, str]:
     return mm.m, mm.k, mm.n, mm.count, mm.layout
 
 
-def rate(mm: MatMul, rates: dict[tuple, float], dtype: torch.dtype = torch.float32) -> float:
-    """FLOP/s of mm's shape and layout (`time_matmul`), timed once per shape: `rates` caches them (filled in)."""
+def rate(mm: MatMul, rates: dict[tuple, float], dtype: torch.dtype = torch.float32, cold: bool = False) -> float:
+    """FLOP/s of mm's shape and layout (`time_matmul`, warm or `cold`), timed once per shape: `rates` caches them
+    (filled in; one cache for warm rates, another for cold ones)."""
     key = _shape_key(mm)
     if key not in rates:
-        rates[key] = time_matmul(mm, dtype)
+        rates[key] = time_matmul(mm, dtype, cold=cold)
     return rates[key]
 
 
@@ -423,7 +460,7 @@ def main(argv: list[str] | None = None) -> None:
     sets = args.set if args.set is not None else (PEER_D128 if args.preset == "sudoku" else [])
     cfg = bench_args.model_config(args.preset, sets)
     rep = report(cfg, args.batch, args.iters, args.threads)
-    rep["command"] = "python bench/flops.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    rep["command"] = bench_args.command_line("flops", argv)
     print_report(rep)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(args.out, rep)

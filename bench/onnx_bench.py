@@ -316,7 +316,7 @@ def main(argv: list[str] | None = None) -> None:
     args.batches = args.batches or ([1, 16] if args.quick else [1, CPU_BATCH_SIZE])
     args.matmul_n = args.matmul_n or (1024 if args.quick else 2048)
     report = run(args)
-    report["command"] = "python bench/onnx_bench.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    report["command"] = bench_args.command_line("onnx_bench", argv)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.out.with_name(f".{args.out.name}.tmp")
     tmp.write_text(json.dumps(report, indent=2) + "\n")

@@ -7,6 +7,7 @@ omegaconf 2.3.1, loguru 0.7.3):
     git clone https://github.com/huyunzhe/hyper-set /tmp/hyper-set-peer
     pip install einops==0.8.2 hydra-core==1.3.8 loguru==0.7.3
     python bench/peer_bench.py --peer /tmp/hyper-set-peer [--rounds 7] [--threads 1] [--bf16] [--compile [--slices 4]]
+    python bench/peer_bench.py --peer /tmp/hyper-set-peer --compile --compile-options '{"max_autotune": true}'
     python bench/peer_bench.py --peer /tmp/hyper-set-peer --device cuda [--bf16] [--compile]
 
 (`sudoku/models.py` imports einops and `utils.metric_utils`; the `utils` package's `__init__` also imports
@@ -41,7 +42,9 @@ the layer without the hand-written backward passes; under bf16 autocast the two 
 --compile --slices N, in fp32, also `ours_compiled_sliced` and `peer_sliced`: the same training step with the
 batch's forward and backward passes run in N slices, gradients accumulated (`in_slices`: the same update, as the
 trainer's train.accum_steps = N makes it) with 1/N of the working set; they train only (inference does not
-slice).
+slice); with --compile --compile-options JSON, in fp32, also `ours_compiled_options`: ours compiled with these
+Inductor settings (`torch.compile(model, options=...)`, e.g. {"max_autotune": true} or {"cpp_wrapper": true}),
+timed beside `ours_compiled` in the same rounds, so a compiler setting is measured at the same work.
 With `--device cuda` both models train and infer on the GPU (the parity check stays on the CPU), each timed call
 ends with a synchronize, and no roofline is measured: at batch 64 these kernels are bound by their launches.
 Writes bench/results/peer_bench.json (peer_bench_cuda.json on a GPU).
@@ -172,15 +175,17 @@ class Runner:
     """A model with the authors' optimizer; `train` is one training step, `infer` one forward pass. With
     ``compiled`` the model runs through ``torch.compile`` as the trainer runs it (``train.compile = true``): the
     optimizer holds the same parameters, only the forward and backward passes are compiled. With ``written_out``
-    the steps run inside ``hyperset.fused.written_out()``. With `slices` > 1 a training step runs the batch's forward
+    the steps run inside ``hyperset.fused.written_out()``; `compile_options` are Inductor settings for the compiler
+    (``torch.compile(model, options=...)``). With `slices` > 1 a training step runs the batch's forward
     and backward passes slice by slice (`in_slices`), gradients accumulated (the trainer's ``train.accum_steps``):
     the same update, with a smaller working set."""
 
     def __init__(self, kind: str, model: nn.Module, bf16: bool, compiled: bool = False, written_out: bool = False,
-                 device: torch.device = torch.device("cpu"), slices: int = 1):
+                 device: torch.device = torch.device("cpu"), slices: int = 1,
+                 compile_options: dict[str, Any] | None = None):
         self.model, self.slices = model.to(device), slices
         self.mode = fused.written_out if written_out else contextlib.nullcontext
-        self.net = torch.compile(model) if compiled else model  # what the steps run
+        self.net = torch.compile(model, options=compile_options) if compiled else model  # what the steps run
         self.loss = loss_fn(kind, self.net)
         self.opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
         self.autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
@@ -249,8 +254,8 @@ def versions(peer_dir: Path) -> dict[str, str]:
     return out
 
 
-RUNNERS = ("ours", "ours_written_out", "ours_compiled", "ours_compiled_written_out", "ours_compiled_sliced", "peer",
-           "peer_sliced")
+RUNNERS = ("ours", "ours_written_out", "ours_compiled", "ours_compiled_options", "ours_compiled_written_out",
+           "ours_compiled_sliced", "peer", "peer_sliced")
 
 
 def summarise(times: dict[str, list[float]], roof: dict[str, Any] | None, fpb: dict[str, float],
@@ -313,9 +318,10 @@ def per_board(count: dict[str, Any]) -> dict[str, float]:
 
 
 def run(peer_dir: Path, rounds: int, threads: int, bf16: bool, compiled: bool = False,
-        device: str = "cpu", slices: int = 1) -> dict[str, Any]:
+        device: str = "cpu", slices: int = 1, compile_options: dict[str, Any] | None = None) -> dict[str, Any]:
     """The comparison on `device`; on a GPU without rooflines (kernels of these sizes are bound by their launches,
-    not by the matmul rate) and with the GPU's name in the machine facts."""
+    not by the matmul rate) and with the GPU's name in the machine facts. With `compile_options` (and `compiled`)
+    also `ours_compiled_options` in fp32."""
     torch.set_num_threads(threads)
     dev, info = machine_on(device, threads)
     cpu = dev.type == "cpu"
@@ -334,7 +340,8 @@ def run(peer_dir: Path, rounds: int, threads: int, bf16: bool, compiled: bool = 
            "least_work": per_board(flops.count(cfg, BATCH))}
     rep: dict[str, Any] = {
         "machine": info, "versions": versions(peer_dir), "config": cfg.to_dict(), "batch": BATCH,
-        "rounds": rounds, "compiled": compiled, "slices": slices, "parity_max_abs_diff": diff,
+        "rounds": rounds, "compiled": compiled, "slices": slices, "compile_options": compile_options,
+        "parity_max_abs_diff": diff,
         "flops_per_board_model": fpb,
         "flops_counted": {}, "results": {}, "times_s": {},
     }
@@ -342,11 +349,13 @@ def run(peer_dir: Path, rounds: int, threads: int, bf16: bool, compiled: bool = 
         half = dtype == "bfloat16"
         runners = {}
         torch.compiler.reset()  # the previous dtype's graphs would count towards dynamo's recompile limit
-        # the compiled variants beside ours_compiled (written out, in slices) only in fp32: under bf16 autocast the
-        # fused operators step aside, and slicing is an fp32 question
+        # the compiled variants beside ours_compiled (with other compiler settings, written out, in slices) only in
+        # fp32: under bf16 autocast the fused operators step aside, and slicing is an fp32 question
         extra = compiled and not half
         ours = {"ours": {}, "ours_written_out": {"written_out": True}}
         ours.update({"ours_compiled": {"compiled": True}} if compiled else {})
+        ours.update({"ours_compiled_options": {"compiled": True, "compile_options": compile_options}}
+                    if extra and compile_options else {})
         ours.update({"ours_compiled_written_out": {"compiled": True, "written_out": True}} if extra else {})
         ours.update({"ours_compiled_sliced": {"compiled": True, "slices": slices}} if extra and slices > 1 else {})
         for name, kw in ours.items():
@@ -413,6 +422,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--slices", type=bench_args.count, default=1,
                     help="with --compile, also fp32 training steps in this many slices of the batch, gradients "
                          "accumulated (ours compiled and the authors')")
+    ap.add_argument("--compile-options", type=bench_args.compile_options, default=None, metavar="JSON",
+                    help="with --compile, also fp32 rows of ours compiled with these Inductor settings "
+                         "(torch.compile(..., options=JSON)), beside ours compiled in the same rounds")
     ap.add_argument("--device", type=bench_args.device, default="cpu",
                     help="cpu (default) or cuda: where both models run")
     ap.add_argument("--out", type=Path, default=None,
@@ -422,8 +434,11 @@ def main(argv: list[str] | None = None) -> None:
         args.out = RESULTS / ("peer_bench.json" if args.device == "cpu" else "peer_bench_cuda.json")
     if BATCH % args.slices:
         ap.error(f"--slices must divide the batch of {BATCH}")
-    rep = run(args.peer, args.rounds, args.threads, args.bf16, args.compile, args.device, args.slices)
-    rep["command"] = "python bench/peer_bench.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    if args.compile_options and not args.compile:
+        ap.error("--compile-options needs --compile")
+    rep = run(args.peer, args.rounds, args.threads, args.bf16, args.compile, args.device, args.slices,
+              args.compile_options)
+    rep["command"] = bench_args.command_line("peer_bench", argv)
     print_summary(rep)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(args.out, rep)

@@ -25,8 +25,11 @@ in turn (the order reversed every round), a timed training step and then one und
                layout (which operand is a transposed view, from the strides): calls and ms per step (medians), the
                GFLOP/s they ran at in the step and the GFLOP/s the same shape and layout reach alone, timed
                repeatedly on warm operands as bench/flops.py times the roofline's shapes (the roofline's own
-               timing where it has the shape);
-               `matmul_at_isolated_rates_s` is what the step's matmuls would take at those rates
+               timing where it has the shape: `isolated_gflops`) and on cold ones (`cold_gflops`: the calls go
+               round copies of the operands and outputs that fill twice the last-level cache, so each reads its
+               operands from memory and writes to memory, as after an op that wrote them out);
+               `matmul_at_isolated_rates_s` and `matmul_at_cold_rates_s` are what the step's matmuls would take
+               at those rates
   on a GPU     kernels (CUDA kernels, copies and fills launched in a step), gpu_busy_s (the sum of their
                durations) and top_kernels; there the self times are host time, not the kernels' time
 
@@ -42,7 +45,6 @@ from __future__ import annotations
 import argparse
 import re
 import statistics
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -179,22 +181,26 @@ def rounds_of(runners: dict[str, peer_bench.Runner], x: torch.Tensor, y: torch.T
     return out
 
 
-def matmuls_against_isolated_rates(row: dict[str, Any], rates: dict[tuple, float]) -> None:
+def matmuls_against_isolated_rates(row: dict[str, Any], rates: dict[tuple, float],
+                                   cold_rates: dict[tuple, float]) -> None:
     """Replace a runner's `matmul_shapes` ({(op, m, k, n, count, layout): (seconds, calls)}) by a list, most time
-    first, of each shape's time and rate in the step beside the rate of the same shape alone (bench/flops.py's
-    timing; `rates`, fp32 FLOP/s by shape, holds the roofline's and takes the shapes it lacks); add
-    `matmul_at_isolated_rates_s`."""
-    shapes, at_isolated = [], 0.0
+    first, of each shape's time and rate in the step beside the rates of the same shape alone, warm and cold
+    (bench/flops.py's timing; `rates` and `cold_rates`, fp32 FLOP/s by shape, are caches: `rates` holds the
+    roofline's, and both take the shapes they lack); add `matmul_at_isolated_rates_s` and `matmul_at_cold_rates_s`."""
+    shapes, at_isolated, at_cold = [], 0.0, 0.0
     for (op, m, k, n, count, layout), (seconds, calls) in row.pop("matmul_shapes").items():
         mm = flops.MatMul("step", op, m, k, n, count, layout=layout)
-        alone = flops.rate(mm, rates)
-        isolated_s = calls * mm.flops / alone
+        alone, cold = flops.rate(mm, rates), flops.rate(mm, cold_rates, cold=True)
+        isolated_s, cold_s = calls * mm.flops / alone, calls * mm.flops / cold
         at_isolated += isolated_s
+        at_cold += cold_s
         shapes.append({"op": op, "m": m, "k": k, "n": n, "count": count, "layout": layout, "calls": calls,
                        "ms": 1e3 * seconds, "in_step_gflops": calls * mm.flops / seconds / 1e9 if seconds else None,
-                       "isolated_gflops": alone / 1e9, "isolated_ms": 1e3 * isolated_s})
+                       "isolated_gflops": alone / 1e9, "isolated_ms": 1e3 * isolated_s,
+                       "cold_gflops": cold / 1e9, "cold_ms": 1e3 * cold_s})
     row["matmul_shapes"] = sorted(shapes, key=lambda r: -r["ms"])
     row["matmul_at_isolated_rates_s"] = at_isolated
+    row["matmul_at_cold_rates_s"] = at_cold
 
 
 def run(peer_dir: Path | None, device: str = "cpu", rounds: int = 5, threads: int = 1,
@@ -225,9 +231,10 @@ def run(peer_dir: Path | None, device: str = "cpu", rounds: int = 5, threads: in
         ours = rep["runners"]["ours"]
         rep["roofline_boards_per_s"] = roof["roofline_boards_per_s"]
         rep["least_work_roofline_boards_per_s"] = least["roofline_boards_per_s"]
+        cold_rates: dict[tuple, float] = {}
         for r in rep["runners"].values():
             r["share_of_roofline"] = batch / r["step_s"] / roof["roofline_boards_per_s"]
-            matmuls_against_isolated_rates(r, rates["float32"])
+            matmuls_against_isolated_rates(r, rates["float32"], cold_rates)
         rep["budget_85"] = {"step_s": step_85, "our_matmuls_at_roofline_rates_s": least["seconds_per_batch"],
                             "left_beside_matmuls_s": step_85 - ours["matmul_s"],
                             "our_other_s": ours["other_s"]}
@@ -256,12 +263,13 @@ def print_summary(rep: dict[str, Any]) -> None:
         print(line)
         if "matmul_at_isolated_rates_s" in r:
             print(f"    its matmuls would take {r['matmul_at_isolated_rates_s']:.3f} s at the rates their shapes reach "
-                  f"alone; the slowest against those rates:")
+                  f"alone on warm operands, {r['matmul_at_cold_rates_s']:.3f} s on operands from memory; the slowest "
+                  f"against the warm rates:")
             timed = [sh for sh in r["matmul_shapes"] if sh["in_step_gflops"]]
             for sh in sorted(timed, key=lambda sh: sh["isolated_ms"] - sh["ms"])[:4]:
                 shape = f"{sh['op']} {sh['count']} x ({sh['m']} x {sh['k']}) ({sh['k']} x {sh['n']}) {sh['layout']}"
                 print(f"    {sh['ms']:8.1f} ms {sh['calls']:4d} calls  {shape}: {sh['in_step_gflops']:.0f} GFLOP/s "
-                      f"in the step, {sh['isolated_gflops']:.0f} alone")
+                      f"in the step, {sh['isolated_gflops']:.0f} alone warm, {sh['cold_gflops']:.0f} cold")
         for name, ms, n in r.get("kernels_of_compiled_graph", [])[:TOP]:
             print(f"    {ms:8.1f} ms {n:4d} calls  {name}")
     if "budget_85" in rep:
@@ -290,7 +298,7 @@ def main(argv: list[str] | None = None) -> None:
                     help="default bench/results/step_profile.json (step_profile_cuda.json on a GPU)")
     args = ap.parse_args(argv)
     rep = run(args.peer, args.device, args.rounds, args.threads, args.batch, args.compile)
-    rep["command"] = "python bench/step_profile.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    rep["command"] = bench_args.command_line("step_profile", argv)
     print_summary(rep)
     out = args.out or flops.RESULTS / ("step_profile.json" if args.device == "cpu" else "step_profile_cuda.json")
     atomic_write_json(out, rep)

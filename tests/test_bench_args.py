@@ -3,6 +3,7 @@ any work and without a traceback (bench/bench_args.py)."""
 
 import argparse
 import importlib
+import shlex
 import sys
 from pathlib import Path
 
@@ -21,6 +22,9 @@ import bench_args  # noqa: E402
     (bench_args.seconds, [("1200", 1200.0)], ["0", "-5", "inf", "nan", "x"]),
     (bench_args.preset, [("sudoku", "sudoku")], ["nope"]),
     (bench_args.device, [("cpu", "cpu")], ["tpu", "cpu:x", "meta"]),
+    (bench_args.compile_options, [('{"max_autotune": true, "cpp.simdlen": null}', {"max_autotune": True,
+                                                                                     "cpp.simdlen": None})],
+     ["x", "[]", "{}", '{"no_such_setting": 1}', '{"max_autotune": 1}', '{"cpp.threads": "4"}']),
 ])
 def test_argument_types_take_good_values_and_refuse_bad_ones(parse, good, bad) -> None:
     for text, value in good:
@@ -42,6 +46,12 @@ def test_a_peer_checkout_needs_the_authors_sudoku_model(tmp_path: Path) -> None:
     (tmp_path / "sudoku").mkdir()
     (tmp_path / "sudoku" / "models.py").write_text("")
     assert bench_args.peer_checkout(str(tmp_path)) == tmp_path.resolve()
+
+
+def test_the_recorded_command_can_be_run_again_as_written() -> None:
+    argv = ["--peer", "/tmp/a peer", "--compile", "--compile-options", '{"max_autotune": true}']
+    line = bench_args.command_line("peer_bench", argv)
+    assert shlex.split(line) == ["python", "bench/peer_bench.py", *argv]
 
 
 def test_config_overrides_name_what_is_wrong() -> None:
@@ -66,6 +76,10 @@ CASES = [
     ("peer_bench", ["--peer", "{peer}", "--rounds", "0"], "argument --rounds"),
     ("peer_bench", ["--peer", "{peer}", "--slices", "5"], "--slices must divide the batch of 64"),
     ("peer_bench", ["--peer", "{peer}", "--device", "tpu"], "argument --device"),
+    ("peer_bench", ["--peer", "{peer}", "--compile-options", '{{"max_autotune": true}}'],
+     "--compile-options needs --compile"),
+    ("peer_bench", ["--peer", "{peer}", "--compile", "--compile-options", '{{"maxautotune": true}}'],
+     "'maxautotune' is not a setting of torch._inductor.config"),
     ("step_profile", ["--threads", "0"], "argument --threads"),
     ("onnx_bench", ["--batches", "1,0"], "argument --batches"),
     ("train_throughput", ["--rows", "nope"], "argument --rows"),

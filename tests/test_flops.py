@@ -1,6 +1,7 @@
 """The FLOP model of bench/flops.py against PyTorch's own FLOP counter, and its roofline arithmetic."""
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -133,3 +134,14 @@ def test_machine_facts_name_the_simd_level_and_any_cap_on_it(monkeypatch: pytest
     assert facts["cpu_capability"] == torch.backends.cpu.get_cpu_capability() and facts["isa_limits"] == {}
     monkeypatch.setenv("MKL_ENABLE_INSTRUCTIONS", "AVX2")
     assert flops.machine(1)["isa_limits"] == {"MKL_ENABLE_INSTRUCTIONS": "AVX2"}
+
+
+def test_the_cold_timing_sizes_its_copies_from_the_last_level_cache(tmp_path: Path) -> None:
+    for index, size in (("index0", "48K"), ("index2", "2048K"), ("index3", "491520K")):
+        (tmp_path / index).mkdir()
+        (tmp_path / index / "size").write_text(size + "\n")
+    assert flops.last_level_cache_bytes(tmp_path) == 480 << 20
+    assert flops.last_level_cache_bytes(tmp_path / "missing") is None
+    mm = flops.MatMul("feedforward", "X D", 16, 32, 24, count=2, layout="tn")
+    warm, cold = flops.time_matmul(mm, min_seconds=0.001), flops.time_matmul(mm, min_seconds=0.001, cold=True)
+    assert warm > 0 and cold > 0 and math.isfinite(cold)

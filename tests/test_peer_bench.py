@@ -109,3 +109,22 @@ def test_summary_skips_the_inference_rows_of_runners_in_slices() -> None:
     assert out["training"]["ratio_ours_compiled_sliced_to_peer"] == pytest.approx(2.0)
     assert out["training"]["ratio_peer_sliced_to_peer"] == pytest.approx(0.8)
     assert "ours_compiled_sliced_boards_per_s" not in out["inference"]
+
+
+def test_compiler_settings_reach_torch_compile_and_get_their_own_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = []
+
+    def fake_compile(model, **kwargs):
+        seen.append(kwargs)
+        return model
+
+    monkeypatch.setattr(peer_bench.torch, "compile", fake_compile)
+    model = peer_bench.random_model()
+    peer_bench.Runner("ours", model, False, compiled=True)
+    peer_bench.Runner("ours", model, False, compiled=True, compile_options={"max_autotune": True})
+    assert seen == [{"options": None}, {"options": {"max_autotune": True}}]
+    times = {"ours_compiled_train": [2.0], "ours_compiled_options_train": [1.0], "peer_train": [4.0],
+             "ours_compiled_inference": [1.0], "ours_compiled_options_inference": [1.0], "peer_inference": [1.0]}
+    out = peer_bench.summarise(times, None, {"training": 3e9, "inference": 1e9})
+    assert out["training"]["ratio_ours_compiled_options_to_peer"] == pytest.approx(4.0)
+    assert out["training"]["ratio_ours_compiled_to_peer"] == pytest.approx(2.0)

@@ -31,6 +31,8 @@ def test_a_cpu_profile_splits_the_step_and_states_the_budget(tmp_path: Path) -> 
     assert sum(sh["ms"] for sh in shapes) == pytest.approx(1e3 * ours["matmul_s"], rel=1e-6)
     assert all(sh["calls"] > 0 and sh["isolated_gflops"] > 0 for sh in shapes)
     assert ours["matmul_at_isolated_rates_s"] == pytest.approx(sum(sh["isolated_ms"] for sh in shapes) / 1e3)
+    assert all(sh["cold_gflops"] > 0 for sh in shapes)
+    assert ours["matmul_at_cold_rates_s"] == pytest.approx(sum(sh["cold_ms"] for sh in shapes) / 1e3)
     ff = [sh for sh in shapes if (sh["op"], sh["m"], sh["k"], sh["n"]) == ("aten::mm", 2 * 81, 128, 512)]
     assert ff and ff[0]["calls"] >= 24  # X D at each of the 24 iterations (and the backward's dY0 D)
 
