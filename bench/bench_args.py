@@ -59,6 +59,8 @@ def at_least(minimum: int) -> Callable[[str], int]:
 
 
 count = at_least(1)
+seconds = _number(float, "a positive number of seconds", lambda v: 0 < v < math.inf)
+ratio = _number(float, "a fraction in [0, 1]", lambda v: 0 <= v <= 1)
 
 
 def counts(text: str) -> list[int]:
@@ -182,7 +184,3 @@ def input_errors_exit(main: Callable[..., Any]) -> Callable[..., Any]:
 
     return run
 
-
-
-seconds = _number(float, "a positive number of seconds", lambda v: 0 < v < math.inf)
-ratio = _number(float, "a fraction in [0, 1]", lambda v: 0 <= v <= 1)

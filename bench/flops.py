@@ -317,7 +317,10 @@ def time_matmul(mm: MatMul, dtype: torch.dtype = torch.float32, min_seconds: flo
         size = sum(t.numel() * t.element_size() for t in (a, b, out))
         copies = min(COLD_MAX_COPIES, max(2, -(-2 * max(last_level_cache_bytes() or 0, COLD_MIN_BYTES) // size)))
         sets = [(a.clone(), b.clone(), torch.empty_like(out)) for _ in range(copies)]  # clones keep the layouts
-        call = lambda i: torch.matmul(sets[i % copies][0], sets[i % copies][1], out=sets[i % copies][2])  # noqa: E731
+
+        def call(i: int) -> None:
+            sa, sb, so = sets[i % copies]
+            torch.matmul(sa, sb, out=so)
     call(0)
     calls = _calls_for(call, min_seconds, copies if cold else 1)
     best = float("inf")

@@ -25,7 +25,6 @@ Writes bench/results/onnx_bench.json and bench/results/onnx_bench.png.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -37,6 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from hyperset.checkpoint import atomic_write_json
 from hyperset.solve import CPU_BATCH_SIZE
 
 ROOT = Path(__file__).resolve().parent
@@ -318,9 +318,7 @@ def main(argv: list[str] | None = None) -> None:
     report = run(args)
     report["command"] = bench_args.command_line("onnx_bench", argv)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_name(f".{args.out.name}.tmp")
-    tmp.write_text(json.dumps(report, indent=2) + "\n")
-    tmp.replace(args.out)
+    atomic_write_json(args.out, report)
     png = args.out.with_suffix(".png")
     plot(report, png)
     print(f"wrote {args.out} and {png}")
