@@ -193,11 +193,18 @@ class RecurrentCore(nn.Module):
         yielded (t = 1..skip; the yielded ones are t = skip+1..skip+iters), and `detach_every` = k cuts the graph
         after every k yielded iterations, so a long trajectory is trained in segments at constant memory.
         """
+        return self._iterate(x0, self._fixed_steps(x0), iters, skip, detach_every)
+
+    def _iterate(self, x0: Tensor, fixed: tuple[Tensor, Tensor] | None, iters: int | None, skip: int,
+                 detach_every: int) -> Generator[tuple[nn.Module, int, Tensor], Tensor | None, None]:
+        """`iterate` with the step sizes made once (`_fixed_steps`) given. Under torch.compile the weight check in
+        `_fixed_steps` runs in eager mode, which breaks the graph; made outside this generator, the break falls
+        before it and the compiler traces every update of the pass into one graph (a break inside a generator
+        makes the compiler leave the generator's own frame to eager mode, one graph per update)."""
         iters = self.cfg.iters if iters is None else int(iters)
         if iters < 0 or skip < 0 or detach_every < 0:
             raise ValueError(f"iters, skip and detach_every must be >= 0, got {iters}, {skip} and {detach_every}")
         x = x0
-        fixed = self._fixed_steps(x0)
         for layer in self.layers:
             if skip:  # t restarts for every distinct layer, as in the authors' code
                 with torch.no_grad():
@@ -233,7 +240,7 @@ class RecurrentCore(nn.Module):
     def _run(self, x0: Tensor, iters: int | None, trace: bool, geometry: bool, keep_states: bool, skip: int,
              detach_every: int) -> CoreOutput:
         out = CoreOutput(x0, Trace() if (trace or geometry) else None, [] if keep_states else None)
-        for layer, t, x in self.iterate(x0, iters, skip, detach_every):
+        for layer, t, x in self._iterate(x0, self._fixed_steps(x0), iters, skip, detach_every):
             out.x = x
             if out.trace is not None:
                 out.trace.record(layer, x, t, geometry, self.cfg)

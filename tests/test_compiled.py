@@ -57,3 +57,29 @@ def test_compiled_outputs_and_gradients_match_eager(case: str) -> None:
     for (name, a), b in zip(eager.named_parameters(), twin.parameters()):
         assert a.grad is not None and b.grad is not None, name
         assert torch.allclose(a.grad, b.grad, atol=1e-5, rtol=0), (name, (a.grad - b.grad).abs().max())
+
+
+def test_the_compiler_traces_a_pass_into_graphs_that_do_not_grow_with_depth() -> None:
+    """A pass compiles to a fixed number of graphs (the updates unrolled in one), not one graph call per update:
+    the step-size check that runs in eager mode falls outside the iterations' generator."""
+    torch._dynamo.reset()
+    cfg = ModelConfig(**CASES["peer"][0])
+    model = build_model(cfg)
+    calls = 0
+
+    def counting(gm: torch.fx.GraphModule, inputs: list[torch.Tensor]):
+        def run(*args):
+            nonlocal calls
+            calls += 1
+            return gm(*args)
+        return run
+
+    compiled = torch.compile(model, backend=counting)
+    x = torch.randint(0, cfg.vocab_size, (2, cfg.seq_len))
+    per_pass = {}
+    for iters in (2, 6):
+        compiled(x, iters)  # compiles for this depth
+        calls = 0
+        compiled(x, iters).sum().backward()
+        per_pass[iters] = calls
+    assert per_pass[2] == per_pass[6] < 6, per_pass  # one graph per update would make 6 or more at 6 updates
