@@ -45,6 +45,8 @@ trainer's train.accum_steps = N makes it) with 1/N of the working set; they trai
 slice); with --compile --compile-options JSON, in fp32, also `ours_compiled_options`: ours compiled with these
 Inductor settings (`torch.compile(model, options=...)`, e.g. {"max_autotune": true} or {"cpp_wrapper": true}),
 timed beside `ours_compiled` in the same rounds, so a compiler setting is measured at the same work.
+`goal` in the JSON (and the summary's last line) holds fp32 training on a CPU against the speed goal this
+benchmark was built for: at least 1.3x the authors' boards/s and 85% of the roofline, for `ours` and `ours_compiled`.
 With `--device cuda` both models train and infer on the GPU (the parity check stays on the CPU), each timed call
 ends with a synchronize, and no roofline is measured: at batch 64 these kernels are bound by their launches.
 Writes bench/results/peer_bench.json (peer_bench_cuda.json on a GPU).
@@ -77,6 +79,9 @@ from hyperset.models import HyperSETModel
 RESULTS = Path(__file__).resolve().parent / "results"
 PEER_PACKAGES = ("einops", "hydra-core", "omegaconf", "loguru")
 BATCH = 64
+# the speed goal for an fp32 training step at this configuration on a CPU: this ratio to the authors' code and this
+# share of the roofline
+GOAL_RATIO, GOAL_SHARE = 1.3, 0.85
 
 
 def our_config() -> Any:
@@ -287,6 +292,21 @@ def summarise(times: dict[str, list[float]], roof: dict[str, Any] | None, fpb: d
     return out
 
 
+def goal(results: dict[str, Any]) -> dict[str, Any] | None:
+    """fp32 training of `ours` and `ours_compiled` (where it ran) against GOAL_RATIO and GOAL_SHARE: each one's ratio
+    to the authors' and share of the roofline, and whether it reaches them. None without an fp32 roofline (a GPU)."""
+    row = results.get("float32", {}).get("training", {})
+    if "roofline_boards_per_s" not in row:
+        return None
+    out: dict[str, Any] = {"ratio_to_authors_at_least": GOAL_RATIO, "share_of_roofline_at_least": GOAL_SHARE}
+    for n in ("ours", "ours_compiled"):
+        if f"{n}_boards_per_s" in row:
+            ratio, share = row[f"ratio_{n}_to_peer"], row[f"{n}_share_of_roofline"]
+            out[n] = {"ratio_to_authors": ratio, "ratio_reached": ratio >= GOAL_RATIO,
+                      "share_of_roofline": share, "share_reached": share >= GOAL_SHARE}
+    return out
+
+
 def best_roofline(before: dict[str, Any], after: dict[str, Any], dtype: str) -> dict[str, Any]:
     return {k: max(before[dtype][k], after[dtype][k], key=lambda r: r["roofline_boards_per_s"])
             for k in ("inference", "training")}
@@ -375,6 +395,7 @@ def run(peer_dir: Path, rounds: int, threads: int, bf16: bool, compiled: bool = 
                        if cpu else (None, None))
         rep["results"][dtype] = summarise(rep["times_s"][dtype], conf, fpb["configuration"], least)
     rep["roofline"] = {"before": roof_before, "after": roof_after} if cpu else None
+    rep["goal"] = goal(rep["results"])
     info["load_average_1min_at_end"] = flops.load_average()
     return rep
 
@@ -408,6 +429,18 @@ def print_summary(rep: dict[str, Any]) -> None:
                           f"({100 * r[f'{n}_share_of_least_work_roofline']:.0f}% of least work)") if roofed else ""
                 print(f"    {n:25s} {r[f'{n}_boards_per_s']:7.1f} boards/s{shares}{ratio}; "
                       f"fastest round {r[f'best_{n}_boards_per_s']:.1f}")
+    g = rep.get("goal")
+    if g:
+        runs = []
+        for n in ("ours", "ours_compiled"):
+            if n in g:
+                v = g[n]
+                ratio = "reached" if v["ratio_reached"] else "not reached"
+                share = "reached" if v["share_reached"] else "not reached"
+                runs.append(f"{n} {v['ratio_to_authors']:.2f}x ({ratio}), "
+                            f"{100 * v['share_of_roofline']:.0f}% ({share})")
+        print(f"goal, fp32 training: >= {g['ratio_to_authors_at_least']}x the authors' and >= "
+              f"{100 * g['share_of_roofline_at_least']:.0f}% of the roofline: {'; '.join(runs)}")
 
 
 @bench_args.input_errors_exit

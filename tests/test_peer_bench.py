@@ -128,3 +128,34 @@ def test_compiler_settings_reach_torch_compile_and_get_their_own_row(monkeypatch
     out = peer_bench.summarise(times, None, {"training": 3e9, "inference": 1e9})
     assert out["training"]["ratio_ours_compiled_options_to_peer"] == pytest.approx(4.0)
     assert out["training"]["ratio_ours_compiled_to_peer"] == pytest.approx(2.0)
+
+
+def test_the_goal_says_which_half_each_training_row_reaches() -> None:
+    times = {"ours_train": [2.0], "ours_compiled_train": [1.0], "peer_train": [4.0],
+             "ours_inference": [1.0], "peer_inference": [1.0]}
+    roof = {"training": {"roofline_boards_per_s": 80.0}, "inference": {"roofline_boards_per_s": 128.0}}
+    results = {"float32": peer_bench.summarise(times, roof, {"training": 3e9, "inference": 1e9})}
+    g = peer_bench.goal(results)
+    # ours: 32 boards/s, 2x the authors' 16, 40% of the roofline; compiled: 64 boards/s, 4x, 80%
+    assert g["ours"]["ratio_reached"] and not g["ours"]["share_reached"]
+    assert g["ours"]["share_of_roofline"] == pytest.approx(0.4)
+    assert g["ours_compiled"]["ratio_to_authors"] == pytest.approx(4.0) and not g["ours_compiled"]["share_reached"]
+    roof["training"]["roofline_boards_per_s"] = 70.0  # 64 / 70 = 91%
+    g = peer_bench.goal({"float32": peer_bench.summarise(times, roof, {"training": 3e9, "inference": 1e9})})
+    assert g["ours_compiled"]["share_reached"] and not g["ours"]["share_reached"]
+    # on a GPU (no roofline) there is no goal to hold the rows against
+    assert peer_bench.goal({"float32": peer_bench.summarise(times, None, {"training": 3e9, "inference": 1e9})}) is None
+
+
+def test_the_summary_prints_the_goal(capsys: pytest.CaptureFixture[str]) -> None:
+    times = {"ours_train": [2.0], "peer_train": [4.0], "ours_inference": [1.0], "peer_inference": [1.0]}
+    roof = {"training": {"roofline_boards_per_s": 80.0}, "inference": {"roofline_boards_per_s": 128.0}}
+    results = {"float32": peer_bench.summarise(times, roof, {"training": 3e9, "inference": 1e9}, roof)}
+    flop = {"training": 3e9, "inference": 1e9}
+    rep = {"machine": {"cpu": "x", "threads": 1, "native_bf16": False, "load_average_1min_at_start": 0.0,
+                       "load_average_1min_at_end": 0.0},
+           "flops_per_board_model": {"configuration": flop, "least_work": flop}, "results": results,
+           "goal": peer_bench.goal(results)}
+    peer_bench.print_summary(rep)
+    assert "goal, fp32 training: >= 1.3x the authors' and >= 85% of the roofline: ours 2.00x (reached), " \
+           "40% (not reached)" in capsys.readouterr().out
