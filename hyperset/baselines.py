@@ -105,7 +105,8 @@ class EnergyTransformerLayer(nn.Module):
 
     E_ATT = -1/beta sum_h sum_C logsumexp_B(beta K_B.Q_C); E_HN = -1/2 sum_B sum_mu ReLU(xi_mu.g_B)^2.
     `energy_grad` is the same gradient in closed form, used where autograd is unavailable (ONNX export,
-    inference mode); the tests check the two agree.
+    inference mode) and under torch.compile, where a gradient taken inside the forward pass would break the graph
+    at every update; the tests check the two agree, second-order gradients included.
     """
 
     def __init__(self, cfg: ModelConfig):
@@ -142,7 +143,8 @@ class EnergyTransformerLayer(nn.Module):
 
     def step(self, x: Tensor, t: int, steps: object = None, shared: object = None) -> Tensor:
         g = self.norm(x)
-        if torch.is_inference_mode_enabled() or torch.onnx.is_in_onnx_export():
+        # is_compiling first: the compiler cannot trace is_inference_mode_enabled
+        if torch.compiler.is_compiling() or torch.is_inference_mode_enabled() or torch.onnx.is_in_onnx_export():
             grad = self.energy_grad(g)
         else:
             with torch.enable_grad():

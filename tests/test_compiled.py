@@ -32,6 +32,8 @@ CASES = {
                   step_norm="none", pos="learned", emb_dropout=0.0), {}),
     "depth": (dict(task="sudoku", dim=32, heads=4, ff_hidden=64, iters=3, time_dim=32, emb_dropout=0.0,
                    time_init="zero"), dict(iters=6, all_logits=True, detach_every=3)),
+    # the Energy Transformer baseline: its energy's gradient in closed form under the compiler, by autograd in eager
+    "et": (dict(task="sudoku", layer="et", dim=32, heads=4, ff_hidden=64, iters=3, emb_dropout=0.0), {}),
 }
 
 
@@ -59,11 +61,13 @@ def test_compiled_outputs_and_gradients_match_eager(case: str) -> None:
         assert torch.allclose(a.grad, b.grad, atol=1e-5, rtol=0), (name, (a.grad - b.grad).abs().max())
 
 
-def test_the_compiler_traces_a_pass_into_graphs_that_do_not_grow_with_depth() -> None:
+@pytest.mark.parametrize("case", ["peer", "et"])
+def test_the_compiler_traces_a_pass_into_graphs_that_do_not_grow_with_depth(case: str) -> None:
     """A pass compiles to a fixed number of graphs (the updates unrolled in one), not one graph call per update:
-    the step-size check that runs in eager mode falls outside the iterations' generator."""
+    the step-size check that runs in eager mode falls outside the iterations' generator, and the Energy
+    Transformer takes its energy's gradient in closed form rather than by autograd inside the pass."""
     torch._dynamo.reset()
-    cfg = ModelConfig(**CASES["peer"][0])
+    cfg = ModelConfig(**CASES[case][0])
     model = build_model(cfg)
     calls = 0
 
