@@ -135,6 +135,11 @@ class RecurrentCore(nn.Module):
         self.cfg = cfg
         self.layers = nn.ModuleList(LAYER_TYPES[cfg.layer](cfg) for _ in range(cfg.n_layers))
         self.step_sizes = StepSizes(cfg) if cfg.layer == "hyperset" else None
+        # Under torch.compile a pass is one graph, its updates unrolled, which the compiler specialises on the depth:
+        # a new depth compiles the pass again (and after torch._dynamo's recompile limit, 8, runs it eagerly). A
+        # training objective that draws the depth at every step sets this: every update is then a graph of its
+        # own, compiled once for any depth.
+        self.graph_per_update = False
 
     def steps_at(self, x: Tensor, x0: Tensor, t: int | Tensor) -> tuple[Tensor, Tensor] | None:
         """The step sizes (alpha_t, gamma_t) that `step` uses at iteration t from state x (each (B, N, d), or
@@ -214,6 +219,8 @@ class RecurrentCore(nn.Module):
             shared = layer.pass_weights() if hasattr(layer, "pass_weights") else None
             for t in range(skip + 1, skip + iters + 1):
                 x = self._update(x, x0, t, layer, fixed, shared)
+                if self.graph_per_update:
+                    torch._dynamo.graph_break()  # nothing outside torch.compile
                 rows = yield layer, t, x
                 if rows is not None:
                     x, x0 = x[rows], x0[rows]

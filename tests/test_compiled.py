@@ -87,3 +87,30 @@ def test_the_compiler_traces_a_pass_into_graphs_that_do_not_grow_with_depth(case
         compiled(x, iters).sum().backward()
         per_pass[iters] = calls
     assert per_pass[2] == per_pass[6] < 6, per_pass  # one graph per update would make 6 or more at 6 updates
+
+
+def test_a_core_with_a_graph_per_update_compiles_once_for_every_depth() -> None:
+    """With graph_per_update (set by an objective that draws the depth at every step) a new depth compiles
+    nothing: the updates are graphs of their own. Without it the pass is one graph per depth."""
+    cfg = ModelConfig(**CASES["peer"][0])
+    x = torch.randint(0, cfg.vocab_size, (2, cfg.seq_len))
+    new_graphs = {}
+    for per_update in (False, True):
+        torch._dynamo.reset()
+        model = build_model(cfg)
+        model.core.graph_per_update = per_update
+        compiles = 0
+
+        def counting(gm: torch.fx.GraphModule, inputs: list[torch.Tensor]):
+            nonlocal compiles
+            compiles += 1
+            return gm
+
+        compiled = torch.compile(model, backend=counting)
+        compiled(x, 2).sum().backward()
+        compiled(x, 3).sum().backward()
+        before = compiles
+        for iters in (4, 5, 6):
+            compiled(x, iters).sum().backward()
+        new_graphs[per_update] = compiles - before
+    assert new_graphs[True] == 0 and new_graphs[False] >= 3, new_graphs

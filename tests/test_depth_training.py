@@ -202,6 +202,15 @@ def test_depth_draws_are_in_range_and_a_function_of_the_step(data_dir: Path) -> 
     assert task(data_dir).depth_draw(7, 0) == (2, 0)
 
 
+@pytest.mark.parametrize("objective, per_update", [({}, False), ({"segments": 2}, False),
+                                                  ({"train_iters": [1, 3]}, True), ({"skip_iters": [0, 2]}, True)])
+def test_a_depth_drawn_at_every_step_compiles_a_graph_per_update(data_dir: Path, objective: dict,
+                                                                 per_update: bool) -> None:
+    """Under torch.compile a pass is one graph specialised on its depth; an objective that draws the depth at every
+    step builds its model with a graph per update instead (tests/test_compiled.py checks what each does)."""
+    assert task(data_dir, **objective).build_model().core.graph_per_update is per_update
+
+
 def test_segments_supervise_every_iteration_of_every_segment(data_dir: Path) -> None:
     t = task(data_dir, segments=3, train_iters=[2, 2])
     model = HyperSETModel(t.model_config())

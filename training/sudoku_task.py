@@ -111,6 +111,13 @@ class SudokuTask(Task):
     def model_config(self) -> ModelConfig:
         return self.model
 
+    def build_model(self) -> HyperSETModel:
+        model = HyperSETModel(self.model)
+        # a depth drawn at every step: under torch.compile one graph per update, compiled once for every depth,
+        # rather than the whole pass compiled again for each new depth (RecurrentCore.graph_per_update)
+        model.core.graph_per_update = bool(self.train_iters or self.skip_iters)
+        return model
+
     def train_size(self) -> int:
         return len(self.train_puzzles)
 
