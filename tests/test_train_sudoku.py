@@ -226,6 +226,24 @@ def test_cli_json_prints_only_json_on_stdout(data_dir: Path, tmp_path: Path) -> 
     assert json.loads(result.stdout)["step"] == 2  # the evaluation line is not on stdout
 
 
+@pytest.mark.parametrize("rank, prints", [(0, True), (1, False)])
+def test_only_the_main_process_reports_the_run(data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                               rank: int, prints: bool) -> None:
+    """Under torchrun every process runs the CLI; one report (one JSON line with --json) comes from rank 0, the
+    process that tracks the best checkpoint."""
+    from hyperset.training import trainer
+
+    def fit(self: trainer.Trainer) -> dict:
+        return {"step": 2, "best": 0.5 if rank == 0 else float("-inf"), "rank": rank}
+
+    monkeypatch.setattr(trainer.Trainer, "fit", fit)
+    for extra in ([], ["--json"]):
+        result = CliRunner().invoke(train_main, [*TINY_CLI, "--data", str(data_dir), "--out", str(tmp_path / "o"),
+                                                 *extra])
+        assert result.exit_code == 0, result.output
+        assert (result.stdout != "") is prints, result.stdout
+
+
 def test_empty_or_missing_puzzle_files_are_named(tmp_path: Path, data_dir: Path) -> None:
     (tmp_path / "train.csv").write_text("")
     (tmp_path / "valid.csv").write_text((data_dir / "valid.csv").read_text())

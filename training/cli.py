@@ -119,6 +119,8 @@ def _run(task: str, recipe_name: str, data: str, out: str, resume: bool, device:
         click.echo(f"hyperset-train: error: out of memory ({reason}); lower train.batch_size or raise --accum-steps",
                    err=True)
         sys.exit(2)
+    if result.get("rank", 0):  # under torchrun the main process reports the run, once
+        return
     if as_json:
         click.echo(json.dumps(result))
     else:

@@ -337,7 +337,7 @@ class Trainer:
         if env.any(self._stop):
             self._say(f"stopped at step {run.step}; state saved in {self.out / 'last'} (continue with --resume)")
         return {"step": run.step, "best": run.best, "best_metrics": run.best_metrics, "out": str(self.out),
-                "finished": run.step >= cfg.steps, "world_size": env.world}
+                "finished": run.step >= cfg.steps, "world_size": env.world, "rank": env.rank}
 
     def _agreed(self, run: _Run, flag: bool) -> bool:
         """A decision every process takes together (stop, save on the clock): one process reads its flag at every
