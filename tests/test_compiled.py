@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -61,6 +63,21 @@ def test_compiled_outputs_and_gradients_match_eager(case: str) -> None:
         assert torch.allclose(a.grad, b.grad, atol=1e-5, rtol=0), (name, (a.grad - b.grad).abs().max())
 
 
+def _counting_backend() -> tuple[Callable[..., Any], dict[str, int]]:
+    """A torch.compile backend that runs each graph as traced and counts the graphs it is given and their calls."""
+    counts = {"graphs": 0, "calls": 0}
+
+    def backend(gm: torch.fx.GraphModule, inputs: list[torch.Tensor]) -> Callable[..., Any]:
+        counts["graphs"] += 1
+
+        def run(*args: Any) -> Any:
+            counts["calls"] += 1
+            return gm(*args)
+        return run
+
+    return backend, counts
+
+
 @pytest.mark.parametrize("case", ["peer", "et"])
 def test_the_compiler_traces_a_pass_into_graphs_that_do_not_grow_with_depth(case: str) -> None:
     """A pass compiles to a fixed number of graphs (the updates unrolled in one), not one graph call per update:
@@ -68,24 +85,15 @@ def test_the_compiler_traces_a_pass_into_graphs_that_do_not_grow_with_depth(case
     Transformer takes its energy's gradient in closed form rather than by autograd inside the pass."""
     torch._dynamo.reset()
     cfg = ModelConfig(**CASES[case][0])
-    model = build_model(cfg)
-    calls = 0
-
-    def counting(gm: torch.fx.GraphModule, inputs: list[torch.Tensor]):
-        def run(*args):
-            nonlocal calls
-            calls += 1
-            return gm(*args)
-        return run
-
-    compiled = torch.compile(model, backend=counting)
+    backend, counts = _counting_backend()
+    compiled = torch.compile(build_model(cfg), backend=backend)
     x = torch.randint(0, cfg.vocab_size, (2, cfg.seq_len))
     per_pass = {}
     for iters in (2, 6):
         compiled(x, iters)  # compiles for this depth
-        calls = 0
+        counts["calls"] = 0
         compiled(x, iters).sum().backward()
-        per_pass[iters] = calls
+        per_pass[iters] = counts["calls"]
     assert per_pass[2] == per_pass[6] < 6, per_pass  # one graph per update would make 6 or more at 6 updates
 
 
@@ -99,18 +107,12 @@ def test_a_core_with_a_graph_per_update_compiles_once_for_every_depth() -> None:
         torch._dynamo.reset()
         model = build_model(cfg)
         model.core.graph_per_update = per_update
-        compiles = 0
-
-        def counting(gm: torch.fx.GraphModule, inputs: list[torch.Tensor]):
-            nonlocal compiles
-            compiles += 1
-            return gm
-
-        compiled = torch.compile(model, backend=counting)
+        backend, counts = _counting_backend()
+        compiled = torch.compile(model, backend=backend)
         compiled(x, 2).sum().backward()
         compiled(x, 3).sum().backward()
-        before = compiles
+        before = counts["graphs"]
         for iters in (4, 5, 6):
             compiled(x, iters).sum().backward()
-        new_graphs[per_update] = compiles - before
+        new_graphs[per_update] = counts["graphs"] - before
     assert new_graphs[True] == 0 and new_graphs[False] >= 3, new_graphs

@@ -112,7 +112,7 @@ class SudokuTask(Task):
         return self.model
 
     def build_model(self) -> HyperSETModel:
-        model = HyperSETModel(self.model)
+        model = super().build_model()
         # a depth drawn at every step: under torch.compile one graph per update, compiled once for every depth,
         # rather than the whole pass compiled again for each new depth (RecurrentCore.graph_per_update)
         model.core.graph_per_update = bool(self.train_iters or self.skip_iters)
