@@ -44,8 +44,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import bench_args
 import torch
 import torch.nn.functional as F
+
+from hyperset.checkpoint import atomic_write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -380,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{torch.version.cuda or 'none'}): nothing to check here, {args.out} left as it is")
         return 0
     checks = tuple(args.only or CHECKS)
-    command = "python bench/gpu_check.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = bench_args.command_line("gpu_check", argv)
     report: dict[str, Any] = {}
     if args.only and args.out.exists():
         report = json.loads(args.out.read_text())
@@ -388,11 +391,9 @@ def main(argv: list[str] | None = None) -> int:
     info = machine()
     results = run(checks)
     report.update(results)
-    report["runs"] = [*report.get("runs", []), {"command": command.strip(), "checks": list(checks), **info}]
+    report["runs"] = [*report.get("runs", []), {"command": command, "checks": list(checks), **info}]
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(report, indent=2) + "\n")
-    tmp.replace(args.out)
+    atomic_write_json(args.out, report)
     bad = failed(results)
     print(f"gpu_check on {info['gpu']}: " + (f"FAILED {', '.join(bad)}" if bad else f"passed: {', '.join(checks)}"))
     print(f"wrote {args.out}")

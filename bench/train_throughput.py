@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -122,7 +121,7 @@ def main() -> None:
               f"({100 * r['inference_share_of_roofline']:.0f}%)", flush=True)
     out = {"threads": args.threads, "torch": torch.__version__, "machine": flops.machine(args.threads),
            "native_bf16": cpu_has_native_bf16(), "load_average": os.getloadavg(), "rows": results,
-           "command": "python bench/train_throughput.py " + " ".join(sys.argv[1:])}
+           "command": bench_args.command_line("train_throughput", None)}
     RESULTS.mkdir(parents=True, exist_ok=True)
     atomic_write_json(RESULTS / "train_throughput.json", out)
 
