@@ -22,8 +22,9 @@ in turn (the order reversed every round), a timed training step and then one und
                list the ops each fuses (e.g. "backward: _softmax" is the softmax the backward recomputes from
                the saved scores)
   matmul_shapes   on a CPU, the step's matmuls by op, shape (m x k by k x n, `count` of them per call) and
-               layout (which operand is a transposed view, from the strides): calls and ms per step (medians), the
-               GFLOP/s they ran at in the step and the GFLOP/s the same shape and layout reach alone, timed
+               layout (which operand is a transposed view, from the strides; empty where the profiler records
+               no strides, as torch 2.11's): calls and ms per step (medians), the GFLOP/s they ran at in the
+               step and the GFLOP/s the same shape and layout reach alone, timed
                repeatedly on warm operands as bench/flops.py times the roofline's shapes (the roofline's own
                timing where it has the shape: `isolated_gflops`) and on cold ones (`cold_gflops`: the calls go
                round copies of the operands and outputs that fill twice the last-level cache, so each reads its
@@ -31,7 +32,8 @@ in turn (the order reversed every round), a timed training step and then one und
                `matmul_at_isolated_rates_s` and `matmul_at_cold_rates_s` are what the step's matmuls would take
                at those rates
   on a GPU     kernels (CUDA kernels, copies and fills launched in a step), gpu_busy_s (the sum of their
-               durations) and top_kernels; there the self times are host time, not the kernels' time
+               durations; not the GPU-side ranges of annotations) and top_kernels; there the self times are host
+               time, not the kernels' time
 
 On a CPU the run also measures the fp32 training roofline at the configuration's shapes (bench/flops.py, as
 peer_bench does) and states the budget that 85% of it leaves: `budget_85.step_s`, the step at 85% of the roofline,
@@ -85,7 +87,9 @@ def _transposed(shape: list[int], strides: list[int]) -> bool:
 def matmul_shape(event: Any) -> tuple[str, int, int, int, int, str] | None:
     """(op, m, k, n, count, layout) of a matmul op's call from its operands' recorded shapes and strides (the
     profiler's record_shapes), or None where they were not recorded."""
-    shapes, strides = event.structured_input_shapes, event.structured_input_strides
+    # profilers before these two attributes (torch 2.11's, for one) record no strides: no layout, so no shape
+    shapes = getattr(event, "structured_input_shapes", None)
+    strides = getattr(event, "structured_input_strides", None)
     first = 1 if event.name in ("aten::addmm", "aten::baddbmm") else 0  # after the tensor added to
     try:
         a, b = shapes[first], shapes[first + 1]
@@ -96,6 +100,13 @@ def matmul_shape(event: Any) -> tuple[str, int, int, int, int, str] | None:
         return None
     layout = "".join("t" if _transposed(t, st) else "n" for t, st in ((a, sa), (b, sb)))
     return event.name, a[-2], a[-1], b[-1], a[0] if len(a) == 3 else 1, layout
+
+
+def gpu_kernels(events: Any) -> list[Any]:
+    """The events that ran on the GPU: kernels, copies and fills, without the GPU-side ranges of user annotations
+    (a compiled graph's call is one, spanning its kernels and the gaps between them)."""
+    return [e for e in events
+            if e.device_type == torch.autograd.DeviceType.CUDA and not getattr(e, "is_user_annotation", False)]
 
 
 def profile_step(runner: peer_bench.Runner, x: torch.Tensor, y: torch.Tensor) -> dict[str, Any]:
@@ -139,7 +150,7 @@ def profile_step(runner: peer_bench.Runner, x: torch.Tensor, y: torch.Tensor) ->
         out["kernels_of_compiled_graph"] = [[name, round(1e3 * s, 3), kernel_calls[name]]
                                             for name, s in kernel_s.most_common()]
     if cuda:
-        kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        kernels = gpu_kernels(prof.events())
         out.update(kernels=len(kernels), gpu_busy_s=sum(e.device_time for e in kernels) / 1e6,
                    top_kernels=Counter(e.name[:100] for e in kernels).most_common(TOP))
     return out

@@ -4,6 +4,7 @@ budget is stated against a roofline measured in the same run."""
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -49,6 +50,20 @@ def test_matmul_shapes_and_layouts_come_from_the_recorded_strides() -> None:
                    ("aten::baddbmm", 5, 6, 7, 8, "nt"), ("aten::addmm", 48, 64, 48, 1, "tn")]
 
 
+def test_a_profiler_that_records_no_strides_gives_no_shapes_and_still_a_report(tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    # torch 2.11's FunctionEvent has input_shapes but neither structured_input_shapes nor structured_input_strides
+    old_event = SimpleNamespace(name="aten::mm", input_shapes=[[64, 32], [32, 48]])
+    assert step_profile.matmul_shape(old_event) is None
+    real = step_profile.matmul_shape
+    monkeypatch.setattr(step_profile, "matmul_shape",
+                        lambda e: real(SimpleNamespace(name=e.name, input_shapes=e.input_shapes)))
+    out = tmp_path / "profile.json"
+    step_profile.main(["--rounds", "1", "--batch", "2", "--out", str(out)])
+    ours = json.loads(out.read_text())["runners"]["ours"]
+    assert ours["matmul_shapes"] == [] and 0 < ours["matmul_s"] < ours["step_s"]
+
+
 def test_the_compiled_step_gets_its_own_split_and_budget(tmp_path: Path) -> None:
     out = tmp_path / "profile.json"
     step_profile.main(["--rounds", "1", "--batch", "2", "--compile", "--out", str(out)])
@@ -62,3 +77,13 @@ def test_the_compiled_step_gets_its_own_split_and_budget(tmp_path: Path) -> None
     assert {name.split(": ")[0] for name, _, _ in kernels} == {"forward", "backward"}
     assert any("softmax" in name for name, _, _ in kernels) and all(ms >= 0 and n > 0 for _, ms, n in kernels)
     assert "kernels_of_compiled_graph" not in rep["runners"]["ours"]
+
+
+def test_gpu_busy_time_counts_kernels_not_the_ranges_of_annotations() -> None:
+    cuda, cpu = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
+    events = [SimpleNamespace(name="triton_poi_fused_relu_0", device_type=cuda, is_user_annotation=False),
+              SimpleNamespace(name="## Call CompiledFxGraph f1 ##", device_type=cuda, is_user_annotation=True),
+              SimpleNamespace(name="aten::mm", device_type=cpu, is_user_annotation=False),
+              SimpleNamespace(name="Memcpy DtoD (Device -> Device)", device_type=cuda)]
+    assert [e.name for e in step_profile.gpu_kernels(events)] == ["triton_poi_fused_relu_0",
+                                                                  "Memcpy DtoD (Device -> Device)"]
