@@ -197,7 +197,8 @@ def matmuls_against_isolated_rates(row: dict[str, Any], rates: dict[tuple, float
     """Replace a runner's `matmul_shapes` ({(op, m, k, n, count, layout): (seconds, calls)}) by a list, most time
     first, of each shape's time and rate in the step beside the rates of the same shape alone, warm and cold
     (bench/flops.py's timing; `rates` and `cold_rates`, fp32 FLOP/s by shape, are caches: `rates` holds the
-    roofline's, and both take the shapes they lack); add `matmul_at_isolated_rates_s` and `matmul_at_cold_rates_s`."""
+    roofline's, and both take the shapes they lack); add `matmul_at_isolated_rates_s` and `matmul_at_cold_rates_s`
+    where there are shapes."""
     shapes, at_isolated, at_cold = [], 0.0, 0.0
     for (op, m, k, n, count, layout), (seconds, calls) in row.pop("matmul_shapes").items():
         mm = flops.MatMul("step", op, m, k, n, count, layout=layout)
@@ -210,8 +211,9 @@ def matmuls_against_isolated_rates(row: dict[str, Any], rates: dict[tuple, float
                        "isolated_gflops": alone / 1e9, "isolated_ms": 1e3 * isolated_s,
                        "cold_gflops": cold / 1e9, "cold_ms": 1e3 * cold_s})
     row["matmul_shapes"] = sorted(shapes, key=lambda r: -r["ms"])
-    row["matmul_at_isolated_rates_s"] = at_isolated
-    row["matmul_at_cold_rates_s"] = at_cold
+    if shapes:  # none where the profiler recorded no strides: no sums that would read as 0 s of matmuls
+        row["matmul_at_isolated_rates_s"] = at_isolated
+        row["matmul_at_cold_rates_s"] = at_cold
 
 
 def run(peer_dir: Path | None, device: str = "cpu", rounds: int = 5, threads: int = 1,
