@@ -126,3 +126,28 @@ def test_compile_where_torch_compile_cannot_run_trains_without_it(tmp_path: Path
     assert result["finished"] and result["step"] == 7
     assert "train.compile = true, but torch.compile does not work on cpu here (RuntimeError: InvalidCxxCompiler" \
         in capsys.readouterr().out
+
+
+def test_compile_mode_reaches_torch_compile_and_cuda_graphs_are_said_to_need_cuda(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    """train.compile_mode is torch.compile's mode; reduce-overhead (CUDA graphs) on a CPU compiles as the default
+    mode does, and the run says so. A mode without train.compile, or one torch.compile lacks, is refused."""
+    modes, real = [], torch.compile
+
+    def spy(model, **kwargs):
+        if isinstance(model, torch.nn.Module):
+            modes.append(kwargs.get("mode"))
+        return real(model, **kwargs)
+
+    monkeypatch.setattr(torch, "compile", spy)
+    result = Trainer(LineTask(), _cfg(compile=True, compile_mode="reduce-overhead"), tmp_path, device="cpu").fit()
+    assert result["finished"] and result["step"] == 7 and modes == ["reduce-overhead"]
+    assert "reduce-overhead: CUDA graphs need a CUDA device; on cpu it compiles as the default mode does" \
+        in capsys.readouterr().out
+    Trainer(LineTask(), _cfg(compile=True), tmp_path / "default", device="cpu", quiet=True).fit()
+    assert modes == ["reduce-overhead", None]
+    with pytest.raises(ValueError, match="compile_mode = 'reduce-overhead' is torch.compile's mode: it needs "
+                                         "train.compile = true"):
+        TrainConfig(compile_mode="reduce-overhead")
+    with pytest.raises(ValueError, match="train.compile_mode must be one of default, reduce-overhead"):
+        TrainConfig(compile=True, compile_mode="fast")

@@ -36,7 +36,9 @@ __all__ = ["DivergedError", "Task", "TrainConfig", "Trainer", "lr_at", "parse_sc
 # the largest global batch a recipe may ask for: far past what fits in memory at once (accum_steps splits a batch)
 MAX_BATCH = 65_536
 # the values a recipe's [train] table may give these keys
-CHOICES = {"optimizer": ("adamw", "adam"), "schedule": ("cosine", "constant"), "amp": ("auto", "off", "bf16", "fp16")}
+CHOICES = {"optimizer": ("adamw", "adam"), "schedule": ("cosine", "constant"), "amp": ("auto", "off", "bf16", "fp16"),
+           # torch.compile's `mode`; reduce-overhead also replays the compiled graphs as CUDA graphs (on CUDA)
+           "compile_mode": ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")}
 
 
 @dataclass
@@ -55,6 +57,7 @@ class TrainConfig:
     clip: float = 1.0
     amp: str = "auto"  # auto | off | bf16 | fp16
     compile: bool = False
+    compile_mode: str = "default"  # with compile = true: torch.compile's mode (reduce-overhead: CUDA graphs on CUDA)
     seed: int = 0
     eval_every: int = 500
     log_every: int = 20
@@ -72,6 +75,8 @@ class TrainConfig:
             (self.eval_every >= 1 and self.log_every >= 1,
              f"train.eval_every and log_every must be >= 1, got {self.eval_every} and {self.log_every}"),
             (self.warmup_steps >= 0 and self.threads >= 0, "train.warmup_steps and threads must be >= 0"),
+            (self.compile or self.compile_mode == "default",
+             f"train.compile_mode = {self.compile_mode!r} is torch.compile's mode: it needs train.compile = true"),
         ] + [(getattr(self, key) in allowed, f"train.{key} must be one of {', '.join(allowed)}, got "
                                              f"{getattr(self, key)!r}") for key, allowed in CHOICES.items()]
         for ok, message in checks:
@@ -252,6 +257,7 @@ class _Run:
     scaler: torch.amp.GradScaler
     autocast: Callable[[], Any]
     micro: int  # processes x accumulation steps: the parts of a global batch
+    cuda_graphs: bool = False  # the compiled graphs replay as CUDA graphs: every micro-step marks a new one
     step: int = 0
     best: float = -math.inf
     best_metrics: dict[str, float] = field(default_factory=dict)
@@ -370,9 +376,16 @@ class Trainer:
             self._say(f"train.compile = true, but torch.compile does not work on {device.type} here ({problem}): "
                       f"training without it (the same results, slower)")
             compiled = False
-        run = _Run(env, model, opt, torch.compile(net) if compiled else net, scaler, self._autocast(device),
-                   micro, step=progress["step"], best=progress["best"], best_metrics=progress["best_metrics"],
-                   t0=time.time() - progress["elapsed"], last_save=time.time())
+        mode = None if cfg.compile_mode == "default" else cfg.compile_mode
+        cuda_graphs = compiled and cfg.compile_mode == "reduce-overhead"
+        if cuda_graphs and device.type != "cuda":
+            self._say(f"train.compile_mode = reduce-overhead: CUDA graphs need a CUDA device; on {device.type} it "
+                      "compiles as the default mode does")
+            cuda_graphs = False
+        run = _Run(env, model, opt, torch.compile(net, mode=mode) if compiled else net, scaler,
+                   self._autocast(device), micro, cuda_graphs, step=progress["step"], best=progress["best"],
+                   best_metrics=progress["best_metrics"], t0=time.time() - progress["elapsed"],
+                   last_save=time.time())
         self._say(f"training {self.task.name} on {describe(device)} x {env.world} process(es): "
                   f"{sum(p.numel() for p in model.parameters()):,} parameters, {cfg.steps} steps, global batch "
                   f"{cfg.batch_size} ({cfg.batch_size // micro} per process and micro-step, {cfg.accum_steps} "
@@ -456,6 +469,10 @@ class Trainer:
         run.opt.zero_grad(set_to_none=True)
         mine = range(env.rank * cfg.accum_steps, (env.rank + 1) * cfg.accum_steps)
         for j, i in enumerate(mine):
+            if run.cuda_graphs:
+                # a new replay of the graphs: the previous micro-step's outputs (read into run.sums) may be
+                # overwritten, which the CUDA graph trees otherwise guard against by copying or by refusing
+                torch.compiler.cudagraph_mark_step_begin()
             with env.maybe_no_sync(run.step_model, j == cfg.accum_steps - 1), run.autocast():
                 loss, logs = task.loss(run.step_model, pieces[i])
             # weighted so that micro-batches and processes add up to the mean over the global batch;
