@@ -232,7 +232,7 @@ def trainer_arms(data: Path, folder: Path, device: str, args: list[str],
             raise RuntimeError(f"{name}: {len(log)} log lines; need steps >= 2 * log_every")
         first, last = log[0], log[-1]
         out[name] = {"seconds": time.perf_counter() - t0,
-                     "steps_per_s": (last["step"] - first["step"]) / max(last["time"] - first["time"], 0.1),
+                     "steps_per_s": (last["step"] - first["step"]) / max(last["time"] - first["time"], 1e-3),
                      "losses": [m["loss"] for m in log]}
     return out
 

@@ -505,7 +505,7 @@ class Trainer:
             raise self._diverged(run.step, f"the loss became {means['loss']}")
         if run.env.is_main:
             bar.set_postfix({k: f"{v:.3f}" for k, v in means.items() if k in ("loss", "acc")})
-            self._log({"step": run.step, "time": round(time.time() - run.t0, 1), "lr": run.lr,
+            self._log({"step": run.step, "time": round(time.time() - run.t0, 3), "lr": run.lr,
                        **{k: means[k] for k in ("loss", *sorted(set(keys) - {"loss", "grad_norm"}), "grad_norm")}})
 
     # ------------------------------------------------------------------------------------------------ checkpoints
@@ -514,7 +514,7 @@ class Trainer:
         """Evaluate (main process); a new best goes to best/, the state to last/."""
         if run.env.is_main:
             metrics = self.task.evaluate(run.model, run.device, run.autocast)
-            self._log({"step": run.step, "time": round(time.time() - run.t0, 1), "eval": metrics})
+            self._log({"step": run.step, "time": round(time.time() - run.t0, 3), "eval": metrics})
             self._say(f"step {run.step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
             score = metrics[self.task.select_metric]
             if score > run.best:
