@@ -219,12 +219,13 @@ def trainer_run(data: Path, out: Path, nproc: int = 1, device: str = "cuda",
     return {"processes": nproc, "command": " ".join(cmd[1:]), "log": [m for m in metrics if "loss" in m]}
 
 
-def trainer_arms(data: Path, folder: Path, device: str, args: list[str],
-                 arms: list[tuple[str, list[str]]]) -> dict[str, Any]:
-    """`hyperset-train` with `args` and each arm's extra arguments, from the same seed: for each arm the seconds
-    of the whole run, steps/s from its first log line to its last (compiling happens before the first) and the
-    mean loss of each logged interval."""
-    out: dict[str, Any] = {}
+def trainer_arms(data: Path, folder: Path, device: str, args: list[str], steps: int, log_every: int,
+                 extra: tuple[str, ...], arms: list[tuple[str, list[str]]]) -> dict[str, Any]:
+    """`hyperset-train` with `args` for `steps` steps and each arm's extra arguments, from the same seed: the
+    command, and for each arm the seconds of the whole run, steps/s from its first log line to its last
+    (compiling happens before the first) and the mean loss of each logged interval."""
+    args = [*args, "--steps", str(steps), "--set", f"train.log_every={log_every}", *extra]
+    out: dict[str, Any] = {"command": "hyperset-train " + " ".join(args)}
     for name, more in arms:
         t0 = time.perf_counter()
         log = trainer_run(data, folder / name, device=device, args=[*args, *more])["log"]
@@ -247,6 +248,11 @@ def loss_difference(out: dict[str, Any], a: str, b: str, tol: float) -> float:
     return diff
 
 
+def speedup(out: dict[str, Any], a: str, b: str) -> float:
+    """Arm a's steps/s over arm b's."""
+    return out[a]["steps_per_s"] / out[b]["steps_per_s"]
+
+
 COMPILED = ["--set", "train.compile=true"]
 CUDA_GRAPHS = [*COMPILED, "--set", "train.compile_mode=reduce-overhead"]
 
@@ -257,19 +263,17 @@ def compile_check(data: Path, folder: Path, device: str = "cuda", steps: int = 2
     a GPU) and, on CUDA (`cuda_graphs`), also with ``train.compile_mode = "reduce-overhead"`` (the compiled graphs
     replayed as CUDA graphs), from the same seed: steps/s of each, and the mean losses of each logged interval,
     which must agree with eager's within `tol`."""
-    args = [*COMPILE_ARGS, "--steps", str(steps), "--set", f"train.log_every={log_every}", *extra]
     arms = [("eager", []), ("compiled", COMPILED)]
     if device == "cuda" if cuda_graphs is None else cuda_graphs:
         arms.append(("compiled_cuda_graphs", CUDA_GRAPHS))
-    out = trainer_arms(data, folder, device, args, arms)
-    summary: dict[str, Any] = {"loss_max_abs_difference": loss_difference(out, "eager", "compiled", tol),
-                               "compiled_over_eager": out["compiled"]["steps_per_s"] / out["eager"]["steps_per_s"]}
+    out = trainer_arms(data, folder, device, COMPILE_ARGS, steps, log_every, extra, arms)
+    out.update(loss_max_abs_difference=loss_difference(out, "eager", "compiled", tol),
+               compiled_over_eager=speedup(out, "compiled", "eager"))
     if "compiled_cuda_graphs" in out:
-        summary.update(
-            cuda_graphs_loss_max_abs_difference=loss_difference(out, "eager", "compiled_cuda_graphs", tol),
-            cuda_graphs_over_eager=out["compiled_cuda_graphs"]["steps_per_s"] / out["eager"]["steps_per_s"],
-            cuda_graphs_over_compiled=out["compiled_cuda_graphs"]["steps_per_s"] / out["compiled"]["steps_per_s"])
-    return {"command": "hyperset-train " + " ".join(args), **out, **summary}
+        out.update(cuda_graphs_loss_max_abs_difference=loss_difference(out, "eager", "compiled_cuda_graphs", tol),
+                   cuda_graphs_over_eager=speedup(out, "compiled_cuda_graphs", "eager"),
+                   cuda_graphs_over_compiled=speedup(out, "compiled_cuda_graphs", "compiled"))
+    return out
 
 
 # the CPU Sudoku recipe at 8 iterations with the depth drawn from 4-8 at every step: a graph per update
@@ -284,13 +288,14 @@ def cuda_graphs_depth_check(data: Path, folder: Path, device: str = "cuda", step
     the update's graph a different number of times): the trainer compiled in the default mode and in
     reduce-overhead, from the same seed; the logged losses of the two within `tol`, as for compile_check. The two
     runs are not bitwise equal (bf16 autocast, and CUDA reductions whose order is not fixed: over 60 steps their
-    logged losses differed by at most 1.2e-6 on an H100), and 200 steps of training carry the first differences on: there a
-    bound of 1e-3 failed by 0.0061, the size of the compiled and eager runs' difference on the paper recipe."""
-    args = [*DEPTH_ARGS, "--steps", str(steps), "--set", f"train.log_every={log_every}", *extra]
-    out = trainer_arms(data, folder, device, args, [("compiled", COMPILED), ("compiled_cuda_graphs", CUDA_GRAPHS)])
-    return {"command": "hyperset-train " + " ".join(args), **out,
-            "loss_max_abs_difference": loss_difference(out, "compiled", "compiled_cuda_graphs", tol),
-            "cuda_graphs_over_compiled": out["compiled_cuda_graphs"]["steps_per_s"] / out["compiled"]["steps_per_s"]}
+    logged losses differed by at most 1.2e-6 on an H100), and 200 steps of training carry the first differences
+    on: there a bound of 1e-3 failed by 0.0061, the size of the compiled and eager runs' difference on the paper
+    recipe."""
+    out = trainer_arms(data, folder, device, DEPTH_ARGS, steps, log_every, extra,
+                       [("compiled", COMPILED), ("compiled_cuda_graphs", CUDA_GRAPHS)])
+    out.update(loss_max_abs_difference=loss_difference(out, "compiled", "compiled_cuda_graphs", tol),
+               cuda_graphs_over_compiled=speedup(out, "compiled_cuda_graphs", "compiled"))
+    return out
 
 
 def nccl_run(data: Path, out: Path) -> dict[str, Any]:

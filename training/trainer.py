@@ -273,6 +273,11 @@ class _Run:
     def device(self) -> torch.device:
         return self.env.device
 
+    @property
+    def elapsed(self) -> float:
+        """Seconds of training so far, the resumed run's earlier ones included."""
+        return time.time() - self.t0
+
 
 @dataclass
 class Trainer:
@@ -505,7 +510,7 @@ class Trainer:
             raise self._diverged(run.step, f"the loss became {means['loss']}")
         if run.env.is_main:
             bar.set_postfix({k: f"{v:.3f}" for k, v in means.items() if k in ("loss", "acc")})
-            self._log({"step": run.step, "time": round(time.time() - run.t0, 3), "lr": run.lr,
+            self._log({"step": run.step, "time": round(run.elapsed, 3), "lr": run.lr,
                        **{k: means[k] for k in ("loss", *sorted(set(keys) - {"loss", "grad_norm"}), "grad_norm")}})
 
     # ------------------------------------------------------------------------------------------------ checkpoints
@@ -514,7 +519,7 @@ class Trainer:
         """Evaluate (main process); a new best goes to best/, the state to last/."""
         if run.env.is_main:
             metrics = self.task.evaluate(run.model, run.device, run.autocast)
-            self._log({"step": run.step, "time": round(time.time() - run.t0, 3), "eval": metrics})
+            self._log({"step": run.step, "time": round(run.elapsed, 3), "eval": metrics})
             self._say(f"step {run.step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
             score = metrics[self.task.select_metric]
             if score > run.best:
@@ -533,7 +538,7 @@ class Trainer:
             return
         self._check_finite(run)
         progress = {"step": run.step, "best": run.best, "best_metrics": run.best_metrics,
-                    "elapsed": time.time() - run.t0, "world_size": run.env.world, "schedule": self._schedule}
+                    "elapsed": run.elapsed, "world_size": run.env.world, "schedule": self._schedule}
         save_training_state(self.out / "last", run.model, run.opt, progress,
                             self._info(run.device, run.step, run.best_metrics), self._save)
         self._saved_step = run.step
