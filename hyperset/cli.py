@@ -76,9 +76,17 @@ def side_by_side(puzzle: str, prediction: str, color: bool) -> str:
     return "\n".join(f"  {a}   {m}{b}" for a, m, b in zip(left, arrow, right))
 
 
-def _sparkline(values: list[float]) -> str:
+SPARK_WIDTH = 60
+
+
+def _sparkline(values: list[float], width: int = SPARK_WIDTH) -> str:
+    """One mark per iteration, or, past `width` iterations, one per run of consecutive iterations (their mean; '?'
+    where any is not finite), so that a long trace of many passes stays one line on a terminal."""
     if not values:
         return ""
+    if len(values) > width:
+        edges = [round(i * len(values) / width) for i in range(width + 1)]
+        values = [_mean(values[a:b]) for a, b in zip(edges, edges[1:])]
     ticks = "▁▂▃▄▅▆▇█"
     finite = [v for v in values if math.isfinite(v)]
     if not finite:
@@ -87,6 +95,10 @@ def _sparkline(values: list[float]) -> str:
     span = (hi - lo) or 1.0
     return "".join(ticks[min(int((v - lo) / span * (len(ticks) - 1) + 0.5), len(ticks) - 1)]
                    if math.isfinite(v) else "?" for v in values)
+
+
+def _mean(run: list[float]) -> float:
+    return sum(run) / len(run) if all(math.isfinite(v) for v in run) else math.nan
 
 
 def _energy_summary(energy: dict[str, list[float]], trained: int) -> str:

@@ -366,6 +366,22 @@ def test_non_finite_weights_are_refused_and_non_finite_values_stay_valid_json(ti
     assert _sparkline([1.0, math.nan, 2.0]) == "▁?█" and _sparkline([math.nan]) == "?"
 
 
+def test_a_long_energy_trace_is_one_sparkline_of_at_most_sixty_marks() -> None:
+    import math
+
+    from hyperset.cli import SPARK_WIDTH, _sparkline
+
+    falling = [1000.0 - i for i in range(1024)]  # 16 passes of 64 iterations
+    line = _sparkline(falling)
+    assert len(line) == SPARK_WIDTH == 60 and line[0] == "█" and line[-1] == "▁"
+    assert list(line) == sorted(line, reverse=True)  # still falling, bucket by bucket
+    assert _sparkline(falling[:60]) == _sparkline(falling[:60], width=1000)  # short traces keep a mark each
+    holed = falling[:]
+    holed[500] = math.nan
+    marks = _sparkline(holed)
+    assert marks.count("?") == 1 and marks.index("?") == 500 * 60 // 1024
+
+
 def test_cli_version_quiet_and_trace_of_every_pass(tiny_checkpoint: Path, tmp_path: Path) -> None:
     code, out, _ = run(["--version"])
     assert code == 0 and out.startswith("hyperset-solve ")
