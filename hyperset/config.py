@@ -95,18 +95,30 @@ def _type_name(hint: Any) -> str:
     return hint.__name__ if isinstance(hint, type) else str(hint)
 
 
+class TableError(ValueError):
+    """A bad value or key of a table (a recipe section, a model config), with where it is: `section` (None at the
+    top level) and `key`, so that a caller holding the file can point at its line."""
+
+    def __init__(self, message: str, section: str | None, key: str) -> None:
+        super().__init__(message)
+        self.section, self.key = section, key
+
+
 def check_table(cls: type, table: dict[str, Any], section: str, known: Sequence[str] | None = None) -> None:
     """A table of values for dataclass `cls` (a recipe section, a checkpoint's model config): unknown keys and
-    values of the wrong type are ValueErrors that name `section.key`. `known` limits the keys that may be set
-    (default: every field of `cls`)."""
+    values of the wrong type are TableErrors (ValueErrors) that name `section.key`. `known` limits the keys that
+    may be set (default: every field of `cls`)."""
+    if not isinstance(table, dict):
+        raise TableError(f"{section} = {table!r}: [{section}] must be a table of keys and values", None, section)
     names = list(known) if known is not None else [f.name for f in dataclasses.fields(cls)]
     unknown = sorted(set(table) - set(names))
     if unknown:
-        raise ValueError(f"unknown [{section}] keys: {', '.join(unknown)} (known: {', '.join(sorted(names))})")
+        raise TableError(f"unknown [{section}] keys: {', '.join(unknown)} (known: {', '.join(sorted(names))})",
+                         section, unknown[0])
     hints = typing.get_type_hints(cls)
     for key, value in table.items():
         if key in hints and not _fits(value, hints[key]):
-            raise ValueError(f"{section}.{key} = {value!r}: expected {_type_name(hints[key])}")
+            raise TableError(f"{section}.{key} = {value!r}: expected {_type_name(hints[key])}", section, key)
 
 
 @dataclass

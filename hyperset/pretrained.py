@@ -45,7 +45,8 @@ def resolve(name_or_path: str | os.PathLike) -> Path:
         return path
     if text in PRETRAINED:
         return pretrained_dir(text)
-    if text.count("/") == 1 and not text.startswith((".", "/")):
+    # "owner/name" is a Hub id unless its first part is a local folder: then it names a folder that is missing
+    if text.count("/") == 1 and not text.startswith((".", "/", "~")) and not Path(text.split("/")[0]).is_dir():
         return _from_hub(text)
     raise CheckpointError(f"{text}: no such checkpoint folder, and not a shipped model ({', '.join(PRETRAINED)})")
 
@@ -59,8 +60,9 @@ def _from_hub(repo_id: str) -> Path:
     try:
         return Path(snapshot_download(repo_id, allow_patterns=["config.json", "model.safetensors", "README.md"]))
     except Exception as e:  # network, authentication or a missing repository: one line for the user
-        raise CheckpointError(f"{repo_id}: could not be fetched from the Hugging Face Hub ({type(e).__name__}: "
-                              f"{e})") from None
+        reason = next((line.strip() for line in str(e).splitlines() if line.strip()), "")
+        raise CheckpointError(f"{repo_id}: no such checkpoint folder, and the Hugging Face Hub could not give it "
+                              f"({type(e).__name__}{': ' + reason if reason else ''})") from None
 
 
 def load_pretrained(name_or_path: str | os.PathLike, device: Any = "cpu") -> Any:

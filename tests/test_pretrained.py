@@ -53,3 +53,29 @@ def test_unknown_names_are_clear_errors(tmp_path: Path, monkeypatch: pytest.Monk
     with pytest.raises(CheckpointError, match="owner/missing-model"):
         resolve("owner/missing-model")
     assert set(PRETRAINED) >= {"sudoku", "classifier", "mim"}
+
+
+def test_a_missing_folder_under_a_local_folder_is_not_looked_up_on_the_hub(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """'runs/best' where runs/ is a local folder names a missing checkpoint folder, not a Hub repository; a Hub
+    failure is one line whatever the library's message."""
+    import sys
+    import types
+
+    calls: list[str] = []
+
+    def snapshot_download(repo_id: str, **kw: object) -> str:
+        calls.append(repo_id)
+        raise OSError("Cannot reach the Hub.\nCheck your internet connection.\n  (more detail)")
+
+    monkeypatch.setitem(sys.modules, "huggingface_hub", types.SimpleNamespace(snapshot_download=snapshot_download))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    with pytest.raises(CheckpointError, match=r"^runs/best: no such checkpoint folder, and not a shipped model"):
+        resolve("runs/best")
+    assert calls == []
+    with pytest.raises(CheckpointError) as error:
+        resolve("owner/model")
+    assert calls == ["owner/model"]
+    assert str(error.value) == ("owner/model: no such checkpoint folder, and the Hugging Face Hub could not give it "
+                                "(OSError: Cannot reach the Hub.)")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -211,12 +212,151 @@ TINY_CLI = ["sudoku", "--recipe", "sudoku-cpu", "--steps", "2", "--set", "model.
     (["--device", "banana"], "banana"),
     (["--steps", "0"], "0 is not in the range x>=1"),
     (["--accum-steps", "0"], "0 is not in the range x>=1"),
+    (["--set", "train.lr=0"], "train.lr = 0: must be a positive finite number"),
+    (["--set", "train.lr=inf"], "train.lr = inf: must be a positive finite number"),
+    (["--set", "train.min_lr=1"], "train.min_lr = 1: must be between 0 and train.lr = 0.001"),
+    (["--set", "train.betas=[0.9, 2.0]"], "train.betas = [0.9, 2.0]: must be two numbers in [0, 1)"),
+    (["--set", "train.weight_decay=-1"], "train.weight_decay = -1: must be >= 0"),
+    (["--set", "data.n_train=-1"], "data.n_train = -1: must be >= 0"),
+    (["--set", "data.n_train=100000"], "data.n_train = 100000, but"),
+    (["--set", "tokenizer.codebook_size=8"], "a [tokenizer] table is for mim recipes"),
+    (["--set", "train.=5"], "expected section.key=value"),
 ])
 def test_cli_user_mistakes_exit_2_with_one_line(data_dir: Path, tmp_path: Path, args: list[str], message: str) -> None:
     result = CliRunner().invoke(train_main, [*TINY_CLI, "--data", str(data_dir), "--out", str(tmp_path / "o"), *args])
     assert result.exit_code == 2, result.output
     assert message in result.stderr and "Traceback" not in result.output
     assert not (tmp_path / "o" / "last").exists()
+
+
+RECIPE = """task = "sudoku"
+preset = "sudoku-cpu"
+
+[model]
+dim = 16
+heads = 2
+ff_hidden = 16
+time_dim = 16
+iters = 1
+
+[data]
+n_train = 0
+n_val = 4
+n_select = 4
+
+[train]
+steps = 2
+batch_size = 4
+amp = "off"
+eval_every = 2
+"""
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda r: r.replace("steps = 2", 'steps = "two"'), ":17: train.steps = 'two': expected int"),
+    (lambda r: r.replace("batch_size = 4", "batch_size = 4\nlr = -1"), ":19: train.lr = -1: must be"),
+    (lambda r: r.replace("[data]", "[dat]"), ":11: unknown recipe key 'dat'"),
+    (lambda r: "colour = 1\n" + r, ":1: unknown recipe key 'colour'"),
+    (lambda r: "train = 5\n" + r.replace("[train]", "[training]"), ":1: train = 5: [train] must be a table"),
+    (lambda r: r.replace("dim = 16", "dim = 16\nwidth = 3", 1), ":6: unknown [model] keys: width"),
+    (lambda r: r.replace("n_val = 4", "n_val = = 4"), ":13:9: invalid TOML: Invalid value"),
+    (lambda r: r.replace('preset = "sudoku-cpu"', "preset = 3"), ":2: preset = 3: expected a string"),
+])
+def test_a_recipe_file_mistake_is_reported_at_its_line(data_dir: Path, tmp_path: Path, edit, message: str) -> None:
+    recipe = tmp_path / "mine.toml"
+    recipe.write_text(edit(RECIPE))
+    result = CliRunner().invoke(train_main, ["sudoku", "--recipe", str(recipe), "--data", str(data_dir),
+                                             "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert result.stderr.startswith(f"hyperset-train: error: {recipe}") and message in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    # the same mistake made by --set names the --set, not a line of the file
+    recipe.write_text(RECIPE)
+    result = CliRunner().invoke(train_main, ["sudoku", "--recipe", str(recipe), "--data", str(data_dir),
+                                             "--out", str(tmp_path / "o"), "--set", "train.steps=two"])
+    assert result.exit_code == 2 and "error: train.steps = 'two': expected int" in result.stderr
+
+
+def test_a_recipe_file_that_is_missing_or_not_text_is_named(data_dir: Path, tmp_path: Path) -> None:
+    def train(recipe: str) -> str:
+        result = CliRunner().invoke(train_main, ["sudoku", "--recipe", recipe, "--data", str(data_dir),
+                                                 "--out", str(tmp_path / "o")])
+        assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+        return result.stderr
+
+    assert "no such file" in train(str(tmp_path / "gone.toml"))
+    assert "is a folder" in train(str(tmp_path))
+    (tmp_path / "latin1.toml").write_bytes(b'task = "sudoku"\n# \xe9t\xe9\n')
+    assert "latin1.toml: not UTF-8 text (byte 0xe9 at offset 18)" in train(str(tmp_path / "latin1.toml"))
+    assert "unknown recipe 'sudoku-cpuu'" in train("sudoku-cpuu")
+    (tmp_path / "plain.txt").write_text(RECIPE)  # a path with another suffix is read as TOML all the same
+    result = CliRunner().invoke(train_main, ["sudoku", "--recipe", str(tmp_path / "plain.txt"), "--data",
+                                             str(data_dir), "--out", str(tmp_path / "o"), "--quiet"])
+    assert result.exit_code == 0 and result.stdout.startswith("done: step 2, best "), result.output
+
+
+def test_a_stopped_run_exits_with_the_signal_and_claims_no_best_it_lacks(data_dir: Path, tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C (SIGINT) stops a run at the next step with its state saved: the command says so and exits 130, and
+    before the first evaluation it names no best checkpoint (--json: best is null)."""
+    import os
+    import signal
+
+    from hyperset.training import cli
+
+    build = cli.build_task
+
+    def interrupted(*args: object) -> object:
+        task = build(*args)
+        batch = task.batch
+
+        def batch_then_ctrl_c(step: int, *rest: object) -> object:
+            if step == 0:
+                os.kill(os.getpid(), signal.SIGINT)
+            return batch(step, *rest)
+
+        task.batch = batch_then_ctrl_c
+        return task
+
+    monkeypatch.setattr(cli, "build_task", interrupted)
+    for extra in (["--quiet"], ["--json"]):
+        out = tmp_path / extra[0].strip("-")
+        result = CliRunner().invoke(train_main, [*TINY_CLI, "--steps", "4", "--data", str(data_dir), "--out",
+                                                 str(out), *extra])
+        assert result.exit_code == 130, result.output
+        if extra == ["--json"]:
+            report = json.loads(result.stdout)
+            assert report["best"] is None and not report["finished"] and report["stopped_by"] == "SIGINT"
+        else:
+            assert result.stdout == (f"stopped (SIGINT) at step 1 of 4: the state is in {out}/last, continue with "
+                                     "--resume\n")
+        assert (out / "last").is_dir() and not (out / "best").exists()
+    monkeypatch.setattr(cli, "build_task", build)
+    result = CliRunner().invoke(train_main, [*TINY_CLI, "--steps", "4", "--data", str(data_dir), "--out",
+                                             str(tmp_path / "quiet"), "--resume", "--quiet"])
+    assert result.exit_code == 0 and result.stdout.startswith("done: step 4, best "), result.output
+
+
+def test_a_resumed_run_logs_each_step_once(data_dir: Path, tmp_path: Path) -> None:
+    """Lines logged after the saved state (by a run killed before its next save, or one that never saved) are
+    dropped when a run starts from that state, a line cut short by the kill included."""
+    out = tmp_path / "run"
+    Trainer(tiny_task(data_dir), train_cfg(4), out, quiet=True).fit()
+    log = out / "metrics.jsonl"
+    lines = log.read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines if "loss" in line] == [1, 2, 3, 4]
+    killed = [json.dumps({"step": 5, "loss": 1.0}), json.dumps({"step": 6, "loss": 1.0}), '{"step": 7, "lo']
+    log.write_text("\n".join(lines + killed) + "\n")  # steps 5-7 were logged, then the run was killed
+    Trainer(tiny_task(data_dir), train_cfg(6), out, resume=True, quiet=True).fit()
+    steps = [json.loads(line)["step"] for line in log.read_text().splitlines() if "loss" in line]
+    assert steps == [1, 2, 3, 4, 5, 6]
+    # a run that never saved (it diverged at once): a new run in its folder starts a new log
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    (fresh / "metrics.jsonl").write_text(json.dumps({"step": 1, "lr": math.inf, "loss": math.nan}) + "\n")
+    Trainer(tiny_task(data_dir), train_cfg(2), fresh, resume=True, quiet=True).fit()
+    records = [json.loads(line) for line in (fresh / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "loss" in r] == [1, 2] and all(math.isfinite(r.get("lr", 0)) for r in records)
 
 
 def test_cli_json_prints_only_json_on_stdout(data_dir: Path, tmp_path: Path) -> None:
@@ -234,7 +374,8 @@ def test_only_the_main_process_reports_the_run(data_dir: Path, tmp_path: Path, m
     from hyperset.training import trainer
 
     def fit(self: trainer.Trainer) -> dict:
-        return {"step": 2, "best": 0.5 if rank == 0 else float("-inf"), "rank": rank}
+        return {"step": 2, "steps": 2, "best": 0.5 if rank == 0 else None, "finished": True, "stopped_by": None,
+                "rank": rank}
 
     monkeypatch.setattr(trainer.Trainer, "fit", fit)
     for extra in ([], ["--json"]):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import sys
 from dataclasses import fields
 from pathlib import Path
@@ -13,12 +14,12 @@ import torch
 
 from hyperset.checkpoint import CheckpointError
 from hyperset.cli_options import device_option, threads_option, version_option
-from hyperset.config import ModelConfig, check_table, preset_config
+from hyperset.config import ModelConfig, TableError, check_table, preset_config
 from hyperset.device import pick_device
 from hyperset.download import DownloadError
 from hyperset.extras import MissingExtra, require
 
-from .recipes import apply_overrides, load_recipe, recipe_names
+from .recipes import apply_overrides, check_recipe, load_recipe, locate, recipe_names
 from .trainer import DivergedError, TrainConfig, Trainer, parse_schedule
 
 
@@ -89,7 +90,9 @@ def _run(task: str, recipe_name: str, data: str, out: str, resume: bool, device:
         name, recipe = load_recipe(recipe_name)
         if threads is not None:  # --threads N is --set train.threads=N (an explicit --set still wins)
             overrides = (f"train.threads={threads}", *overrides)
+        check_recipe(recipe, task)
         recipe = apply_overrides(recipe, list(overrides))
+        check_recipe(recipe, task)
         if preset:
             recipe["preset"] = preset
         if dataset:
@@ -111,6 +114,9 @@ def _run(task: str, recipe_name: str, data: str, out: str, resume: bool, device:
         trainer = Trainer(built, train, Path(out), device=device, resume=resume, recipe_name=name,
                           quiet=quiet or as_json, plan=plan, init_from=init_from)
         result = trainer.fit()
+    except TableError as e:  # a recipe key: FILE:LINE where the recipe file sets it
+        click.echo(f"hyperset-train: error: {locate(e, recipe_name, overrides)}", err=True)
+        sys.exit(2)
     except (ValueError, CheckpointError, DownloadError, DivergedError, OSError, MissingExtra) as e:
         click.echo(f"hyperset-train: error: {e}", err=True)
         sys.exit(2)
@@ -121,10 +127,18 @@ def _run(task: str, recipe_name: str, data: str, out: str, resume: bool, device:
         sys.exit(2)
     if result.get("rank", 0):  # under torchrun the main process reports the run, once
         return
+    best = "" if result["best"] is None else f"best {result['best']:.4f}; best checkpoint in {out}/best"
     if as_json:
         click.echo(json.dumps(result))
+    elif result["finished"]:
+        click.echo(f"done: step {result['step']}" + (f", {best}" if best else ""))
     else:
-        click.echo(f"done: step {result['step']}, best {result['best']:.4f}; best checkpoint in {out}/best")
+        so_far = f"; {best.replace('best checkpoint', 'best checkpoint so far')}" if best else ""
+        click.echo(f"stopped ({result['stopped_by']}) at step {result['step']} of {result['steps']}: the state is in "
+                   f"{out}/last, continue with --resume{so_far}")
+    if not result["finished"]:  # stopped by a signal: the shell's convention, 128 + its number (SIGINT: 130)
+        by = result["stopped_by"]
+        sys.exit(128 + (signal.Signals[by].value if by in signal.Signals.__members__ else signal.SIGTERM.value))
 
 
 def _options(f: Any) -> Any:

@@ -80,9 +80,15 @@ class SudokuTask(Task):
                              "(train.csv / valid.csv, *.csv.gz, rrnstyle_*.csv.gz or sudoku-hard.zip)")
         root = Path(self.data.data_dir)
         train_file, valid_file = find_split(root, "train"), find_split(root, "valid")
+        for key in ("n_train", "n_val", "n_select"):
+            if getattr(self.data, key) < 0:
+                raise ValueError(f"data.{key} = {getattr(self.data, key)}: must be >= 0")
         puzzles, solutions = load_csv(train_file)
         if not len(puzzles):
             raise ValueError(f"{train_file}: no training puzzles")
+        if self.data.n_train > len(puzzles):
+            raise ValueError(f"data.n_train = {self.data.n_train}, but {train_file} holds {len(puzzles):,} "
+                             "puzzles (0 takes them all)")
         if self.data.n_train:
             puzzles, solutions = protocol_split(puzzles, solutions, self.data.n_train, self.data.seed)
         self.train_puzzles, self.train_solutions = puzzles, solutions

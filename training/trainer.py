@@ -24,8 +24,8 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from hyperset.checkpoint import checkpoint_dir, load_weights_into
-from hyperset.config import check_table
+from hyperset.checkpoint import atomic_write_bytes, checkpoint_dir, load_weights_into
+from hyperset.config import TableError, check_table
 from hyperset.device import autocast_dtype, describe, pick_device
 
 from .state import check_run, load_training_state, recover_folder, replace_folder, run_lock, save_training_state
@@ -66,22 +66,34 @@ class TrainConfig:
     accum_steps: int = 1  # gradient accumulation: the global batch is split into this many micro-steps
 
     def __post_init__(self) -> None:
-        checks = [
-            (self.steps >= 1 and self.batch_size >= 1 and self.accum_steps >= 1,
+        checks = [  # (holds, the key it is about, what to say)
+            (self.steps >= 1 and self.batch_size >= 1 and self.accum_steps >= 1, "steps",
              f"train.steps, batch_size and accum_steps must be >= 1, got {self.steps}, {self.batch_size} and "
              f"{self.accum_steps}"),
-            (self.batch_size <= MAX_BATCH, f"train.batch_size = {self.batch_size}: must be at most {MAX_BATCH:,} "
-                                           "(the global batch; it has to fit in memory in accum_steps parts)"),
-            (self.eval_every >= 1 and self.log_every >= 1,
+            (self.batch_size <= MAX_BATCH, "batch_size",
+             f"train.batch_size = {self.batch_size}: must be at most {MAX_BATCH:,} (the global batch; it has to fit "
+             "in memory in accum_steps parts)"),
+            (self.eval_every >= 1 and self.log_every >= 1, "eval_every",
              f"train.eval_every and log_every must be >= 1, got {self.eval_every} and {self.log_every}"),
-            (self.warmup_steps >= 0 and self.threads >= 0, "train.warmup_steps and threads must be >= 0"),
-            (self.compile or self.compile_mode == "default",
+            (self.warmup_steps >= 0 and self.threads >= 0, "warmup_steps",
+             "train.warmup_steps and threads must be >= 0"),
+            (0 < self.lr < math.inf, "lr", f"train.lr = {self.lr!r}: must be a positive finite number"),
+            (0 <= self.min_lr <= self.lr, "min_lr",
+             f"train.min_lr = {self.min_lr!r}: must be between 0 and train.lr = {self.lr!r} (the cosine falls from "
+             "lr to min_lr)"),
+            (0 <= self.weight_decay < math.inf, "weight_decay",
+             f"train.weight_decay = {self.weight_decay!r}: must be >= 0"),
+            (len(self.betas) == 2 and all(isinstance(b, (int, float)) and 0 <= b < 1 for b in self.betas), "betas",
+             f"train.betas = {list(self.betas)!r}: must be two numbers in [0, 1)"),
+            (self.save_every_seconds >= 0, "save_every_seconds",
+             f"train.save_every_seconds = {self.save_every_seconds!r}: must be >= 0"),
+            (self.compile or self.compile_mode == "default", "compile_mode",
              f"train.compile_mode = {self.compile_mode!r} is torch.compile's mode: it needs train.compile = true"),
-        ] + [(getattr(self, key) in allowed, f"train.{key} must be one of {', '.join(allowed)}, got "
-                                             f"{getattr(self, key)!r}") for key, allowed in CHOICES.items()]
-        for ok, message in checks:
+        ] + [(getattr(self, key) in allowed, key, f"train.{key} must be one of {', '.join(allowed)}, got "
+                                                  f"{getattr(self, key)!r}") for key, allowed in CHOICES.items()]
+        for ok, key, message in checks:
             if not ok:
-                raise ValueError(message)
+                raise TableError(message, "train", key)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
@@ -296,6 +308,7 @@ class Trainer:
     # a checkpoint folder whose weights a new run starts from (a fine-tune); a resumed run ignores it
     init_from: str | None = None
     _stop: bool = field(default=False, init=False)
+    _stop_signal: int | None = field(default=None, init=False)  # the signal that asked the run to stop
     # the lr schedules this run has followed: [{"from_step": s, "steps": n}, ...]; a resume with another --steps
     # adds an entry (the cosine is then recomputed over the new budget from that step on)
     _schedule: list[dict[str, int]] = field(default_factory=list, init=False)
@@ -345,10 +358,13 @@ class Trainer:
                 signal.signal(s, h)
         self._save_last(run)
         env.barrier()
-        if env.any(self._stop):
-            self._say(f"stopped at step {run.step}; state saved in {self.out / 'last'} (continue with --resume)")
-        return {"step": run.step, "best": run.best, "best_metrics": run.best_metrics, "out": str(self.out),
-                "finished": run.step >= cfg.steps, "world_size": env.world, "rank": env.rank}
+        stopped = env.any(self._stop)
+        # best: the selection metric of best/, None before the first evaluation (best/ does not exist yet)
+        return {"step": run.step, "steps": cfg.steps, "best": run.best if math.isfinite(run.best) else None,
+                "best_metrics": run.best_metrics, "out": str(self.out), "finished": run.step >= cfg.steps,
+                "stopped_by": (signal.Signals(self._stop_signal).name if self._stop_signal else "another process")
+                if stopped and run.step < cfg.steps else None,
+                "world_size": env.world, "rank": env.rank}
 
     def _agreed(self, run: _Run, flag: bool) -> bool:
         """A decision every process takes together (stop, save on the clock): one process reads its flag at every
@@ -368,6 +384,8 @@ class Trainer:
         opt = make_optimizer(model, cfg)
         self._saved_step = self._checked_step = None
         progress = self._resume(model, opt)
+        if env.is_main:
+            self._trim_log(progress["step"])
         if self.init_from and progress["step"] == 0:
             self._start_from(model, Path(self.init_from))
         micro = env.world * cfg.accum_steps
@@ -595,6 +613,26 @@ class Trainer:
             return contextlib.nullcontext
         return lambda: torch.autocast(device_type=device.type, dtype=dtype)
 
+    def _trim_log(self, step: int) -> None:
+        """metrics.jsonl as of the state the run starts from: the lines of steps after it (logged before a kill,
+        or by a run that never saved) are dropped, so that a resumed run logs each step once. Atomic."""
+        path = self.out / "metrics.jsonl"
+        if not path.is_file():
+            return
+        kept, dropped = [], 0
+        for line in path.read_text(errors="replace").splitlines():
+            try:
+                at = json.loads(line)["step"]
+            except (ValueError, KeyError, TypeError):  # a line cut short by a kill mid-write
+                at = math.inf
+            if at <= step:
+                kept.append(line + "\n")
+            else:
+                dropped += 1
+        if dropped:
+            atomic_write_bytes(path, "".join(kept).encode())
+            self._say(f"{path}: dropped {dropped} line(s) logged after step {step}, the step the run goes on from")
+
     def _log(self, record: dict[str, Any]) -> None:
         with open(self.out / "metrics.jsonl", "a") as f:
             f.write(json.dumps(record) + "\n")
@@ -605,7 +643,7 @@ class Trainer:
                 "steps": step, "schedule": self._schedule, "device": describe(device), "metrics": metrics or {}}
 
     def _handle_signal(self, signum: int, frame: Any) -> None:
-        self._stop = True
+        self._stop, self._stop_signal = True, signum
 
     def _say(self, message: str) -> None:
         if not self.quiet:
