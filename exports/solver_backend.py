@@ -186,7 +186,7 @@ class OnnxSolverBackend:
 
             self.rows = cache_rows(ModelConfig.from_dict(json.loads(self.metadata["config"])), ORT_SLICE_BYTES)
         threads = session.session.get_session_options().intra_op_num_threads
-        where = f"{threads} threads" if session.device == "cpu" else session.provider
+        where = f"{threads} thread{'' if threads == 1 else 's'}" if session.device == "cpu" else session.provider
         self.device_name = f"{session.device} (ONNX Runtime {onnxruntime.__version__}, {where})"
 
     def _step_files(self) -> dict[str, Any] | None:

@@ -97,6 +97,10 @@ def stored_shapes(path: Path, what: str) -> dict[str, tuple[int, ...]]:
     if not path.is_file():
         raise CheckpointError(f"{path}: file not found (expected the {what} as a .safetensors file)")
     try:
+        open(path, "rb").close()  # safetensors reports an unreadable file as a missing one
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot be read ({e.strerror or e})") from None
+    try:
         with safe_open(str(path), "pt") as f:
             return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
     except (SafetensorError, OSError, ValueError) as e:
@@ -155,6 +159,8 @@ def read_config(directory: str | os.PathLike, kind: str | None = None) -> dict[s
         meta = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{path}: not valid JSON ({e}); expected a Hyper-SET config.json") from None
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot be read ({e.strerror or e})") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT or not isinstance(meta.get("model"), dict):
         raise CheckpointError(f"{path}: not a Hyper-SET checkpoint config (expected \"format\": \"{FORMAT}\")")
     found = meta.get("kind", "hyperset")

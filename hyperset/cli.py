@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -11,10 +12,10 @@ from typing import Any, NoReturn
 
 import click
 
-from .checkpoint import CheckpointError
+from .checkpoint import CheckpointError, atomic_write_bytes
 from .config import MAX_ITERS
 from .extras import require
-from .solve import DEFAULT_PASSES, DEFAULT_STRATEGY
+from .solve import CPU_BATCH_SIZE, DEFAULT_PASSES, DEFAULT_STRATEGY, GPU_BATCH_SIZE
 from .sudoku.board import Puzzle, PuzzleError, cell_name, format_grid, parse_file
 
 # exit codes (README, "Exit codes"); 130 is the shell's code for a process stopped by Ctrl-C (128 + SIGINT)
@@ -55,16 +56,28 @@ def check_output_file(option: str, path: str) -> None:
         raise click.UsageError(f"{option}: cannot write {path}: folder {folder} is not writable")
 
 
-def _check_options(backend: str, onnx_model: str | None, plot: str | None) -> None:
+def _check_options(backend: str, onnx_model: str | None, plot: str | None, checkpoint: str | None = None) -> None:
     """Usage errors found before any work is done."""
+    for name, value in (("--checkpoint", checkpoint), ("--onnx-model", onnx_model), ("--plot", plot)):
+        if value is not None and not value.strip():
+            raise click.UsageError(f"{name}: an empty path (leave the option out for its default)")
     if onnx_model is not None and backend != "onnx":
         raise click.UsageError("--onnx-model needs --backend onnx")
     if backend == "onnx":
         require("onnx", "onnx", "onnxruntime", what="--backend onnx")
     if plot is not None:
+        if plot_format(plot) not in PLOT_FORMATS:
+            raise click.UsageError(f"--plot {plot!r}: the file's suffix picks the format, one of "
+                                   f"{', '.join('.' + f for f in PLOT_FORMATS)}")
         require("app", "matplotlib", what="--plot")
-    if plot is not None:
         check_output_file("--plot", plot)
+
+
+PLOT_FORMATS = ("png", "svg", "pdf", "jpg", "jpeg")
+
+
+def plot_format(path: str) -> str:
+    return Path(path).suffix.lower().lstrip(".")
 
 
 def side_by_side(puzzle: str, prediction: str, color: bool) -> str:
@@ -76,7 +89,7 @@ def side_by_side(puzzle: str, prediction: str, color: bool) -> str:
     return "\n".join(f"  {a}   {m}{b}" for a, m, b in zip(left, arrow, right))
 
 
-SPARK_WIDTH = 60
+SPARK_WIDTH = 30
 
 
 def _sparkline(values: list[float], width: int = SPARK_WIDTH) -> str:
@@ -102,6 +115,8 @@ def _mean(run: list[float]) -> float:
 
 
 def _energy_summary(energy: dict[str, list[float]], trained: int) -> str:
+    """A line per energy (first -> last value, the value at the trained depth, a sparkline), short enough for an
+    80-column terminal."""
     if not energy:
         return "energy: not defined for this layer"
     parts = []
@@ -109,9 +124,9 @@ def _energy_summary(energy: dict[str, list[float]], trained: int) -> str:
         v = energy.get(name)
         if v:
             at = v[min(trained, len(v)) - 1]
-            parts.append(f"{label} {v[0]:.1f} -> {v[-1]:.1f} (at t={min(trained, len(v))}: {at:.1f}) "
+            parts.append(f"{label:<6} {v[0]:.1f} -> {v[-1]:.1f} (at t={min(trained, len(v))}: {at:.1f}) "
                          f"{_sparkline(v)}")
-    return "; ".join(parts)
+    return "\n  ".join(parts)
 
 
 def pass_starts(results: list[Any]) -> list[int]:
@@ -156,13 +171,12 @@ def plot_energy(path: str, results: list[Any], trained: int) -> None:
         ax.set_title(label)
         ax.legend(fontsize=8)
     fig.tight_layout()
-    tmp = Path(path).with_name(f".{Path(path).name}.tmp.png")
+    image = io.BytesIO()
     try:
-        fig.savefig(tmp, dpi=120)
-        tmp.replace(path)
+        fig.savefig(image, format=plot_format(path), dpi=120)
     finally:
         plt.close(fig)
-        tmp.unlink(missing_ok=True)
+    atomic_write_bytes(path, image.getvalue())
 
 
 def _load_puzzles(files: tuple[str, ...]) -> list[Puzzle]:
@@ -191,7 +205,7 @@ def _load_puzzles(files: tuple[str, ...]) -> list[Puzzle]:
 @click.option("--backend", type=click.Choice(["torch", "onnx"]), default="torch", show_default=True)
 @click.option("--onnx-model", type=click.Path(), default=None, help="ONNX Loop graph for --backend onnx")
 @click.option("--batch-size", type=click.IntRange(1, 65536), default=None,
-              help="boards per forward pass [default: 16 on a CPU, 256 on a GPU]")
+              help=f"boards per forward pass [default: {CPU_BATCH_SIZE} on a CPU, {GPU_BATCH_SIZE} on a GPU]")
 @click.option("--threads", type=click.IntRange(1, 1024), default=None,
               help="CPU threads [default: the cores that other work leaves idle]")
 @click.option("--json", "as_json", is_flag=True,
@@ -200,7 +214,7 @@ def _load_puzzles(files: tuple[str, ...]) -> list[Puzzle]:
 @click.option("--quiet", "-q", is_flag=True, help="print the summary only (with --json: only the summary object)")
 @click.option("--trace", is_flag=True, help="print E_ATTN and E_FF at every iteration (of every pass)")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None,
-              help="write the energy curve (PNG), every pass marked")
+              help="write the energy curve, every pass marked (.png, .svg, .pdf or .jpg: the suffix picks the format)")
 @click.option("--color/--no-color", default=None, help="colour givens and filled cells [default: on a terminal]")
 def solve_main(files: tuple[str, ...], iters: str | None, strategy: str, passes: int, checkpoint: str | None,
                device: str, backend: str, onnx_model: str | None, batch_size: int | None, threads: int | None,
@@ -229,7 +243,7 @@ def _solve(files: tuple[str, ...], iters: str | None, strategy: str, passes: int
 
     try:
         n_iters = _iters_option(iters) if iters is not None else None
-        _check_options(backend, onnx_model, plot)
+        _check_options(backend, onnx_model, plot, checkpoint)
         puzzles = _load_puzzles(files)
         n_threads = set_cpu_threads(threads)
         solver = Solver.load(checkpoint, device)
@@ -339,17 +353,24 @@ def _result_json(p: Puzzle, r: Any) -> dict[str, Any]:
     return {**r.to_json(), "source": p.source, "line": p.line, "warnings": list(p.warnings)}
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def _print_result(p: Puzzle, r: Any, trained: int, color: bool, trace: bool) -> None:
     verdict = "solved" if r.valid else "INVALID"
     if r.correct is not None:
         verdict += " (matches the known solution)" if r.correct else " (differs from the known solution)"
-    click.echo(f"{p.source}, puzzle {p.index + 1} (line {p.line}, {p.n_givens} givens):")
+    click.echo(f"{p.source}, puzzle {p.index + 1} (line {p.line}, {_count(p.n_givens, 'given')}):")
     click.echo(side_by_side(r.puzzle, r.prediction, color))
-    where = "" if r.valid else " — conflicts at " + ", ".join(cell_name(c) for c in r.conflicting_cells[:12])
+    cells = r.conflicting_cells
+    more = f" (+{len(cells) - 10} more)" if len(cells) > 10 else ""
     passes = f" in {r.passes} passes" if r.passes > 1 else ""
-    click.echo(f"  {verdict}: {r.iterations} iterations{passes} (trained depth {trained}), "
-               f"confidence {r.confidence:.3f}{where}")
+    click.echo(f"  {verdict}: {_count(r.iterations, 'iteration')}{passes} (trained depth {trained}), "
+               f"confidence {r.confidence:.3f}")
     if not r.valid:
+        if cells:
+            click.echo(f"  conflicts at {', '.join(cell_name(c) for c in cells[:10])}{more}")
         click.echo(f"  reason: {r.reason}")
     click.echo(f"  {_energy_summary(r.energy, trained)}")
     if trace:

@@ -20,7 +20,7 @@ from typing import Any
 
 import click
 
-DEVICE_HELP = "auto | cpu | cuda (or cuda:N)"
+DEVICE_HELP = "auto | cpu | cuda (or cuda:N) | mps"
 
 
 def package_version() -> str:

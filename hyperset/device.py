@@ -18,13 +18,18 @@ def pick_device(requested: str = "auto") -> torch.device:
         if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
             return torch.device("mps")
         return torch.device("cpu")
-    if requested.startswith("cuda") and not torch.cuda.is_available():
+    kind, _, index = requested.partition(":")
+    if kind not in ("cpu", "cuda", "mps") or (index and not (kind == "cuda" and index.isdigit())):
+        raise ValueError(f"--device {requested!r}: expected auto, cpu, cuda, cuda:N or mps")
+    if kind == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda was requested but PyTorch sees no CUDA device "
                          f"(torch {torch.__version__}, built with CUDA {torch.version.cuda or 'none'})")
-    try:
-        return torch.device(requested)
-    except RuntimeError as e:
-        raise ValueError(f"--device {requested!r}: {e}") from None
+    if kind == "cuda" and index and int(index) >= torch.cuda.device_count():
+        raise ValueError(f"--device {requested}: PyTorch sees {torch.cuda.device_count()} CUDA device(s), "
+                         f"numbered from 0")
+    if kind == "mps" and not (getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()):
+        raise ValueError("--device mps was requested but PyTorch sees no Apple MPS device")
+    return torch.device(requested)
 
 
 def describe(device: torch.device) -> str:

@@ -93,7 +93,7 @@ def test_train_threads_is_the_recipe_threads(tmp_path: Path, monkeypatch: pytest
             seen["threads"] = train.threads
 
         def fit(self) -> dict[str, Any]:
-            return {"step": 0, "best": 0.0}
+            return {"step": 1, "steps": 1, "best": 0.0, "finished": True, "stopped_by": None}
 
     monkeypatch.setattr(train_cli, "Trainer", FakeTrainer)
     data = write_sudoku_csvs(tmp_path, 4, 4, seed=0)
@@ -102,3 +102,14 @@ def test_train_threads_is_the_recipe_threads(tmp_path: Path, monkeypatch: pytest
         run = CliRunner().invoke(train_cli.main, [*base, *extra])
         assert run.exit_code == 0, run.output
         assert seen["threads"] == threads
+
+
+@pytest.mark.parametrize("name", ["xpu", "lazy", "meta", "hpu", "cpu:1", "cuda:x", "gpu"])
+def test_a_device_outside_the_listed_names_is_one_line_that_names_the_option(name: str) -> None:
+    """--device takes what its help lists; torch's other device types (which this package does not run on) are
+    refused up front, not met later as an assertion or a dispatcher dump."""
+    from hyperset.device import pick_device
+
+    with pytest.raises(ValueError, match=r"^--device '.+': expected auto, cpu, cuda, cuda:N or mps$"):
+        pick_device(name)
+    assert str(pick_device("CPU")) == "cpu" and str(pick_device("auto")) in ("cpu", "cuda", "mps")

@@ -281,6 +281,20 @@ def test_cli_reads_stdin_and_writes_an_energy_plot(tiny_checkpoint: Path, tmp_pa
     assert "E_ATTN" in out and "trained depth" in out
 
 
+def test_the_plot_suffix_picks_its_format_and_an_unknown_one_is_refused(tiny_checkpoint: Path,
+                                                                        tmp_path: Path) -> None:
+    (tmp_path / "p.txt").write_text(EASY + "\n")
+    base = [str(tmp_path / "p.txt"), "--checkpoint", str(tiny_checkpoint), "--iters", "2", "--strategy", "single"]
+    for name, head in (("e.svg", b"<?xml"), ("e.PDF", b"%PDF"), ("e.jpg", b"\xff\xd8")):
+        code, out, err = run([*base, "--plot", str(tmp_path / name)])
+        assert code in (0, 1) and (tmp_path / name).read_bytes().startswith(head), (name, err)
+    for name in ("e.xyz", "energy"):
+        code, out, err = run([*base, "--plot", str(tmp_path / name)])
+        assert code == 2 and out == "" and not (tmp_path / name).exists()
+        assert "the file's suffix picks the format, one of .png, .svg, .pdf, .jpg, .jpeg" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["e.PDF", "e.jpg", "e.svg", "p.txt"]  # no temporary left
+
+
 def test_solver_solves_when_the_model_predicts_the_solution(tiny_checkpoint: Path) -> None:
     """A stand-in backend that returns the exact solution: the pipeline must report valid and correct boards."""
     from hyperset.sudoku.exact import solve as exact_solve
@@ -366,20 +380,20 @@ def test_non_finite_weights_are_refused_and_non_finite_values_stay_valid_json(ti
     assert _sparkline([1.0, math.nan, 2.0]) == "▁?█" and _sparkline([math.nan]) == "?"
 
 
-def test_a_long_energy_trace_is_one_sparkline_of_at_most_sixty_marks() -> None:
+def test_a_long_energy_trace_is_one_short_sparkline() -> None:
     import math
 
     from hyperset.cli import SPARK_WIDTH, _sparkline
 
     falling = [1000.0 - i for i in range(1024)]  # 16 passes of 64 iterations
     line = _sparkline(falling)
-    assert len(line) == SPARK_WIDTH == 60 and line[0] == "█" and line[-1] == "▁"
+    assert len(line) == SPARK_WIDTH == 30 and line[0] == "█" and line[-1] == "▁"
     assert list(line) == sorted(line, reverse=True)  # still falling, bucket by bucket
-    assert _sparkline(falling[:60]) == _sparkline(falling[:60], width=1000)  # short traces keep a mark each
+    assert _sparkline(falling[:30]) == _sparkline(falling[:30], width=1000)  # short traces keep a mark each
     holed = falling[:]
     holed[500] = math.nan
     marks = _sparkline(holed)
-    assert marks.count("?") == 1 and marks.index("?") == 500 * 60 // 1024
+    assert marks.count("?") == 1 and marks.index("?") == 500 * 30 // 1024
 
 
 def test_cli_version_quiet_and_trace_of_every_pass(tiny_checkpoint: Path, tmp_path: Path) -> None:
@@ -413,3 +427,36 @@ def test_solve_iterations_of_a_checkpoint_set_the_default_depth_per_pass(tmp_pat
     (ck / "config.json").write_text(json.dumps({**meta, "solve_iterations": 0}))
     with pytest.raises(CheckpointError, match="solve_iterations"):
         Solver.load(ck, "cpu")
+
+
+def test_empty_paths_and_unreadable_checkpoint_files_are_one_line(tiny_checkpoint: Path, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    import shutil
+
+    import hyperset.checkpoint as checkpoint
+
+    (tmp_path / "p.txt").write_text(EASY + "\n")
+    for args, message in (([""], "'': an empty file name"),
+                          ([str(tmp_path / "p.txt"), "--checkpoint", ""], "--checkpoint: an empty path"),
+                          ([str(tmp_path / "p.txt"), "--plot", " "], "--plot: an empty path")):
+        code, out, err = run(args)
+        assert code == 2 and out == "" and err == f"hyperset-solve: error: {message}" + err.split(message)[1]
+        assert len(err.strip().splitlines()) == 1
+    # a checkpoint whose files exist but cannot be read (permissions): said so, not a traceback or "not found"
+    copy = tmp_path / "ck"
+    shutil.copytree(tiny_checkpoint, copy)
+    real_read_text, real_open = Path.read_text, open
+
+    def denied(path: object, *args: object, **kw: object) -> object:
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: denied(self) if self.name == "config.json"
+                        else real_read_text(self, *a, **k))
+    code, _, err = run([str(tmp_path / "p.txt"), "--checkpoint", str(copy)])
+    assert code == 2
+    assert err.strip() == f"hyperset-solve: error: {copy / 'config.json'}: cannot be read (Permission denied)"
+    monkeypatch.setattr(Path, "read_text", real_read_text)
+    monkeypatch.setattr(checkpoint, "open", lambda path, *a, **k: denied(path) if str(path).endswith(".safetensors")
+                        else real_open(path, *a, **k), raising=False)
+    code, _, err = run([str(tmp_path / "p.txt"), "--checkpoint", str(copy)])
+    assert code == 2 and err.strip().endswith(f"{copy / 'model.safetensors'}: cannot be read (Permission denied)")

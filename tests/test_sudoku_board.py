@@ -429,3 +429,25 @@ def test_validate_treats_malformed_output_as_invalid_not_as_crash() -> None:
     v = validate("123", EASY)
     assert not v.valid and v.reason == "expected 81 cells, found 3"
     assert not validate(np.full(81, 11), EASY).valid
+
+
+def test_what_spreadsheets_write_is_read() -> None:
+    """Quoted CSV fields, grid rows with empty cells (and a trailing comma), a one-column CSV's header."""
+    rows = [EASY[9 * i: 9 * i + 9] for i in range(9)]
+    for text in (f'"puzzle","solution"\n"{EASY}","{EASY_SOLUTION}"\n', f'"{EASY}","{EASY_SOLUTION}"\n'):
+        (p,) = parse_puzzles(text)
+        assert (p.givens, p.solution) == (EASY, EASY_SOLUTION)
+    empty_cells = "\n".join(",".join("" if c == "0" else c for c in row) for row in rows)
+    trailing = "\n".join(",".join(row) + "," for row in rows)
+    for text in (empty_cells, trailing, f"puzzle\n{EASY}\n", f'"quizzes"\n{EASY}\n'):
+        assert [p.givens for p in parse_puzzles(text)] == [EASY], text
+    with pytest.raises(PuzzleError, match="line 1: grid starting here has only 1 row before line 2"):
+        parse_puzzles(empty_cells.replace("6,,,1,9,5,,,", "6,,,1,9,5,,", 1))
+
+
+def test_lines_end_only_at_newlines_so_line_numbers_hold() -> None:
+    """A form feed or another Unicode line separator inside a line neither splits it nor shifts later lines."""
+    for odd in ("\x0c", "\x0b", "\x1c", "\x85", "\u2028"):
+        with pytest.raises(PuzzleError, match=r"^f\.txt, line 3: unexpected character 'x' at column 82$"):
+            parse_puzzles(f"# page{odd}break\n{EASY}\n{EASY}x\n", "f.txt")
+    assert len(parse_puzzles(f"{EASY}\r\n{EASY}\r{EASY}\n")) == 3

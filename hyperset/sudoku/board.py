@@ -10,6 +10,7 @@ from __future__ import annotations
 import gzip
 import io
 import os
+import re
 import sys
 import zlib
 from collections.abc import Sequence
@@ -332,6 +333,11 @@ def _is_separator(stripped: str) -> bool:
     return all(ch in _SEPARATOR_CHARS for ch in stripped) and any(ch not in " \t" for ch in stripped)
 
 
+def _unquote(field: str) -> str:
+    """A CSV field without the double quotes a spreadsheet puts round it."""
+    return field[1:-1].strip() if len(field) >= 2 and field[0] == field[-1] == '"' else field
+
+
 def _is_header(fields: list[str]) -> bool:
     """A CSV header names its columns: every field is a short word, none looks like cells."""
     return all(f and len(f) < 40 and any(ch.isalpha() for ch in f) for f in fields)
@@ -376,7 +382,7 @@ class _Parser:
         self.rows, self.row_lines = [], []
 
     def csv_line(self, raw: str, line: int) -> None:
-        fields = [f.strip() for f in raw.split(",")]
+        fields = [_unquote(f.strip()) for f in raw.split(",")]
         if not self.seen_content and _is_header(fields):
             names = [f.lower().strip("\"'") for f in fields]
             p = next((i for i, f in enumerate(names) if f in _PUZZLE_HEADER_NAMES), None)
@@ -424,13 +430,18 @@ class _Parser:
             self.seen_content = True
             return
         if "," in stripped:
-            fields = [f.strip() for f in stripped.split(",")]
-            if len(fields) == 9 and all(len(f) == 1 for f in fields):  # a grid row written 5,3,0,...
+            fields = [_unquote(f.strip()) for f in stripped.split(",")]
+            if len(fields) == 10 and not fields[-1]:  # a spreadsheet's row ends with a comma
+                fields = fields[:-1]
+            if len(fields) == 9 and all(len(f) <= 1 for f in fields):  # a grid row written 5,3,0,... or 5,3,,...
                 self.seen_content = True
-                self.cells_line(_cells_of(raw.replace(",", " "), self.source, line), line)
+                self.cells_line(_cells_of(" ".join(f or "0" for f in fields), self.source, line), line)
                 return
             self.end_grid(line)
             self.csv_line(raw, line)
+            return
+        if not self.seen_content and _unquote(stripped).lower() in _PUZZLE_HEADER_NAMES:  # a one-column CSV
+            self.seen_content = True
             return
         self.seen_content = True
         cells = _cells_of(raw, self.source, line)
@@ -462,7 +473,9 @@ def parse_puzzles(text: str, source: str = "<text>") -> list[Puzzle]:
     if text.startswith("\ufeff"):
         text = text[1:]
     parser = _Parser(source)
-    for line_no, raw in enumerate(text.splitlines(), start=1):
+    # lines end at \n, \r\n or \r only: str.splitlines would also end them at form feeds and other separators,
+    # which split a comment in two and shift every later line number
+    for line_no, raw in enumerate(re.split(r"\r\n|\r|\n", text.removesuffix("\n")), start=1):
         parser.text_line(raw, line_no)
     parser.end_grid()
     if not parser.puzzles:
@@ -491,6 +504,8 @@ def _read_limited(stream: BinaryIO, source: str, what: str) -> bytes:
 def _read_bytes(path: str) -> tuple[bytes, str]:
     if path == "-":
         return _read_limited(sys.stdin.buffer, "<stdin>", "input larger than"), "<stdin>"
+    if not path.strip():
+        raise PuzzleError("''", None, "an empty file name (give a path, or - for standard input)")
     try:
         with open(path, "rb") as f:
             return _read_limited(f, path, "input larger than"), path
