@@ -19,9 +19,13 @@ MIN_OPSET, MAX_OPSET = 14, 20  # legacy exporter range that covers every op of t
 
 def resolve_checkpoint(name: str) -> Path:
     """A checkpoint folder, or the shorthand sudoku/classifier/mim for the models shipped in the package."""
-    from hyperset.pretrained import pretrained_dir
+    from hyperset.checkpoint import CheckpointError
+    from hyperset.pretrained import PRETRAINED, pretrained_dir
 
     path = Path(name)
+    if not path.exists() and name in PRETRAINED and name not in SHIPPED:
+        raise CheckpointError(f"{name}: the shipped {name} model is not one hyperset-export writes (it exports "
+                              f"{', '.join(SHIPPED)} or a checkpoint folder of such a model)")
     if path.exists() or name not in SHIPPED:
         return path
     return pretrained_dir(name)

@@ -51,7 +51,8 @@ def check_output_file(option: str, path: str) -> None:
     """A file an option will write: its folder must exist and be writable (no folder is created for it)."""
     folder = Path(path).parent
     if not folder.is_dir():
-        raise click.UsageError(f"{option}: cannot write {path}: folder {folder} does not exist")
+        why = f"{folder} is a file, not a folder" if folder.exists() else f"folder {folder} does not exist"
+        raise click.UsageError(f"{option}: cannot write {path}: {why}")
     if not os.access(folder, os.W_OK):
         raise click.UsageError(f"{option}: cannot write {path}: folder {folder} is not writable")
 

@@ -113,3 +113,25 @@ def test_a_device_outside_the_listed_names_is_one_line_that_names_the_option(nam
     with pytest.raises(ValueError, match=r"^--device '.+': expected auto, cpu, cuda, cuda:N or mps$"):
         pick_device(name)
     assert str(pick_device("CPU")) == "cpu" and str(pick_device("auto")) in ("cpu", "cuda", "mps")
+
+
+def test_a_wrong_kind_of_path_is_named_for_what_it_is(tmp_path) -> None:
+    """A file where a folder is expected (and the reverse), a missing run folder given to --schedule, a shipped
+    model that a command does not handle: each error says which of these it is."""
+    import click
+
+    from hyperset.checkpoint import CheckpointError
+    from hyperset.cli import check_output_file
+    from hyperset.exports.cli import resolve_checkpoint
+    from hyperset.sudoku.data import find_split
+    from hyperset.training.trainer import parse_schedule
+
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(click.UsageError, match=r"--out: cannot write .*afile/r\.json: .*afile is a file, not a folder"):
+        check_output_file("--out", str(tmp_path / "afile" / "r.json"))
+    with pytest.raises(FileNotFoundError, match=r"afile \(a file: --data names the folder that holds the splits\)"):
+        find_split(tmp_path / "afile", "train")
+    with pytest.raises(ValueError, match=r"or a run folder or JSON file that records one \(runs/zzz does not exist\)"):
+        parse_schedule("runs/zzz")
+    with pytest.raises(CheckpointError, match="the shipped mim-tokenizer model is not one hyperset-export writes"):
+        resolve_checkpoint("mim-tokenizer")

@@ -213,8 +213,10 @@ def parse_schedule(spec: str) -> list[dict[str, int]]:
             start, steps = part.split(":")
             plan.append({"from_step": int(start), "steps": int(steps)})
         except ValueError:
+            also = (f", or a run folder or JSON file that records one ({spec} does not exist)"
+                    if ":" not in spec or "/" in spec or spec.endswith(".json") else "")
             raise ValueError(f"--schedule {spec!r}: expected FROM:STEPS[,FROM:STEPS...] "
-                             f"(e.g. 0:30000,13166:22000), got {part!r}") from None
+                             f"(e.g. 0:30000,13166:22000){also}, got {part!r}") from None
     return check_schedule(plan, "--schedule")
 
 

@@ -271,7 +271,8 @@ def find_split(data_dir: str | os.PathLike, split: str) -> Path:
             return zpath / member
         note = note or f" ({zpath.name} has no {split}.csv member)"
     looked = ", ".join(str(c.relative_to(root)) for c in candidates) + f", {_ZIP_NAME}"
-    where = f"{root}" if root.is_dir() else f"{root} (the directory does not exist)"
+    where = (f"{root}" if root.is_dir() else f"{root} (a file: --data names the folder that holds the splits)"
+             if root.exists() else f"{root} (the directory does not exist)")
     raise DataNotFoundError(
         f"no {split} split found in {where}: looked for {looked}{note}. "
         f"Fetch the RRN data with hyperset-train --download or download_rrn({str(root)!r}), or place the files "
