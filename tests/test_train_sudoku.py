@@ -337,7 +337,7 @@ def test_a_stopped_run_exits_with_the_signal_and_claims_no_best_it_lacks(data_di
     assert result.exit_code == 0 and result.stdout.startswith("done: step 4, best "), result.output
 
 
-def test_a_resumed_run_logs_each_step_once(data_dir: Path, tmp_path: Path) -> None:
+def test_a_resumed_run_logs_each_step_once(data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """Lines logged after the saved state (by a run killed before its next save, or one that never saved) are
     dropped when a run starts from that state, a line cut short by the kill included."""
     out = tmp_path / "run"
@@ -355,6 +355,7 @@ def test_a_resumed_run_logs_each_step_once(data_dir: Path, tmp_path: Path) -> No
     fresh.mkdir()
     (fresh / "metrics.jsonl").write_text(json.dumps({"step": 1, "lr": math.inf, "loss": math.nan}) + "\n")
     Trainer(tiny_task(data_dir), train_cfg(2), fresh, resume=True, quiet=True).fit()
+    assert f"warning: nothing to resume in {fresh}" in capsys.readouterr().err  # said even when quiet
     records = [json.loads(line) for line in (fresh / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if "loss" in r] == [1, 2] and all(math.isfinite(r.get("lr", 0)) for r in records)
 

@@ -311,6 +311,7 @@ class Trainer:
     init_from: str | None = None
     _stop: bool = field(default=False, init=False)
     _stop_signal: int | None = field(default=None, init=False)  # the signal that asked the run to stop
+    _main: bool = field(default=True, init=False)  # this process reports the run (rank 0)
     # the lr schedules this run has followed: [{"from_step": s, "steps": n}, ...]; a resume with another --steps
     # adds an entry (the cosine is then recomputed over the new budget from that step on)
     _schedule: list[dict[str, int]] = field(default_factory=list, init=False)
@@ -327,6 +328,7 @@ class Trainer:
             torch.set_num_threads(self.cfg.threads)
         env = DistEnv.setup(self.device)
         self.quiet = self.quiet or not env.is_main
+        self._main = env.is_main
         with contextlib.ExitStack() as held:
             held.callback(env.close)  # last out, after the lock is released
             if env.is_main:
@@ -398,13 +400,13 @@ class Trainer:
         scaler = torch.amp.GradScaler(device.type, enabled=self._amp_dtype(device) == torch.float16)
         compiled = cfg.compile
         if compiled and (problem := compile_problem(device)) is not None:
-            self._say(f"train.compile = true, but torch.compile does not work on {device.type} here ({problem}): "
+            self._warn(f"train.compile = true, but torch.compile does not work on {device.type} here ({problem}): "
                       f"training without it (the same results, slower)")
             compiled = False
         mode = None if cfg.compile_mode == "default" else cfg.compile_mode
         cuda_graphs = compiled and cfg.compile_mode == "reduce-overhead"
         if cuda_graphs and device.type != "cuda":
-            self._say(f"train.compile_mode = reduce-overhead: CUDA graphs need a CUDA device; on {device.type} it "
+            self._warn(f"train.compile_mode = reduce-overhead: CUDA graphs need a CUDA device; on {device.type} it "
                       "compiles as the default mode does")
             cuda_graphs = False
         run = _Run(env, model, opt, torch.compile(net, mode=mode) if compiled else net, scaler,
@@ -425,7 +427,7 @@ class Trainer:
         fresh = {"step": 0, "best": -math.inf, "best_metrics": {}, "elapsed": 0.0}
         if not (last_dir / "trainer.json").is_file():
             if self.resume:
-                self._say(f"nothing to resume in {self.out} (no {last_dir / 'trainer.json'}): starting a new run")
+                self._warn(f"nothing to resume in {self.out} (no {last_dir / 'trainer.json'}): starting a new run")
             return fresh
         if not self.resume:
             raise ValueError(f"{self.out} already holds a training run; pass --resume to continue it "
@@ -650,3 +652,9 @@ class Trainer:
     def _say(self, message: str) -> None:
         if not self.quiet:
             tqdm.write(message)
+
+    def _warn(self, message: str) -> None:
+        """What the run does differently from what was asked: on standard error from the main process, also when
+        quiet (--quiet, --json)."""
+        if self._main:
+            tqdm.write(f"warning: {message}", file=sys.stderr)
