@@ -181,7 +181,7 @@ def grid_to_puzzle(grid: Any) -> str:
                          f"{'/'.join(map(str, widths)) or 0} cells")
     puzzle = "".join(_cell_text(v, r * 9 + c) for r, row in enumerate(grid) for c, v in enumerate(row))
     if puzzle == "0" * 81:
-        raise InputError("the grid is empty: enter some givens or load an example")
+        raise InputError(EMPTY_PUZZLE)
     try:
         parse_puzzles(puzzle, "grid")
     except PuzzleError as err:  # contradictory givens, with the unit and the cells
@@ -388,10 +388,46 @@ def _error_md(message: str) -> str:
     return f"**Input problem:** {message}"
 
 
+EMPTY_PUZZLE = "the puzzle is empty: enter some givens or load an example"
+
+
+def read_puzzles(text: str, source: str) -> list[Any]:
+    """The puzzles of pasted text, at least the first: a mistake after the first puzzle ends the list there
+    instead of refusing the text (the app uses the first; the rest are counted for a note)."""
+    try:
+        return parse_puzzles(text, source)
+    except PuzzleError as err:
+        if err.line is None or err.line <= 1:
+            raise
+        try:  # the puzzles before the line at fault, if those lines hold any whole puzzle
+            before = parse_puzzles("\n".join(text.splitlines()[: err.line - 1]), source)
+        except PuzzleError:
+            raise err from None
+        return before
+
+
+def _lenient(component: Any) -> Any:
+    """Hand the event's function the client's raw value when Gradio's own conversion fails on it (an API client's
+    null grid, an infinite or text iteration count): the function's checks then say what is wrong, where Gradio's
+    exception reached the client as an empty error."""
+    convert = component.preprocess
+
+    def preprocess(payload: Any) -> Any:
+        try:
+            return convert(payload)
+        except (AttributeError, TypeError, ValueError, KeyError, OverflowError):
+            return payload
+
+    component.preprocess = preprocess
+    return component
+
+
 def _int_in(value: Any, low: int, high: int, name: str) -> int:
     try:
+        if isinstance(value, bool):
+            raise TypeError(name)
         v = int(round(float(value)))
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: inf; ValueError: nan, "abc"
         raise InputError(f"{name} must be a whole number from {low} to {high}") from None
     if not low <= v <= high:
         raise InputError(f"{name} must be from {low} to {high} (got {v})")
@@ -498,10 +534,12 @@ class HyperSETApp:
                 raise InputError("paste a puzzle first: 81 characters (0 or . for blanks), a 9-line grid, "
                                  "or puzzle,solution CSV")
             try:
-                puzzles = parse_puzzles(text, "pasted text")
+                puzzles = read_puzzles(text, "pasted text")
             except PuzzleError as err:
                 where = f"line {err.line}: " if err.line is not None else ""
                 raise InputError(f"could not read the puzzle ({where}{err.reason})") from None
+            if puzzles[0].givens == "0" * 81:
+                raise InputError(EMPTY_PUZZLE)
         except InputError as err:
             _toast(str(err))
             return gr.skip(), gr.skip(), _error_md(str(err))
@@ -620,12 +658,14 @@ class HyperSETApp:
             if len(text) > MAX_TEXT_CHARS:
                 raise InputError(f"the text is too long ({len(text):,} characters; at most {MAX_TEXT_CHARS:,})")
             try:
-                puzzle = parse_puzzles(text, "puzzle_text")[0].givens
+                puzzle = read_puzzles(text, "puzzle_text")[0].givens
             except PuzzleError as err:
                 where = f"line {err.line}: " if err.line is not None else ""
                 raise InputError(f"could not read the puzzle ({where}{err.reason})") from None
             except IndexError:
                 raise InputError("no puzzle in the text") from None
+            if puzzle == "0" * 81:
+                raise InputError(EMPTY_PUZZLE)
             iters, strategy = self._settings(iterations, strategy)
         except InputError as err:
             raise gr.Error(str(err)) from None
@@ -942,6 +982,8 @@ class HyperSETApp:
                                     info="single: one pass · commit: fix the most confident digits and run again "
                                          f"(up to {DEFAULT_PASSES} passes) · auto: stop when solved or unchanged "
                                          "for 4 iterations")
+                for component in (grid, iters, strategy):
+                    _lenient(component)
                 with gr.Row():
                     solve_btn = gr.Button("Solve", variant="primary", elem_id="solve-btn")
                     stop_btn = gr.Button("Stop", variant="stop", elem_id="stop-btn")
@@ -976,7 +1018,9 @@ class HyperSETApp:
                       gr.Textbox(label="strategy", value=DEFAULT_STRATEGY)]
             outputs = [gr.Textbox(label="board"), gr.Textbox(label="verdict"), gr.JSON(label="energies")]
             api = gr.Button("solve", visible=False)
-        api.click(self.api_solve, inputs, outputs, api_name="solve", concurrency_id=MODEL_QUEUE,
+        # preprocess=False: the client's values reach api_solve as sent, which checks them (Gradio's own
+        # conversion of the number raised before it on inf, nan or text, and the client got an empty error)
+        api.click(self.api_solve, inputs, outputs, api_name="solve", concurrency_id=MODEL_QUEUE, preprocess=False,
                   api_description="Solve one puzzle (81 characters, a 9-line grid or puzzle,solution CSV): the board "
                                   "(81 digits), the verdict ('solved' or 'not solved: reason') and the energies "
                                   "(E_ATTN and E_FF at every iteration of every pass)")

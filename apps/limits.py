@@ -334,6 +334,10 @@ def limit_pixels(component: gr.Image | gr.ImageEditor) -> None:
 
     def checked_preprocess(payload: Any) -> Any:
         check_pixels(payload, blobs)
-        return preprocess(payload)
+        try:
+            return preprocess(payload)
+        except (OSError, ValueError, SyntaxError):  # a header that reads, a body that does not (truncated, SVG)
+            raise gr.Error("could not read the file as an image (PNG, JPEG, WebP, ...)",
+                           print_exception=False) from None
 
     component.preprocess = checked_preprocess

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -51,9 +52,10 @@ def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
     atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=False) + "\n").encode())
 
 
-def save_tensors(path: str | os.PathLike, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None
-                 ) -> None:
-    """safetensors file written atomically (tensors are made contiguous and unshared)."""
+def save_tensors(path: str | os.PathLike, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None,
+                 then: Any = None) -> None:
+    """safetensors file written atomically (tensors are made contiguous and unshared); `then()`, if given, runs
+    once the file is written in full, before it replaces an old one (a failure there leaves the old file)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -61,6 +63,8 @@ def save_tensors(path: str | os.PathLike, tensors: dict[str, torch.Tensor], meta
     try:
         save_file({k: v.detach().contiguous().clone() for k, v in tensors.items()}, tmp, metadata=metadata)
         os.chmod(tmp, _default_mode())
+        if then is not None:  # a companion file, written before the tensors replace their old file
+            then()
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -79,17 +83,62 @@ def load_tensors(path: str | os.PathLike, what: str = "weights") -> dict[str, to
 
 def save_module(directory: str | os.PathLike, module: torch.nn.Module, kind: str, config: dict[str, Any],
                 info: dict[str, Any] | None = None) -> Path:
-    """Write any module as model.safetensors + config.json ({"kind": kind, "model": config, ...info})."""
+    """Write any module as model.safetensors + config.json ({"kind": kind, "model": config, ...info}).
+
+    Everything is checked before anything is written: `info` must be JSON (non-finite numbers are written as
+    null), its iteration counts valid, the weights finite, and a folder that already holds files of these names
+    must hold a Hyper-SET checkpoint (anything else is not overwritten). Both files are written in full before
+    either replaces an old one."""
     directory = Path(directory)
     reserved = {"format", "format_version", "kind", "model", "parameters"}
     clash = sorted(reserved & set(info or {}))
     if clash:
         raise ValueError(f"checkpoint info may not set the reserved keys {', '.join(clash)}")
+    for key in ("trained_iterations", "solve_iterations"):
+        if (info or {}).get(key) is not None:
+            check_iterations(info[key], key)  # type: ignore[index]
     meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "kind": kind, "model": config,
             "parameters": sum(p.numel() for p in module.parameters()), **(info or {})}
-    save_tensors(directory / "model.safetensors", module.state_dict(), {"format": FORMAT, "kind": kind})
-    atomic_write_json(directory / "config.json", meta)
+    try:
+        text = json.dumps(_finite_or_null(meta), indent=2, allow_nan=False) + "\n"
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"checkpoint info must be JSON (strings, numbers, lists, dicts): {e}") from None
+    bad = [name for name, t in module.state_dict().items() if t.is_floating_point() and not bool(t.isfinite().all())]
+    if bad:
+        raise ValueError(f"weights not saved: {', '.join(bad[:4])} hold NaN or infinite values")
+    _check_writable_checkpoint_folder(directory)
+    save_tensors(directory / "model.safetensors", module.state_dict(), {"format": FORMAT, "kind": kind},
+                 then=lambda: atomic_write_bytes(directory / "config.json", text.encode()))
     return directory
+
+
+def _finite_or_null(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite_or_null(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite_or_null(v) for v in value]
+    return value
+
+
+def _check_writable_checkpoint_folder(directory: Path) -> None:
+    """A folder save_module may write into: new, or holding no config.json / model.safetensors, or a Hyper-SET
+    checkpoint's. Another program's files of those names are not overwritten."""
+    if directory.exists() and not directory.is_dir():
+        raise ValueError(f"{directory} is a file: a checkpoint is a folder (model.safetensors + config.json)")
+    config, weights = directory / "config.json", directory / "model.safetensors"
+    if config.exists():
+        try:
+            ours = json.loads(config.read_text()).get("format") == FORMAT
+        except (OSError, ValueError, AttributeError):
+            ours = False
+        if not ours:
+            raise ValueError(f"{config} is not a Hyper-SET checkpoint's config: not overwritten (save into another "
+                             "folder)")
+    elif weights.exists():
+        raise ValueError(f"{weights} has no Hyper-SET config.json beside it: not overwritten (save into another "
+                         "folder)")
 
 
 def stored_shapes(path: Path, what: str) -> dict[str, tuple[int, ...]]:

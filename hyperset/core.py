@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -11,7 +12,7 @@ from torch import Tensor, nn
 
 from . import fused
 from .baselines import CRATELayer, EnergyTransformerLayer, TransformerLayer
-from .config import ModelConfig
+from .config import MAX_ITERS, ModelConfig
 from .energies import average_angle, effective_rank
 from .layers import HyperSETLayer, StepSizes
 
@@ -42,6 +43,16 @@ def cache_rows(cfg: ModelConfig, nbytes: int | None = None) -> int:
     """Rows of a batch whose widest per-update intermediate (fp32) takes about `nbytes` (default SLICE_BYTES)."""
     widest = max(cfg.dim, cfg.ff_hidden, cfg.heads * cfg.seq_len, 1)
     return max(1, (SLICE_BYTES if nbytes is None else nbytes) // (4 * cfg.seq_len * widest))
+
+
+def _whole(name: str, value: Any) -> int:
+    """An iteration count given to the core: a whole number (a Python or NumPy integer, or a 0-d integer tensor),
+    not a bool, a float or a string, which would be truncated or refused far from the call."""
+    if isinstance(value, Tensor) and value.dim() == 0 and not value.is_floating_point() and value.dtype != torch.bool:
+        return int(value)
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be a whole number of iterations, got {value!r}")
+    return int(value)
 
 
 def slice_rows(cfg: ModelConfig, batch: int, device: torch.device) -> int:
@@ -206,9 +217,12 @@ class RecurrentCore(nn.Module):
         `_fixed_steps` runs in eager mode, which breaks the graph; made outside this generator, the break falls
         before it and the compiler traces every update of the pass into one graph (a break inside a generator
         makes the compiler leave the generator's own frame to eager mode, one graph per update)."""
-        iters = self.cfg.iters if iters is None else int(iters)
+        iters = self.cfg.iters if iters is None else _whole("iters", iters)
+        skip, detach_every = _whole("skip", skip), _whole("detach_every", detach_every)
         if iters < 0 or skip < 0 or detach_every < 0:
             raise ValueError(f"iters, skip and detach_every must be >= 0, got {iters}, {skip} and {detach_every}")
+        if iters + skip > MAX_ITERS:
+            raise ValueError(f"iters = {iters} (+ skip = {skip}): at most {MAX_ITERS:,} iterations per layer")
         x = x0
         for layer in self.layers:
             if skip:  # t restarts for every distinct layer, as in the authors' code

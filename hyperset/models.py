@@ -165,8 +165,37 @@ class HyperSETModel(nn.Module):
             x = x[:, 0]  # the CLS token
         return self.head(self.head_norm(x))
 
+    def check_inputs(self, inputs: Any) -> None:
+        """What `run`, `frames` and `forward` take, checked up front (TypeError / ValueError naming `inputs`):
+        token ids of shape (batch, seq_len) with values in 0..vocab_size-1 for Sudoku and MIM (Sudoku: 0 = blank,
+        1-9 the digits), float images (batch, channels, img_size, img_size) for classification. Skipped in a trace,
+        an export or under torch.compile, where the shapes are the graph's."""
+        if torch.jit.is_tracing() or torch.onnx.is_in_onnx_export() or torch.compiler.is_compiling():
+            return
+        if not isinstance(inputs, Tensor):
+            raise TypeError(f"inputs must be a torch.Tensor, got {type(inputs).__module__}.{type(inputs).__name__}"
+                            " (torch.as_tensor(...) makes one)")
+        cfg = self.cfg
+        if cfg.task == "classify":
+            want = (cfg.channels, cfg.img_size, cfg.img_size)
+            if not inputs.is_floating_point():
+                raise TypeError(f"inputs: expected float images, got {inputs.dtype}")
+            if inputs.dim() != 4 or tuple(inputs.shape[1:]) != want or len(inputs) == 0:
+                raise ValueError(f"inputs: expected images of shape (batch >= 1, {', '.join(map(str, want))}), got "
+                                 f"{tuple(inputs.shape)}")
+            return
+        if inputs.is_floating_point() or inputs.is_complex() or inputs.dtype == torch.bool:
+            raise TypeError(f"inputs: expected integer token ids (torch.long), got {inputs.dtype}")
+        if inputs.dim() != 2 or inputs.shape[1] != cfg.seq_len or len(inputs) == 0:
+            raise ValueError(f"inputs: expected shape (batch >= 1, {cfg.seq_len}), got {tuple(inputs.shape)}"
+                             + (" (a board is 81 cells in one row: reshape(-1, 81))" if cfg.task == "sudoku" else ""))
+        lo, hi = int(inputs.min()), int(inputs.max())
+        if lo < 0 or hi >= cfg.vocab_size:
+            raise ValueError(f"inputs: token ids must be in 0..{cfg.vocab_size - 1}, got values from {lo} to {hi}")
+
     def run(self, inputs: Tensor, iters: int | None = None, trace: bool = False, geometry: bool = False,
             all_logits: bool = False, skip: int = 0, detach_every: int = 0) -> ModelOutput:
+        self.check_inputs(inputs)
         out = self.core.run(self.stem(inputs), iters, trace=trace, geometry=geometry, keep_states=all_logits,
                             skip=skip, detach_every=detach_every)
         per_iter = [self.readout(s) for s in out.states] if all_logits else None
@@ -187,6 +216,7 @@ class HyperSETModel(nn.Module):
             e = {k: v.detach().float() for k, v in layer_energy(layer, x, t, self.cfg).items()} if energies else None
             return Frame(t, index[id(layer)], next(steps), x, self.readout(x) if logits else None, e)
 
+        self.check_inputs(inputs)
         return relay(self.core.iterate(self.stem(inputs), iters), frame)
 
     def forward(self, inputs: Tensor, iters: int | None = None, all_logits: bool = False, skip: int = 0,

@@ -66,6 +66,11 @@ def _from_hub(repo_id: str) -> Path:
 
 
 def load_pretrained(name_or_path: str | os.PathLike, device: Any = "cpu") -> Any:
-    """A Hyper-SET model (eval mode) by shipped name ("sudoku", "classifier", "mim"), folder or Hub id."""
+    """A Hyper-SET model (eval mode) by shipped name ("sudoku", "classifier", "mim"), folder or Hub id, on `device`
+    ("auto", "cpu", "cuda", "cuda:N", "mps" or a torch.device; one that cannot be had is a ValueError)."""
+    if isinstance(device, str):
+        from .device import pick_device
+
+        device = pick_device(device)
     model, _ = load_checkpoint(resolve(name_or_path), map_location=device)
     return model

@@ -14,6 +14,7 @@ A result's energy covers every iteration it reports (for commit, its passes one 
 from __future__ import annotations
 
 import math
+import numbers
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -28,7 +29,7 @@ from .device import pick_device
 from .models import HyperSETModel
 from .pretrained import PRETRAINED, weights_root
 from .strategies import STRATEGIES, BoardResult, SolveFrame, commit_cells, single, stream
-from .sudoku.board import validate
+from .sudoku.board import PuzzleError, parse_puzzles, validate
 
 __all__ = ["DEFAULT_PASSES", "DEFAULT_STRATEGY", "STRATEGIES", "SolveResult", "SolveSummary", "Solver",
            "commit_cells", "result_of", "summarize", "timed_solve"]
@@ -81,6 +82,29 @@ def _finite(x: float) -> float | None:
 
 def _board_tensor(puzzles: Sequence[str], device: torch.device | str) -> torch.Tensor:
     return torch.tensor([[int(c) for c in p] for p in puzzles], dtype=torch.long, device=device)
+
+
+def checked_puzzles(puzzles: Sequence[str]) -> list[str]:
+    """The puzzles as 81 digits (0 = blank), read as a puzzle file's lines are (``.``, ``_`` or ``*`` for blanks,
+    spaces and ``|`` ignored): a puzzle that is not 81 cells, or whose givens clash, is a PuzzleError (a
+    ValueError) that names it, ``puzzles[i]``."""
+    if isinstance(puzzles, str):
+        raise TypeError("puzzles must be a list of puzzle strings, got one string (wrap it: [puzzle])")
+    out = []
+    for i, p in enumerate(puzzles):
+        if not isinstance(p, str):
+            raise TypeError(f"puzzles[{i}] must be a string of 81 cells, got {type(p).__name__}")
+        parsed = parse_puzzles(p, f"puzzles[{i}]")
+        if len(parsed) != 1:
+            raise PuzzleError(f"puzzles[{i}]", None, f"holds {len(parsed)} puzzles, not one")
+        out.append(parsed[0].givens)
+    return out
+
+
+def _count(name: str, value: Any, least: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
+        raise ValueError(f"{name} must be a whole number >= {least}, got {value!r}")
+    return int(value)
 
 
 class Solver:
@@ -176,11 +200,12 @@ class Solver:
             raise ValueError(f"unknown strategy {strategy!r}; choose from {', '.join(STRATEGIES)}")
         if iters == "auto":
             strategy, iters = "auto", None
+        if iters is not None and (isinstance(iters, bool) or not isinstance(iters, numbers.Integral)):
+            raise ValueError(f"iterations must be a whole number or 'auto', got {iters!r}")
         n_iters = int(iters) if iters is not None else self.default_iters
         if n_iters < 1:
             raise ValueError(f"iterations must be >= 1, got {n_iters}")
-        if passes < 1:
-            raise ValueError(f"passes must be >= 1, got {passes}")
+        _count("passes", passes, 1)
         return strategy, n_iters
 
     @torch.no_grad()
@@ -190,9 +215,14 @@ class Solver:
         """The strategy's frames on one batch of puzzles (what the app draws; `solve` consumes the same)."""
         strategy, n_iters = self._settings(iters, strategy, passes)
         self.check_iters("auto" if strategy == "auto" else n_iters, per_iteration)
+        _count("patience", patience, 1)
+        max_iters = 4 * self.trained_iters if max_iters is None else _count("max_iters", max_iters, 1)
+        puzzles = checked_puzzles(puzzles)
+        if not puzzles:
+            raise ValueError("puzzles: none given")
         boards = _board_tensor(puzzles, self.device)
-        return stream(self.engine, boards, strategy, n_iters, passes=passes,
-                      max_iters=max_iters or 4 * self.trained_iters, patience=patience, per_iteration=per_iteration)
+        return stream(self.engine, boards, strategy, n_iters, passes=passes, max_iters=max_iters, patience=patience,
+                      per_iteration=per_iteration)
 
     def solve(self, puzzles: Sequence[str], iters: int | str | None = None, strategy: str = DEFAULT_STRATEGY,
               batch_size: int | None = None, solutions: Sequence[str | None] | None = None,
@@ -209,8 +239,15 @@ class Solver:
         strategy, _ = self._settings(iters, strategy, passes)
         self.check_iters("auto" if strategy == "auto" else iters)
         batch_size = self.default_batch_size if batch_size is None else batch_size
-        if batch_size < 1:
-            raise ValueError(f"batch size must be >= 1, got {batch_size}")
+        batch_size = _count("batch size", batch_size, 1)
+        puzzles = checked_puzzles(puzzles)
+        if solutions is not None:
+            if len(solutions) != len(puzzles):
+                raise ValueError(f"solutions: {len(solutions)} given for {len(puzzles)} puzzles")
+            for k, sol in enumerate(solutions):
+                if sol is not None and (not isinstance(sol, str) or len(sol) != 81 or not sol.isdigit()
+                                        or "0" in sol):
+                    raise ValueError(f"solutions[{k}]: expected 81 digits 1-9 (or None), got {sol!r}")
         for i in range(0, len(puzzles), batch_size):
             chunk = list(puzzles[i: i + batch_size])
             done: dict[int, BoardResult] = {}

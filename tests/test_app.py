@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import socket
+import urllib.request
 import warnings
 from pathlib import Path
 
@@ -419,6 +420,39 @@ def test_client_solve_api_takes_and_returns_plain_values(served):
     np.testing.assert_allclose(energies["attn"], ref.energy["attn"], rtol=1e-6)
     with pytest.raises(Exception, match="appears twice"):
         client.predict("55" + "0" * 79, 2, "single", api_name="/solve")
+
+
+def test_client_values_gradio_cannot_convert_get_the_apps_message(served, tmp_path: Path):
+    """An API client's infinite, NaN or text iteration count, a null grid, an image whose body does not decode,
+    an empty puzzle and a mistake after the first puzzle: each answer says what is wrong (Gradio's own
+    conversion used to fail before the app's checks, and the client saw an empty error)."""
+    demo, client = served
+    for iterations in ("abc", True, [16]):
+        with pytest.raises(Exception, match="iterations must be a whole number from 1 to"):
+            client.predict(EASY, iterations, "single", api_name="/solve")
+    for iterations in ("Infinity", "NaN", "1e400"):  # JSON that Python reads, which gradio_client does not send
+        body = json.dumps({"data": [EASY, "ITERS", "single"]}).replace('"ITERS"', iterations).encode()
+        post = urllib.request.Request(f"{demo.local_url}gradio_api/call/solve", data=body,
+                                      headers={"Content-Type": "application/json"})
+        event = json.loads(urllib.request.urlopen(post, timeout=30).read())["event_id"]
+        answer = urllib.request.urlopen(f"{demo.local_url}gradio_api/call/solve/{event}", timeout=60).read().decode()
+        assert "event: error" in answer and "iterations must be a whole number from 1 to" in answer, answer
+    *_, verdict, details = client.predict(None, 3, "single", api_name="/solve_stream")
+    assert "enter a puzzle in the grid" in verdict and "error" in details
+    with pytest.raises(Exception, match="the puzzle is empty"):
+        client.predict("0" * 81, 2, "single", api_name="/solve")
+    _, _, message = client.predict("0" * 81, api_name="/load_puzzle")
+    assert "the puzzle is empty" in message
+    first = client.predict(EASY + "\n" + "1" * 81, 2, "single", api_name="/solve")  # the first puzzle is solved
+    assert first == client.predict(EASY, 2, "single", api_name="/solve")
+    from gradio_client import handle_file
+
+    editor = client.predict("coffee", api_name="/sample")
+    png = Path(editor["background"]).read_bytes()
+    (tmp_path / "cut.png").write_bytes(png[: len(png) // 3])
+    value = {"background": handle_file(str(tmp_path / "cut.png")), "layers": [], "composite": None}
+    with pytest.raises(Exception, match="could not read the file as an image"):
+        client.predict(value, "random", 0.5, 1, 4, 8, 1.0, True, api_name="/reconstruct")
 
 
 def demo_solver(demo):

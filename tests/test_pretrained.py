@@ -79,3 +79,32 @@ def test_a_missing_folder_under_a_local_folder_is_not_looked_up_on_the_hub(tmp_p
     assert calls == ["owner/model"]
     assert str(error.value) == ("owner/model: no such checkpoint folder, and the Hugging Face Hub could not give it "
                                 "(OSError: Cannot reach the Hub.)")
+
+
+def test_save_pretrained_checks_everything_before_it_writes(tmp_path: Path) -> None:
+    """A save that cannot be loaded back, or that would replace another program's files, writes nothing: the
+    checkpoint already in the folder stays whole."""
+    import json
+
+    model = hyperset.load_pretrained("sudoku")
+    model.save_pretrained(str(tmp_path / "d"))
+    wider = hyperset.create_model("sudoku-cpu", dim=64)
+    for info, message in (({"n": {1}}, "checkpoint info must be JSON"),
+                          ({"trained_iterations": 0}, "trained_iterations = 0: must be between 1 and 10,000")):
+        with pytest.raises(ValueError, match=message):
+            wider.save_pretrained(str(tmp_path / "d"), info=info)
+    assert hyperset.load_pretrained(str(tmp_path / "d")).cfg.dim == 128  # the first save, whole
+    model.save_pretrained(str(tmp_path / "d"), info={"score": float("nan")})
+    assert json.loads((tmp_path / "d" / "config.json").read_text())["score"] is None  # JSON: null, not NaN
+    (tmp_path / "bert").mkdir()
+    (tmp_path / "bert" / "config.json").write_text('{"model_type": "bert"}')
+    (tmp_path / "weights-only").mkdir()
+    (tmp_path / "weights-only" / "model.safetensors").write_bytes(b"not ours")
+    (tmp_path / "afile").write_text("x")
+    for folder, message in (("bert", "config.json is not a Hyper-SET checkpoint's config: not overwritten"),
+                            ("weights-only", "has no Hyper-SET config.json beside it: not overwritten"),
+                            ("afile", "is a file: a checkpoint is a folder")):
+        with pytest.raises(ValueError, match=message):
+            model.save_pretrained(str(tmp_path / folder))
+    assert (tmp_path / "bert" / "config.json").read_text() == '{"model_type": "bert"}'
+    assert (tmp_path / "weights-only" / "model.safetensors").read_bytes() == b"not ours"

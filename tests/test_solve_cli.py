@@ -361,15 +361,23 @@ def test_cli_json_keeps_where_each_puzzle_came_from_and_its_warnings(tiny_checkp
 def test_non_finite_weights_are_refused_and_non_finite_values_stay_valid_json(tiny_checkpoint: Path,
                                                                              tmp_path: Path) -> None:
     import math
+    import shutil
 
-    from hyperset.checkpoint import CheckpointError, load_checkpoint
+    from hyperset.checkpoint import CheckpointError, load_checkpoint, load_tensors, save_tensors
     from hyperset.cli import _sparkline
     from hyperset.solve import SolveResult
 
     model, info = load_checkpoint(tiny_checkpoint)
     with torch.no_grad():
         next(model.parameters()).fill_(float("nan"))
-    save_checkpoint(tmp_path / "nan", model, {"trained_iterations": 3})
+    with pytest.raises(ValueError, match="weights not saved: .* hold NaN or infinite values"):
+        save_checkpoint(tmp_path / "nan", model, {"trained_iterations": 3})
+    assert not (tmp_path / "nan").exists()
+    # such files made by other means: the solver refuses them
+    shutil.copytree(tiny_checkpoint, tmp_path / "nan")
+    weights = load_tensors(tmp_path / "nan" / "model.safetensors")
+    next(iter(weights.values())).fill_(float("nan"))
+    save_tensors(tmp_path / "nan" / "model.safetensors", weights)
     with pytest.raises(CheckpointError, match="NaN or infinite"):
         Solver.load(tmp_path / "nan", "cpu")
     (tmp_path / "p.txt").write_text(EASY + "\n")

@@ -1,0 +1,109 @@
+"""The Python API checks what it is given: a wrong type, shape, value or count is a TypeError or ValueError that
+names the argument, raised before any work, never a torch error from deep inside or a silently wrong result."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import hyperset
+from hyperset.solve import Solver
+from hyperset.sudoku.board import PuzzleError
+
+EASY = "530070000600195000098000060800060003400803001700020006060000280000419005000080079"
+SOLUTION = "534678912672195348198342567859761423426853791713924856961537284287419635345286179"
+
+
+@pytest.fixture(scope="module")
+def sudoku() -> hyperset.HyperSETModel:
+    return hyperset.create_model("sudoku-cpu", dim=16, heads=2, ff_hidden=16, time_dim=16, iters=2).eval()
+
+
+@pytest.mark.parametrize("make, error, message", [
+    (lambda b: b.float(), TypeError, r"inputs: expected integer token ids \(torch.long\), got torch.float32"),
+    (lambda b: b.bool(), TypeError, "got torch.bool"),
+    (lambda b: b[:, :80], ValueError, r"inputs: expected shape \(batch >= 1, 81\), got \(1, 80\)"),
+    (lambda b: b.view(1, 9, 9), ValueError, r"got \(1, 9, 9\) \(a board is 81 cells in one row"),
+    (lambda b: b[0], ValueError, r"got \(81,\)"),
+    (lambda b: b[:0], ValueError, r"got \(0, 81\)"),
+    (lambda b: b + 10, ValueError, "token ids must be in 0..9, got values from 10 to 10"),
+    (lambda b: b - 1, ValueError, "got values from -1 to -1"),
+    (lambda b: b.numpy(), TypeError, "inputs must be a torch.Tensor, got numpy.ndarray"),
+])
+def test_model_inputs_are_checked(sudoku, make, error, message: str) -> None:
+    boards = torch.zeros(1, 81, dtype=torch.long)
+    with torch.no_grad():
+        for call in (lambda x: sudoku(x), lambda x: sudoku.run(x), lambda x: next(sudoku.frames(x))):
+            with pytest.raises(error, match=message):
+                call(make(boards))
+
+
+@pytest.mark.parametrize("iters, error, message", [
+    (1.9, TypeError, "iters must be a whole number of iterations, got 1.9"),
+    ("4", TypeError, "got '4'"),
+    (True, TypeError, "got True"),
+    (-1, ValueError, "must be >= 0"),
+    (10_001, ValueError, "at most 10,000 iterations per layer"),
+])
+def test_model_iterations_are_whole_numbers_in_range(sudoku, iters, error, message: str) -> None:
+    boards = torch.zeros(1, 81, dtype=torch.long)
+    with torch.no_grad(), pytest.raises(error, match=message):
+        sudoku.run(boards, iters=iters)
+    with torch.no_grad():  # integers of every kind run; 0 is the stem through the head
+        logits = [sudoku(boards, iters=n) for n in (3, np.int64(3), torch.tensor(3))]
+        assert torch.equal(logits[0], logits[1]) and torch.equal(logits[0], logits[2])
+        assert torch.equal(sudoku(boards, iters=0), sudoku.readout(sudoku.stem(boards)))
+
+
+def test_a_classifier_takes_float_images_of_its_size() -> None:
+    model = hyperset.create_model("cifar10-cpu", dim=16, heads=2, ff_hidden=16, time_dim=16, iters=1).eval()
+    size = model.cfg.img_size
+    with torch.no_grad():
+        assert model(torch.zeros(2, 3, size, size)).shape == (2, model.cfg.num_classes)
+        with pytest.raises(TypeError, match="expected float images, got torch.uint8"):
+            model(torch.zeros(2, 3, size, size, dtype=torch.uint8))
+        with pytest.raises(ValueError, match=rf"expected images of shape \(batch >= 1, 3, {size}, {size}\), got"):
+            model(torch.zeros(2, size, size, 3))
+
+
+@pytest.fixture(scope="module")
+def solver(sudoku) -> Solver:
+    return Solver(sudoku, torch.device("cpu"), {"trained_iterations": 2})
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    (dict(puzzles=[EASY[:80]]), PuzzleError, r"puzzles\[0\], line 1: expected 81 cells, found 80"),
+    (dict(puzzles=[EASY, "11" + "0" * 79]), PuzzleError, r"puzzles\[1\], line 1: digit 1 appears twice in row 1"),
+    (dict(puzzles=EASY), TypeError, "got one string"),
+    (dict(puzzles=[list(EASY)]), TypeError, r"puzzles\[0\] must be a string of 81 cells, got list"),
+    (dict(puzzles=[EASY], iters=1.7), ValueError, "iterations must be a whole number or 'auto', got 1.7"),
+    (dict(puzzles=[EASY], iters=True), ValueError, "got True"),
+    (dict(puzzles=[EASY], iters="3"), ValueError, "got '3'"),
+    (dict(puzzles=[EASY], strategy="auto", patience=0), ValueError, "patience must be a whole number >= 1, got 0"),
+    (dict(puzzles=[EASY], strategy="auto", max_iters=0), ValueError, "max_iters must be a whole number >= 1"),
+    (dict(puzzles=[EASY], passes=0), ValueError, "passes must be a whole number >= 1, got 0"),
+    (dict(puzzles=[EASY], batch_size=0), ValueError, "batch size must be a whole number >= 1, got 0"),
+    (dict(puzzles=[EASY], solutions=[]), ValueError, "solutions: 0 given for 1 puzzles"),
+    (dict(puzzles=[EASY], solutions=[SOLUTION[:80]]), ValueError, r"solutions\[0\]: expected 81 digits 1-9"),
+])
+def test_solver_arguments_are_checked(solver: Solver, kwargs: dict, error, message: str) -> None:
+    with pytest.raises(error, match=message):
+        solver.solve(**kwargs)
+
+
+def test_solver_reads_puzzles_as_puzzle_files_are_read(solver: Solver) -> None:
+    dotted = EASY.replace("0", ".")
+    (a,), (b,) = solver.solve([dotted], iters=2), solver.solve([EASY], iters=2)
+    assert a.puzzle == b.puzzle == EASY and a.prediction == b.prediction
+    assert solver.solve([]) == []
+    with pytest.raises(ValueError, match="puzzles: none given"):
+        solver.frames([])
+
+
+def test_load_pretrained_on_a_device_it_cannot_have_is_a_value_error() -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(ValueError, match="PyTorch sees no CUDA device"):
+        hyperset.load_pretrained("sudoku", "cuda")
+    assert next(hyperset.load_pretrained("sudoku", "cpu").parameters()).device.type == "cpu"
