@@ -22,6 +22,8 @@ from typing import Any
 
 import click
 
+from hyperset.cli_options import OneLineCommand, usage_error_line
+
 __all__ = ["cli", "listen_problem", "main", "options"]
 
 
@@ -31,7 +33,7 @@ def _version() -> str:
     return package_version()
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(cls=OneLineCommand, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(_version(), "--version", "-V", prog_name="hyperset-app", message="%(prog)s %(version)s")
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="interface to listen on (127.0.0.1: this machine only; 0.0.0.0 for all)")
@@ -149,6 +151,9 @@ def main(argv: list[str] | None = None) -> int:
         return int(stop.code or 0)
     except click.exceptions.Exit as stop:  # --help, --version
         return stop.exit_code
+    except click.UsageError as err:
+        click.echo(usage_error_line(err, "hyperset-app"), err=True)
+        return err.exit_code
     except click.ClickException as err:
         err.show()
         return err.exit_code

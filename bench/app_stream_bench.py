@@ -42,6 +42,7 @@ import bench_args  # noqa: E402
 import torch  # noqa: E402
 from click.testing import CliRunner  # noqa: E402
 
+from hyperset.checkpoint import atomic_write_json  # noqa: E402
 from hyperset.cli import solve_main  # noqa: E402
 from hyperset.device import cpu_model, set_cpu_threads  # noqa: E402
 from hyperset.solve import Solver  # noqa: E402
@@ -116,7 +117,7 @@ def main() -> None:
     p.add_argument("--threads", type=bench_args.count, default=1)
     p.add_argument("--repeats", type=bench_args.count, default=3)
     p.add_argument("--served", action="store_true", help="also time the launched app through gradio_client")
-    p.add_argument("--out", default=str(OUT))
+    p.add_argument("--out", type=bench_args.output_file, default=str(OUT))
     args = p.parse_args()
     threads = set_cpu_threads(args.threads)
     from hyperset.apps.app import HyperSETApp
@@ -203,7 +204,7 @@ def main() -> None:
                         "solves"),
         "cases": rows,
     }
-    Path(args.out).write_text(json.dumps(payload, indent=2) + "\n")
+    atomic_write_json(args.out, payload)
     print(f"worst ratio {worst:.2f} (bound 2; served {max(served) if served else None}); written to {args.out}")
 
 

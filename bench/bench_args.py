@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from hyperset.checkpoint import CheckpointError
-from hyperset.config import ModelConfig, check_table, list_presets, preset_config
+from hyperset.config import MAX_ITERS, ModelConfig, check_table, list_presets, preset_config
 from hyperset.sudoku.board import PuzzleError
 from hyperset.training.recipes import parse_value
 
@@ -69,6 +69,30 @@ def counts(text: str) -> list[int]:
     if not parts:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 1, got {text!r}")
     return [count(p) for p in parts]
+
+
+def output_file(text: str) -> Path:
+    """An argparse type: a file a script will write at its end, checked before it measures: a path, in a folder
+    that exists or can be made (no part of it a file), where the file is not a folder."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path")
+    path = Path(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a folder, not a file")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise argparse.ArgumentTypeError(f"cannot write {text}: {parent} is a file, not a folder")
+            break
+    return path
+
+
+def iteration_counts(text: str) -> list[int]:
+    """An argparse type: comma-separated iteration counts, each 1..MAX_ITERS ("16,64")."""
+    values = counts(text)
+    if max(values) > MAX_ITERS:
+        raise argparse.ArgumentTypeError(f"iterations are at most {MAX_ITERS:,}, got {max(values)}")
+    return values
 
 
 def preset(text: str) -> str:

@@ -458,7 +458,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batch", type=bench_args.count, default=64)
     ap.add_argument("--iters", type=bench_args.count, default=None)
     ap.add_argument("--threads", type=bench_args.count, default=1)
-    ap.add_argument("--out", type=Path, default=RESULTS / "flops.json")
+    ap.add_argument("--out", type=bench_args.output_file, default=RESULTS / "flops.json")
     args = ap.parse_args(argv)
     sets = args.set if args.set is not None else (PEER_D128 if args.preset == "sudoku" else [])
     cfg = bench_args.model_config(args.preset, sets)

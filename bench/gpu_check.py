@@ -446,7 +446,7 @@ def failed(report: dict[str, Any]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, default=RESULTS / "gpu_check.json")
+    ap.add_argument("--out", type=bench_args.output_file, default=RESULTS / "gpu_check.json")
     ap.add_argument("--only", nargs="+", choices=CHECKS, metavar="CHECK",
                     help=f"run these checks and replace their results in an existing --out ({', '.join(CHECKS)})")
     args = ap.parse_args(argv)

@@ -33,7 +33,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("checkpoint", nargs="?", type=Path, default=None, help="token model (default: shipped)")
     ap.add_argument("--data", type=Path, required=True, help="CIFAR-10 root or ImageFolder tree")
-    ap.add_argument("--split", default="test")
+    ap.add_argument("--split", default="test", choices=("train", "test"))
     ap.add_argument("--images", type=bench_args.at_least(0), default=300, help="first N images of the split (0: all)")
     ap.add_argument("--ratios", type=bench_args.ratio, nargs="+", default=[0.1, 0.2, 0.3, 0.4])
     ap.add_argument("--multipliers", type=bench_args.count, nargs="+", default=[1, 2],
@@ -41,7 +41,7 @@ def main() -> None:
     ap.add_argument("--steps", type=bench_args.count, default=24)
     ap.add_argument("--threads", type=bench_args.count, default=1)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", type=Path, default=RESULTS / "mim_table.json")
+    ap.add_argument("--out", type=bench_args.output_file, default=RESULTS / "mim_table.json")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 

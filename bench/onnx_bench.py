@@ -304,13 +304,13 @@ def main(argv: list[str] | None = None) -> None:
                         help="torch and ONNX Runtime intra-op threads")
     parser.add_argument("--repeats", type=bench_args.count, default=None, help="timed runs per runner [5; quick: 2]")
     parser.add_argument("--quick", action="store_true", help="batches 1 and 16, 2 repeats, a 1024 matmul")
-    parser.add_argument("--iters", type=bench_args.counts, default=None,
+    parser.add_argument("--iters", type=bench_args.iteration_counts, default=None,
                         help="comma-separated iteration counts [T and 4T of the model]")
     parser.add_argument("--batches", type=bench_args.counts, default=None,
                         help=f"batch sizes, comma-separated [1, the solver's CPU batch {CPU_BATCH_SIZE}; quick: 1,16]")
     parser.add_argument("--matmul-n", type=bench_args.count, default=None,
                         help="matmul size for the roofline [2048; quick 1024]")
-    parser.add_argument("--out", type=Path, default=RESULTS / "onnx_bench.json")
+    parser.add_argument("--out", type=bench_args.output_file, default=RESULTS / "onnx_bench.json")
     args = parser.parse_args(argv)
     args.repeats = args.repeats or (2 if args.quick else 5)
     args.batches = args.batches or ([1, 16] if args.quick else [1, CPU_BATCH_SIZE])

@@ -112,6 +112,9 @@ def load_peer(peer_dir: Path, cfg: Any) -> nn.Module:
     except ModuleNotFoundError as e:
         raise bench_args.BenchInputError(f"the authors' model needs {e.name!r}: pip install einops==0.8.2 "
                                          "hydra-core==1.3.8 loguru==0.7.3") from None
+    if not all(hasattr(models, name) for name in ("ModelConfig", "Model")):
+        raise bench_args.BenchInputError(f"{peer_dir / 'sudoku' / 'models.py'} has no ModelConfig and Model: not the "
+                                         "checkout of huyunzhe/hyper-set this benchmark reads (commit 5e5cc36)")
     peer_cfg = models.ModelConfig(
         vocab_size=cfg.vocab_size, block_size=cfg.seq_len, n_layer=cfg.n_layers, n_head=cfg.heads, n_embd=cfg.dim,
         time_emb=cfg.time_dim, multiplier=cfg.ff_hidden // cfg.dim, num_classes=cfg.num_classes, n_recur=cfg.iters,
@@ -460,7 +463,7 @@ def main(argv: list[str] | None = None) -> None:
                          "(torch.compile(..., options=JSON)), beside ours compiled in the same rounds")
     ap.add_argument("--device", type=bench_args.device, default="cpu",
                     help="cpu (default) or cuda: where both models run")
-    ap.add_argument("--out", type=Path, default=None,
+    ap.add_argument("--out", type=bench_args.output_file, default=None,
                     help="default bench/results/peer_bench.json, peer_bench_cuda.json with --device cuda")
     args = ap.parse_args(argv)
     if args.out is None:

@@ -307,7 +307,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--compile", action="store_true", help="also our step under torch.compile")
     ap.add_argument("--batch", type=bench_args.count, default=peer_bench.BATCH,
                     help=argparse.SUPPRESS)  # small runs in tests
-    ap.add_argument("--out", type=Path, default=None,
+    ap.add_argument("--out", type=bench_args.output_file, default=None,
                     help="default bench/results/step_profile.json (step_profile_cuda.json on a GPU)")
     args = ap.parse_args(argv)
     rep = run(args.peer, args.device, args.rounds, args.threads, args.batch, args.compile)

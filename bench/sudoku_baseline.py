@@ -69,7 +69,7 @@ def main() -> None:
     ap.add_argument("--baseline", type=Path, default=ROOT / "runs" / "sudoku-cpu-transformer")
     ap.add_argument("--ours-schedule", type=Path, default=ROOT / "hyperset" / "weights" / "sudoku",
                     help="where Hyper-SET's recorded schedule is (its run predates the trainer recording it)")
-    ap.add_argument("--out", type=Path, default=RESULTS / "sudoku_baseline.json")
+    ap.add_argument("--out", type=bench_args.output_file, default=RESULTS / "sudoku_baseline.json")
     args = ap.parse_args()
     ours, base = evaluations(args.ours), evaluations(args.baseline)
     steps = sorted(set(ours) & set(base))

@@ -28,7 +28,7 @@ import torch
 
 from hyperset.checkpoint import atomic_write_json
 from hyperset.solve import DEFAULT_PASSES, DEFAULT_STRATEGY, Solver, bundled_checkpoint
-from hyperset.sudoku.data import givens_count
+from hyperset.sudoku.data import SPLITS, givens_count
 from hyperset.sudoku.evaluate import Boards, iteration_curve, load_boards, per_givens, run_strategy, to_strings
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -157,24 +157,28 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--checkpoint", default=None, help="checkpoint folder (default: the shipped model)")
     ap.add_argument("--data", required=True, help="folder with the validation CSV (valid.csv / rrnstyle_valid...)")
-    ap.add_argument("--split", default="valid")
+    ap.add_argument("--split", default="valid", choices=SPLITS)
     ap.add_argument("--n", type=bench_args.count, default=1000)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--max-factor", type=bench_args.count, default=4,
-                    help="iterate up to this multiple of the trained depth")
+    ap.add_argument("--max-factor", type=bench_args.at_least(2), default=4,
+                    help="iterate up to this multiple of the trained depth (at least 2: the per-givens table reads 2T)")
     ap.add_argument("--geometry-boards", type=bench_args.at_least(0), default=100)
     ap.add_argument("--threads", type=bench_args.at_least(0), default=0)
     ap.add_argument("--name", default="sudoku", help="prefix of the output files")
     ap.add_argument("--no-strategies", action="store_true")
     ap.add_argument("--strategies-n", type=bench_args.count, default=None,
                     help="puzzles for the strategy table (default: --n)")
-    ap.add_argument("--batch-sizes", default="1,4,16,64,256", help="batch sizes timed on 256 puzzles ('' to skip)")
+    ap.add_argument("--batch-sizes", type=lambda text: bench_args.counts(text) if text.strip() else [],
+                    default=[1, 4, 16, 64, 256], help="batch sizes timed on 256 puzzles ('' to skip)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     solver = Solver.load(args.checkpoint, "cpu")
     T = solver.trained_iters
-    boards = load_boards(args.data, args.split, args.n, args.seed)
+    try:
+        boards = load_boards(args.data, args.split, args.n, args.seed)
+    except ValueError as e:  # more boards asked for than the file holds
+        raise bench_args.BenchInputError(str(e)) from None
     print(f"{args.n} puzzles from {args.data} ({args.split}, seed {args.seed}); trained depth {T}", file=sys.stderr)
     curve = iteration_curve(solver, boards, args.max_factor * T, batch_size=250,
                             geometry_boards=args.geometry_boards, progress=None)
@@ -203,7 +207,7 @@ def main() -> None:
                                      "board_acc@2T": at_2t["board_acc"],
                                      "accuracy_2T_ge_T": at_2t["board_acc"] >= at_t["board_acc"]}
     if args.batch_sizes:
-        sizes = [int(b) for b in args.batch_sizes.split(",")]
+        sizes = args.batch_sizes
         out["batch_sweep"] = batch_sweep(solver, to_strings(boards.puzzles[:256]), T, sizes)
     curve = out["per_iteration"]
     e = curve["energy"]

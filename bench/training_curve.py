@@ -56,6 +56,10 @@ def curves(specs: list[str]) -> dict[str, Any]:
     for spec in specs:
         name, _, rest = spec.partition("=")
         path, _, start = rest.partition("@")
+        if not name or not path:
+            raise bench_args.BenchInputError(f"--run {spec!r}: expected NAME=DIR[@START]")
+        if start and start not in runs:
+            raise bench_args.BenchInputError(f"--run {spec!r}: @{start} names no earlier --run")
         evals, threads = read_run(REPO / path)
         offset = runs[start]["end_cpu_hours"] if start else 0.0
         hours = [offset + r["time"] * threads / 3600 for r in evals]
@@ -99,7 +103,7 @@ def plot(runs: dict[str, Any], path: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run", action="append", metavar="NAME=DIR[@START]", help="a run folder (repeatable)")
-    ap.add_argument("--out", default=str(ROOT / "results" / "sudoku_training_curve.json"))
+    ap.add_argument("--out", type=bench_args.output_file, default=str(ROOT / "results" / "sudoku_training_curve.json"))
     args = ap.parse_args()
     runs = curves(args.run or DEFAULT_RUNS)
     out = Path(args.out)

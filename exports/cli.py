@@ -9,7 +9,14 @@ from typing import Any, NoReturn
 import click
 
 from hyperset.cli import check_output_file
-from hyperset.cli_options import device_option, echo_json, json_option, threads_option, version_option
+from hyperset.cli_options import (
+    OneLineCommand,
+    device_option,
+    echo_json,
+    json_option,
+    threads_option,
+    version_option,
+)
 from hyperset.config import MAX_ITERS
 
 EXIT_OK, EXIT_PARITY, EXIT_BAD_INPUT = 0, 1, 2
@@ -49,7 +56,7 @@ def _export(model: Any, info: dict[str, Any], out: str, n: int, loop: bool, opse
         raise OSError(f"cannot write {out}: {e.strerror or e}") from None
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(cls=OneLineCommand, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("checkpoint", type=str)
 @click.option("--iters", type=click.IntRange(1, MAX_ITERS), default=None,
               help="unrolled iterations per layer (may exceed the trained depth); with --loop only the default "
@@ -95,6 +102,10 @@ def main(checkpoint: str, iters: int | None, out: str, loop: bool, opset: int, c
     except click.UsageError as e:
         _fail(e.message)
     try:
+        if parity:  # the provider the parity check needs, before anything is exported
+            from .runtime import choose_providers
+
+            choose_providers(device)
         model, info = load_checkpoint(resolve_checkpoint(checkpoint), map_location="cpu")
         trained = E.trained_iterations(model, info)
         n = iters or trained

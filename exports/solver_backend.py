@@ -59,6 +59,10 @@ def _ort_device(device: str | torch.device | None) -> str:
     """Map a solver device (auto, cpu, cuda, cuda:1, mps, ...) to an OrtSession device (auto, cpu, cuda)."""
     name = str(device or "auto").lower()
     if name.startswith("cuda"):
+        index = name.partition(":")[2]
+        if index not in ("", "0"):  # the session's CUDA provider runs on the first visible GPU
+            raise ValueError(f"device {name}: the ONNX backend runs on the first visible GPU (cuda or cuda:0); "
+                             f"to run on GPU {index}, set CUDA_VISIBLE_DEVICES={index}")
         return "cuda"
     if name == "cpu":
         return "cpu"

@@ -13,6 +13,7 @@ from typing import Any, NoReturn
 import click
 
 from .checkpoint import CheckpointError, atomic_write_bytes
+from .cli_options import OneLineCommand
 from .config import MAX_ITERS
 from .extras import require
 from .solve import CPU_BATCH_SIZE, DEFAULT_PASSES, DEFAULT_STRATEGY, GPU_BATCH_SIZE
@@ -49,6 +50,8 @@ def _iters_option(value: str) -> int | str:
 
 def check_output_file(option: str, path: str) -> None:
     """A file an option will write: its folder must exist and be writable (no folder is created for it)."""
+    if not str(path).strip():
+        raise click.UsageError(f"{option}: an empty path")
     folder = Path(path).parent
     if not folder.is_dir():
         why = f"{folder} is a file, not a folder" if folder.exists() else f"folder {folder} does not exist"
@@ -189,7 +192,7 @@ def _load_puzzles(files: tuple[str, ...]) -> list[Puzzle]:
     return puzzles
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(cls=OneLineCommand, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_version(), "--version", "-V", prog_name="hyperset-solve",
                       message="%(prog)s %(version)s")
 @click.argument("files", nargs=-1, required=True, type=str)

@@ -8,17 +8,57 @@
     --version     the installed hyperset version
 
 A renamed option keeps its old name as a hidden alias that still works and says it is deprecated
-(`renamed_option`).
+(`renamed_option`). A usage error is one line, `PROG: error: MESSAGE`, exit 2 (`OneLineCommand`,
+`OneLineGroup`), where click prints the usage, a hint and the message.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import sys
 from collections.abc import Callable
 from typing import Any
 
 import click
+
+
+def usage_error_line(error: click.UsageError, prog_name: str | None) -> str:
+    """A click usage error as the one line every command prints: `PROG: error: MESSAGE`."""
+    where = error.ctx.command_path if error.ctx is not None else (prog_name or "hyperset")
+    return f"{where}: error: {error.format_message()}"
+
+
+class _OneLineErrors:
+    """The standalone `main` of a click command or group, with a usage error (a bad option value, an unknown
+    option, a missing argument) printed as one line, exit 2; --help, --version and the command's own exits are
+    click's."""
+
+    def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
+             standalone_mode: bool = True, **extra: Any) -> Any:
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, False, **extra)  # type: ignore[misc]
+        try:
+            code = super().main(args, prog_name, complete_var, False, **extra)  # type: ignore[misc]
+        except click.UsageError as e:
+            click.echo(usage_error_line(e, prog_name), err=True)
+            sys.exit(e.exit_code)
+        except click.ClickException as e:
+            e.show()
+            sys.exit(e.exit_code)
+        except click.exceptions.Abort:
+            click.echo("Aborted!", err=True)
+            sys.exit(1)
+        # without standalone mode click returns the command's value, or the code of a ctx.exit (--help: 0)
+        sys.exit(code if isinstance(code, int) and not isinstance(code, bool) else 0)
+
+
+class OneLineCommand(_OneLineErrors, click.Command):
+    """A click command whose usage errors are one line (`cls=OneLineCommand`)."""
+
+
+class OneLineGroup(_OneLineErrors, click.Group):
+    """A click group whose usage errors, its subcommands' included, are one line (`cls=OneLineGroup`)."""
 
 DEVICE_HELP = "auto | cpu | cuda (or cuda:N) | mps"
 

@@ -92,6 +92,14 @@ CASES = [
     ("sudoku_eval", ["--data", "{missing}"], "file not found"),
     ("sudoku_baseline", ["--ours", "{missing}"], "metrics.jsonl: No such file or directory"),
     ("training_curve", ["--run", "x={missing}"], "metrics.jsonl: No such file or directory"),
+    ("training_curve", ["--run", "bad"], "--run 'bad': expected NAME=DIR[@START]"),
+    ("sudoku_eval", ["--data", "{missing}", "--split", "bogus"], "argument --split: invalid choice"),
+    ("sudoku_eval", ["--data", "{missing}", "--max-factor", "1"], "argument --max-factor: expected an integer >= 2"),
+    ("sudoku_eval", ["--data", "{missing}", "--batch-sizes", "x"], "argument --batch-sizes"),
+    ("mim_table", ["--data", "{missing}", "--split", "bogus"], "argument --split: invalid choice"),
+    ("onnx_bench", ["--iters", "20000"], "argument --iters: iterations are at most 10,000, got 20000"),
+    ("flops", ["--out", "{peer}/sudoku/models.py/flops.json"], "models.py is a file, not a folder"),
+    ("flops", ["--out", ""], "argument --out: an empty path"),
 ]
 
 

@@ -135,3 +135,66 @@ def test_a_wrong_kind_of_path_is_named_for_what_it_is(tmp_path) -> None:
         parse_schedule("runs/zzz")
     with pytest.raises(CheckpointError, match="the shipped mim-tokenizer model is not one hyperset-export writes"):
         resolve_checkpoint("mim-tokenizer")
+
+
+@pytest.mark.parametrize("args, line", [
+    (["hyperset-eval", "sudoku", "--iters", "0"],
+     "hyperset-eval sudoku: error: Invalid value for '--iters': 0 is not in the range 1<=x<=10000."),
+    (["hyperset-eval", "classify", "--iters", "20000"],
+     "hyperset-eval classify: error: Invalid value for '--iters': 20000 is not in the range 1<=x<=10000."),
+    (["hyperset-eval", "mim", "--iters", "20000"],
+     "hyperset-eval mim: error: Invalid value for '--iters': 20000 is not in the range 1<=x<=10000."),
+    (["hyperset-solve", "--batch-size", "0", "x.txt"],
+     "hyperset-solve: error: Invalid value for '--batch-size': 0 is not in the range 1<=x<=65536."),
+    (["hyperset-train", "sudoku", "--recipe", "sudoku-cpu", "--out", "o", "--bogus"],
+     "hyperset-train sudoku: error: No such option '--bogus'. Did you mean '--out'?"),
+    (["hyperset-export", "sudoku", "--out", "x.onnx", "--opset", "13"],
+     "hyperset-export: error: Invalid value for '--opset': 13 is not in the range 14<=x<=20."),
+    (["hyperset-eval", "sudoku", "--data", ""], "hyperset-eval sudoku: error: --data: an empty path"),
+    (["hyperset-eval", "sudoku", "--data", "d", "--out", ""], "hyperset-eval sudoku: error: --out: an empty path"),
+    (["hyperset-export", "sudoku", "--out", ""], "hyperset-export: error: --out: an empty path"),
+])
+def test_a_usage_error_is_one_line_with_exit_2(args: list[str], line: str, tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every command, click's own checks included (ranges, unknown options), where click prints the usage, a hint
+    and the message on three lines."""
+    import subprocess
+    import sys
+
+    monkeypatch.chdir(tmp_path)
+    module = {"hyperset-eval": "hyperset.training.evaluate", "hyperset-train": "hyperset.training.cli",
+              "hyperset-export": "hyperset.exports.cli", "hyperset-solve": "hyperset.cli"}[args[0]]
+    code = (f"import sys; from {module} import {'solve_main' if args[0] == 'hyperset-solve' else 'main'} as m; "
+            f"sys.argv = {args!r}; m(prog_name={args[0]!r})")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stdout == "", done.stderr
+    assert done.stderr == line + "\n"
+
+
+def test_what_the_eval_and_export_commands_take_is_checked_before_work(tmp_path: Path) -> None:
+    import torch
+
+    from hyperset.exports.solver_backend import _ort_device
+    from hyperset.sudoku.board import PuzzleError
+    from hyperset.sudoku.data import load_csv
+    from hyperset.training.eval_classify import resolve_checkpoint
+
+    help_text = CliRunner().invoke(eval_main, ["sudoku", "--help"]).stdout
+    assert "[default: 128 on a CPU, 256 on a GPU]" in " ".join(help_text.split())
+    # a first line of data with a stray letter is a mistake at line 1, not a header to skip
+    src = (tmp_path / "d").mkdir() or write_sudoku_csvs(tmp_path / "d", 1, 3, seed=0)
+    lines = (src / "valid.csv").read_text().splitlines()
+    (tmp_path / "bad.csv").write_text("\n".join(["x" + lines[0][1:], *lines[1:]]) + "\n")
+    with pytest.raises(PuzzleError, match="line 1"):
+        load_csv(tmp_path / "bad.csv")
+    (tmp_path / "header.csv").write_text("\n".join(["quizzes,solutions", *lines]) + "\n")
+    assert len(load_csv(tmp_path / "header.csv")[0]) == 3  # a header line is still a header
+    if not torch.cuda.is_available():
+        out = tmp_path / "p.onnx"
+        run = CliRunner().invoke(export_main, ["sudoku", "--out", str(out), "--parity", "--device", "cuda"])
+        assert run.exit_code == 2 and "CUDA was requested but cannot be used" in run.stderr
+        assert not out.exists() and list(tmp_path.glob("p*")) == []  # nothing exported before the refusal
+    assert resolve_checkpoint("classifier").name == "classifier"  # a shipped name, as hyperset-solve takes
+    assert _ort_device("cuda:0") == _ort_device("cuda") == "cuda"
+    with pytest.raises(ValueError, match="set CUDA_VISIBLE_DEVICES=1"):
+        _ort_device("cuda:1")

@@ -291,7 +291,7 @@ def test_eval_command_without_shipped_models_exits_2(cifar: Path, tmp_path: Path
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--iters", "0"], "0 is not in the range x>=1"), (["--images", "-1"], "-1 is not in the range x>=0"),
+    (["--iters", "0"], "0 is not in the range 1<=x<=10000"), (["--images", "-1"], "-1 is not in the range x>=0"),
     (["--batch-size", "0"], "0 is not in the range x>=1"), (["--batch", "0"], "0 is not in the range x>=1"),
     (["--decode-steps", "0"], "0 is not in the range x>=1"), (["--image-size", "0"], "0 is not in the range x>=1"),
     (["--device", "banana"], "banana"), (["--tokenizer", "BAD"], "not a readable safetensors file")])

@@ -13,7 +13,7 @@ import click
 import torch
 
 from hyperset.checkpoint import CheckpointError
-from hyperset.cli_options import device_option, threads_option, version_option
+from hyperset.cli_options import OneLineGroup, device_option, threads_option, version_option
 from hyperset.config import ModelConfig, TableError, check_table, preset_config
 from hyperset.device import pick_device
 from hyperset.download import DownloadError
@@ -174,7 +174,7 @@ def _options(f: Any) -> Any:
     return f
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=OneLineGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @version_option("hyperset-train")
 def main() -> None:
     """Train Hyper-SET models (and the baselines) with the shared-core trainer."""

@@ -21,6 +21,7 @@ import torch
 
 from hyperset.checkpoint import CheckpointError, load_checkpoint
 from hyperset.cli_options import device_option, echo_json, json_option, threads_option
+from hyperset.config import MAX_ITERS
 from hyperset.device import autocast_dtype, describe, pick_device, set_cpu_threads
 
 from .classify_task import ClassifyData, ImageSplit, load_split, sample, top1
@@ -41,8 +42,12 @@ class EvalError(Exception):
 
 
 def resolve_checkpoint(checkpoint: str | None) -> Path:
+    """A checkpoint folder, or a shipped model's name ("classifier"), as every command takes them; none: the
+    shipped classifier."""
     if checkpoint:
-        return Path(checkpoint)
+        from hyperset.pretrained import resolve
+
+        return resolve(checkpoint)
     folder = shipped_classifier_dir()
     if not (folder / "config.json").is_file():
         raise EvalError(f"no classifier is shipped yet ({folder} does not exist); {TRAIN_HINT}")
@@ -100,7 +105,7 @@ def run_eval(checkpoint: str | None, data_dir: str, split: str, iters: Sequence[
 @click.option("--data", "data_dir", required=True, help="dataset folder (CIFAR python layout or ImageNet tree)")
 @click.option("--split", type=click.Choice(["test", "val"]), default="test", show_default=True,
               help="test split, or the part of train held out during training")
-@click.option("--iters", type=click.IntRange(min=1), multiple=True,
+@click.option("--iters", type=click.IntRange(1, MAX_ITERS), multiple=True,
               help="iterations (default: the trained depth; may exceed it); repeat it for several depths, "
                    "evaluated in one pass")
 @click.option("--batch-size", type=click.IntRange(min=1), default=500, show_default=True,

@@ -32,6 +32,7 @@ import torch
 
 from hyperset.checkpoint import CheckpointError
 from hyperset.cli_options import device_option, echo_json, json_option, renamed_option, threads_option
+from hyperset.config import MAX_ITERS
 from hyperset.device import pick_device, set_cpu_threads
 from hyperset.vision.maskgit import mask_by_ratio
 from hyperset.vision.metrics import compute_fid, compute_lpips, mean_score, ms_ssim, ms_ssim_config, psnr, ssim
@@ -181,7 +182,7 @@ def print_table(result: dict[str, Any]) -> None:
 @click.option("--split", type=click.Choice(["test", "train"]), default="test", show_default=True)
 @click.option("--mask-ratio", type=click.FloatRange(0.0, 1.0), default=0.4, show_default=True,
               help="fraction of each image's tokens that is masked (exactly, at seeded random positions)")
-@click.option("--iters", type=click.IntRange(min=1), default=None,
+@click.option("--iters", type=click.IntRange(1, MAX_ITERS), default=None,
               help="token-model iterations (default: the trained number)")
 @click.option("--decode", type=click.Choice(DECODINGS), default="expected", show_default=True,
               help="expected (as in the app): one forward pass, each masked token decoded from the mean code vector "
@@ -226,6 +227,10 @@ def mim_command(checkpoint: Path | None, data: Path, split: str, mask_ratio: flo
     try:
         set_cpu_threads(threads)
         device = str(pick_device(device))
+        if checkpoint is not None and not checkpoint.exists():  # a shipped model's name ("mim"), as elsewhere
+            from hyperset.pretrained import resolve
+
+            checkpoint = resolve(str(checkpoint))
         pipeline: MIMPipeline | None = None
         if baseline == "none":
             pipeline = load_mim(checkpoint, tokenizer=tokenizer_path, device=device)

@@ -16,7 +16,7 @@ import click
 from hyperset.checkpoint import CheckpointError
 from hyperset.cli_options import device_option, echo_json, json_option, threads_option
 from hyperset.config import MAX_ITERS
-from hyperset.solve import DEFAULT_PASSES, STRATEGIES
+from hyperset.solve import CPU_BATCH_SIZE, DEFAULT_PASSES, GPU_BATCH_SIZE, STRATEGIES
 from hyperset.sudoku.board import PuzzleError
 from hyperset.sudoku.data import SPLITS
 
@@ -66,7 +66,7 @@ def print_report(report: dict[str, Any]) -> None:
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--checkpoint", default="sudoku", show_default=True,
               help="checkpoint folder, or the name of a shipped model")
-@click.option("--data", required=True, type=click.Path(path_type=Path),
+@click.option("--data", required=True, type=click.Path(),
               help="puzzle,solution CSV file (plain, .gz, or a zip member), or a folder holding the --split file")
 @click.option("--split", type=click.Choice(SPLITS), default="valid", show_default=True,
               help="which file of a --data folder (train.csv, valid.csv, test.csv, ...)")
@@ -81,14 +81,14 @@ def print_report(report: dict[str, Any]) -> None:
 @click.option("--passes", type=click.IntRange(1, 81), default=DEFAULT_PASSES, show_default=True,
               help="most passes of the commit strategy")
 @click.option("--batch-size", type=click.IntRange(1, 65536), default=None,
-              help="boards per forward pass [default: 16 on a CPU, 256 on a GPU]")
+              help=f"boards per forward pass [default: {CPU_BATCH_SIZE} on a CPU, {GPU_BATCH_SIZE} on a GPU]")
 @threads_option()
 @device_option()
 @json_option()
 @click.option("--out", type=click.Path(dir_okay=False), default=None,
               help="also write the JSON document to this file (atomically)")
 @click.option("--progress/--no-progress", default=None, help="progress bars on standard error [default: on a terminal]")
-def sudoku_command(checkpoint: str, data: Path, split: str, boards: int | None, seed: int, iters: tuple[int, ...],
+def sudoku_command(checkpoint: str, data: str, split: str, boards: int | None, seed: int, iters: tuple[int, ...],
                    strategies: tuple[str, ...], passes: int, batch_size: int | None, threads: int | None, device: str,
                    as_json: bool, out: str | None, progress: bool | None) -> None:
     """Board and cell accuracy of a Sudoku model (default: the shipped one) on puzzles with known solutions.
@@ -103,10 +103,12 @@ def sudoku_command(checkpoint: str, data: Path, split: str, boards: int | None, 
     from hyperset.sudoku.evaluate import evaluate, load_boards
 
     try:
-        if out:
+        if out is not None:
             check_output_file("--out", out)
+        if not data.strip():
+            raise click.UsageError("--data: an empty path")
         set_cpu_threads(threads)
-        loaded = load_boards(data, split, boards, seed)
+        loaded = load_boards(Path(data), split, boards, seed)
         path = resolve(checkpoint)
         solver = Solver.load(path, device)
     except click.UsageError as e:

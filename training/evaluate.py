@@ -6,13 +6,13 @@ import sys
 
 import click
 
-from hyperset.cli_options import version_option
+from hyperset.cli_options import OneLineGroup, version_option
 from hyperset.extras import MissingExtra, require
 
 from .eval_sudoku import sudoku_command
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=OneLineGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @version_option("hyperset-eval")
 def main() -> None:
     """Evaluate trained (or the shipped) models at any number of iterations."""

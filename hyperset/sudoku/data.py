@@ -160,8 +160,9 @@ def load_csv(
     lens = np.fromiter(map(len, lines), dtype=np.int64, count=len(lines))
     keep = lens > 0
     nonblank = np.nonzero(keep)[0]
-    if nonblank.size and any(65 <= c <= 90 or 97 <= c <= 122 for c in lines[nonblank[0]]):
-        keep[nonblank[0]] = False  # a header line such as "quizzes,solutions"
+    first = lines[nonblank[0]] if nonblank.size else b""
+    if len(first) != _LINE_LEN and any(65 <= c <= 90 or 97 <= c <= 122 for c in first):
+        keep[nonblank[0]] = False  # a header line such as "quizzes,solutions" (a data line with a letter is an error)
     rows = np.nonzero(keep)[0]
     if limit is not None:
         rows = rows[:limit]
