@@ -221,6 +221,8 @@ TINY_CLI = ["sudoku", "--recipe", "sudoku-cpu", "--steps", "2", "--set", "model.
     (["--set", "data.n_train=100000"], "data.n_train = 100000, but"),
     (["--set", "tokenizer.codebook_size=8"], "a [tokenizer] table is for mim recipes"),
     (["--set", "train.=5"], "expected section.key=value"),
+    (["--preset", ""], "--preset: an empty value"),
+    (["--schedule", " "], "--schedule: an empty value"),
 ])
 def test_cli_user_mistakes_exit_2_with_one_line(data_dir: Path, tmp_path: Path, args: list[str], message: str) -> None:
     result = CliRunner().invoke(train_main, [*TINY_CLI, "--data", str(data_dir), "--out", str(tmp_path / "o"), *args])

@@ -87,6 +87,9 @@ def _run(task: str, recipe_name: str, data: str, out: str, resume: bool, device:
          accum_steps: int | None = None, schedule: str | None = None, download: bool = False,
          init_from: str | None = None, threads: int | None = None) -> None:
     try:
+        for option, value in (("--preset", preset), ("--schedule", schedule), ("--init-from", init_from)):
+            if value is not None and not value.strip():
+                raise ValueError(f"{option}: an empty value (leave the option out for the recipe's)")
         name, recipe = load_recipe(recipe_name)
         if threads is not None:  # --threads N is --set train.threads=N (an explicit --set still wins)
             overrides = (f"train.threads={threads}", *overrides)
