@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 import tempfile
 from pathlib import Path
@@ -13,6 +12,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
+from .cli_options import json_safe
 from .config import ModelConfig, check_iterations
 from .models import HyperSETModel
 
@@ -100,7 +100,7 @@ def save_module(directory: str | os.PathLike, module: torch.nn.Module, kind: str
     meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "kind": kind, "model": config,
             "parameters": sum(p.numel() for p in module.parameters()), **(info or {})}
     try:
-        text = json.dumps(_finite_or_null(meta), indent=2, allow_nan=False) + "\n"
+        text = json.dumps(json_safe(meta), indent=2, allow_nan=False) + "\n"
     except (TypeError, ValueError) as e:
         raise ValueError(f"checkpoint info must be JSON (strings, numbers, lists, dicts): {e}") from None
     bad = [name for name, t in module.state_dict().items() if t.is_floating_point() and not bool(t.isfinite().all())]
@@ -110,16 +110,6 @@ def save_module(directory: str | os.PathLike, module: torch.nn.Module, kind: str
     save_tensors(directory / "model.safetensors", module.state_dict(), {"format": FORMAT, "kind": kind},
                  then=lambda: atomic_write_bytes(directory / "config.json", text.encode()))
     return directory
-
-
-def _finite_or_null(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite_or_null(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite_or_null(v) for v in value]
-    return value
 
 
 def _check_writable_checkpoint_folder(directory: Path) -> None:
