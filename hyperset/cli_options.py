@@ -106,6 +106,24 @@ def json_safe(obj: Any) -> Any:
     return obj
 
 
+def out_option() -> Callable[[Any], Any]:
+    """--out FILE: the command's JSON document also written to a file, atomically (checked before any work with
+    `hyperset.cli.check_output_file`, written with `write_json_out`)."""
+    return click.option("--out", type=click.Path(dir_okay=False), default=None,
+                        help="also write the JSON document to this file (atomically)")
+
+
+def write_json_out(prog: str, out: str, obj: Any) -> None:
+    """The --out file: strict JSON (as `echo_json` prints), written atomically; a failure is one line, exit 2."""
+    from .checkpoint import atomic_write_json
+
+    try:
+        atomic_write_json(out, json_safe(obj))
+    except OSError as e:
+        click.echo(f"{prog}: error: --out: cannot write {out}: {e.strerror or e}", err=True)
+        sys.exit(2)
+
+
 def echo_json(obj: Any) -> None:
     """Print ``obj`` as one line of strict JSON (NaN and infinities become null)."""
     click.echo(json.dumps(json_safe(obj), allow_nan=False))

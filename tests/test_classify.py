@@ -261,6 +261,19 @@ def test_eval_command_json_beyond_the_trained_depth(cifar10: Path, checkpoint: P
     assert text.exit_code == 0 and "top-1" in text.output and "at 2 iterations" in text.output
 
 
+def test_eval_command_out_writes_the_json_document(cifar10: Path, checkpoint: Path, tmp_path: Path) -> None:
+    """--out as in hyperset-eval sudoku: the document --json prints, written atomically; a folder that does not
+    exist is refused before any work."""
+    args = [str(checkpoint), "--data", str(cifar10), "--limit", "5", "--iters", "1", "--json"]
+    run = CliRunner().invoke(classify_command, [*args, "--out", str(tmp_path / "r.json")])
+    assert run.exit_code == 0, run.output
+    written = json.loads((tmp_path / "r.json").read_text())
+    printed = json.loads(run.stdout)
+    assert written["results"] == printed["results"] and written["images"] == 5
+    bad = CliRunner().invoke(classify_command, [*args, "--out", str(tmp_path / "no" / "r.json")])
+    assert bad.exit_code == 2 and "folder" in bad.output and bad.stdout.count("{") == 0
+
+
 @pytest.mark.parametrize("n_layers, lora_rank", [(1, 0), (1, 4), (2, 0)])
 def test_one_pass_over_several_depths_matches_a_run_per_depth(cifar10: Path, n_layers: int, lora_rank: int) -> None:
     task = _task(cifar10)

@@ -20,7 +20,7 @@ import click
 import torch
 
 from hyperset.checkpoint import CheckpointError, load_checkpoint
-from hyperset.cli_options import device_option, echo_json, json_option, threads_option
+from hyperset.cli_options import device_option, echo_json, json_option, out_option, threads_option, write_json_out
 from hyperset.config import MAX_ITERS
 from hyperset.device import autocast_dtype, describe, pick_device, set_cpu_threads
 
@@ -119,16 +119,23 @@ def run_eval(checkpoint: str | None, data_dir: str, split: str, iters: Sequence[
 @click.option("--limit", type=click.IntRange(min=0), default=0,
               help="evaluate a seeded random sample of N images (0: all)")
 @json_option("print one JSON document (a result per depth under \"results\")")
+@out_option()
 def classify_command(checkpoint: str | None, data_dir: str, split: str, iters: tuple[int, ...], batch_size: int,
                      threads: int | None, device: str, dataset: str | None, precision: str, limit: int,
-                     as_json: bool) -> None:
+                     as_json: bool, out: str | None) -> None:
     """Top-1 accuracy of a classifier (default: the one shipped in the package) at N iterations."""
+    from hyperset.cli import check_output_file
+
+    if out is not None:
+        check_output_file("--out", out)
     try:
         set_cpu_threads(threads)
         report = run_eval(checkpoint, data_dir, split, iters, batch_size, device, dataset, precision, limit)
     except (EvalError, CheckpointError, FileNotFoundError, ValueError, pickle.UnpicklingError) as e:
         click.echo(f"hyperset-eval classify: error: {e}", err=True)
         sys.exit(2)
+    if out:
+        write_json_out("hyperset-eval classify", out, report)
     if as_json:
         echo_json(report)
         return

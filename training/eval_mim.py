@@ -31,7 +31,15 @@ import numpy as np
 import torch
 
 from hyperset.checkpoint import CheckpointError
-from hyperset.cli_options import device_option, echo_json, json_option, renamed_option, threads_option
+from hyperset.cli_options import (
+    device_option,
+    echo_json,
+    json_option,
+    out_option,
+    renamed_option,
+    threads_option,
+    write_json_out,
+)
 from hyperset.config import MAX_ITERS
 from hyperset.device import pick_device, set_cpu_threads
 from hyperset.vision.maskgit import mask_by_ratio
@@ -214,12 +222,17 @@ def print_table(result: dict[str, Any]) -> None:
 @threads_option()
 @device_option()
 @json_option()
+@out_option()
 def mim_command(checkpoint: Path | None, data: Path, split: str, mask_ratio: float, iters: int | None, decode: str,
                 steps: int, temperature: float, randomize_temp: float, n_images: int, baseline: str,
                 tokenizer_path: Path | None, image_size: int | None, batch: int, seed: int,
                 lpips_weights: Path | None, fid_weights: Path | None, threads: int | None, device: str,
-                as_json: bool) -> None:
+                as_json: bool, out: str | None) -> None:
     """Masked image reconstruction of a token model (default: the shipped CIFAR-10 models)."""
+    from hyperset.cli import check_output_file
+
+    if out is not None:
+        check_output_file("--out", out)
     for name, value in (("--temperature", temperature), ("--randomize-temp", randomize_temp)):
         if not math.isfinite(value) or value < 0:  # checked whichever decoding uses it
             raise click.BadParameter(f"must be a finite number >= 0, got {value}", param_hint=f"'{name}'")
@@ -266,6 +279,8 @@ def mim_command(checkpoint: Path | None, data: Path, split: str, mask_ratio: flo
         "checkpoint": str(checkpoint) if checkpoint else ("shipped" if pipeline is not None else None),
         "split": split, "data": str(data), "seed": seed,
     })
+    if out:
+        write_json_out("hyperset-eval mim", out, result)
     if as_json:
         echo_json(result)
     else:

@@ -14,7 +14,7 @@ from typing import Any, NoReturn
 import click
 
 from hyperset.checkpoint import CheckpointError
-from hyperset.cli_options import device_option, echo_json, json_option, threads_option
+from hyperset.cli_options import device_option, echo_json, json_option, out_option, threads_option, write_json_out
 from hyperset.config import MAX_ITERS
 from hyperset.solve import CPU_BATCH_SIZE, DEFAULT_PASSES, GPU_BATCH_SIZE, STRATEGIES
 from hyperset.sudoku.board import PuzzleError
@@ -85,8 +85,7 @@ def print_report(report: dict[str, Any]) -> None:
 @threads_option()
 @device_option()
 @json_option()
-@click.option("--out", type=click.Path(dir_okay=False), default=None,
-              help="also write the JSON document to this file (atomically)")
+@out_option()
 @click.option("--progress/--no-progress", default=None, help="progress bars on standard error [default: on a terminal]")
 def sudoku_command(checkpoint: str, data: str, split: str, boards: int | None, seed: int, iters: tuple[int, ...],
                    strategies: tuple[str, ...], passes: int, batch_size: int | None, threads: int | None, device: str,
@@ -95,7 +94,6 @@ def sudoku_command(checkpoint: str, data: str, split: str, boards: int | None, s
 
     Exit code 0 when done, 2 on bad input (a malformed line is named by file and line).
     """
-    from hyperset.checkpoint import atomic_write_json
     from hyperset.cli import check_output_file
     from hyperset.device import set_cpu_threads
     from hyperset.pretrained import resolve
@@ -121,10 +119,7 @@ def sudoku_command(checkpoint: str, data: str, split: str, boards: int | None, s
     except ValueError as e:
         _fail(str(e))
     if out:
-        try:
-            atomic_write_json(out, report)
-        except OSError as e:
-            _fail(f"--out: cannot write {out}: {e.strerror or e}")
+        write_json_out("hyperset-eval sudoku", out, report)
     if as_json:
         echo_json(report)
     else:
