@@ -161,6 +161,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def serve(args: Any) -> int:
     """Check the options, load the models and serve until Ctrl+C; the exit code."""
+    from hyperset.extras import MissingExtra, require
+
+    try:  # before the models load: without Gradio there is nothing to serve them with
+        require("app", "gradio", "PIL", what="hyperset-app")
+    except MissingExtra as err:
+        return _fail(str(err))
     if args.threads is not None and args.threads < 1:
         return _fail(f"--threads: threads must be at least 1, got {args.threads}")
     if args.port is not None and not 0 < args.port < 65536:

@@ -271,7 +271,7 @@ def _solve(files: tuple[str, ...], iters: str | None, strategy: str, passes: int
     if interrupted:
         summary.extra.update(interrupted=True, requested=len(puzzles))
     try:
-        _print_results(puzzles, results, summary, strategy, as_json, quiet)
+        _print_results(puzzles, results, summary, "auto" if n_iters == "auto" else strategy, as_json, quiet)
     except OSError as e:
         _output_failed(e)
     if plot and results:

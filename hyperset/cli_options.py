@@ -40,6 +40,9 @@ class _OneLineErrors:
             return super().main(args, prog_name, complete_var, False, **extra)  # type: ignore[misc]
         try:
             code = super().main(args, prog_name, complete_var, False, **extra)  # type: ignore[misc]
+        except click.exceptions.NoArgsIsHelpError as e:  # a group called without a command: its help, as click
+            e.show()
+            sys.exit(e.exit_code)
         except click.UsageError as e:
             click.echo(usage_error_line(e, prog_name), err=True)
             sys.exit(e.exit_code)

@@ -486,6 +486,20 @@ def test_cli_defaults_and_argument_errors(capsys, tmp_path: Path):
     version = CliRunner().invoke(cli, ["--version"])
     assert version.exit_code == 0 and version.stdout.startswith("hyperset-app ")
     assert "--device" in CliRunner().invoke(cli, ["--help"]).stdout
+    assert "hyperset-app: error: Invalid value for '--backend': 'tensorrt' is not one of" in err  # one line
+
+
+def test_the_app_without_gradio_names_the_extra(capsys, monkeypatch: pytest.MonkeyPatch):
+    import importlib.util
+
+    from hyperset.apps.cli import main
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gradio" else find_spec(name, *a))
+    assert main([]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hyperset-app: error: hyperset-app needs gradio (the 'app' extra") and "Traceback" not in err
+    assert "pip install 'hyperset[app]'" in err
 
 
 def test_onnx_backend_frames_come_from_onnxruntime(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):

@@ -468,3 +468,10 @@ def test_empty_paths_and_unreadable_checkpoint_files_are_one_line(tiny_checkpoin
                         else real_open(path, *a, **k), raising=False)
     code, _, err = run([str(tmp_path / "p.txt"), "--checkpoint", str(copy)])
     assert code == 2 and err.strip().endswith(f"{copy / 'model.safetensors'}: cannot be read (Permission denied)")
+
+
+def test_the_summary_names_the_strategy_that_ran(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    (tmp_path / "p.txt").write_text(EASY + "\n")
+    for args, name in (([], "commit"), (["--strategy", "single"], "single"), (["--iters", "auto"], "auto")):
+        code, out, _ = run([str(tmp_path / "p.txt"), "--checkpoint", str(tiny_checkpoint), "-q", *args])
+        assert f"— strategy {name}," in out, (args, out)
