@@ -20,9 +20,9 @@ except ModuleNotFoundError:  # Python 3.10
 ROOT = Path(__file__).resolve().parents[1]
 ROOMS = {"training": "hyperset/training", "exports": "hyperset/exports", "apps": "hyperset/apps"}
 SOURCES = {"hyperset": "hyperset", **ROOMS}  # repository folder -> its place in the installed package
-SCRIPTS = {"hyperset-solve": "hyperset.cli:solve_main", "hyperset-train": "hyperset.training.cli:main",
-           "hyperset-eval": "hyperset.training.evaluate:main", "hyperset-export": "hyperset.exports.cli:main",
-           "hyperset-app": "hyperset.apps.cli:main"}
+SCRIPTS = {"hyperset-solve": "hyperset._entry:solve", "hyperset-train": "hyperset._entry:train",
+           "hyperset-eval": "hyperset._entry:evaluate", "hyperset-export": "hyperset._entry:export",
+           "hyperset-app": "hyperset._entry:app"}
 OLD_IMPORT = re.compile(r"^\s*(from|import) (exports|training|apps)\b", re.MULTILINE)
 OLD_MAIN = re.compile(r'"-m", "(training|exports|apps)\b')  # subprocess command lines
 

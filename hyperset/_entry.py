@@ -1,0 +1,38 @@
+"""The console scripts. Each imports its command inside a guard: Ctrl-C while torch loads (the first second or two)
+ends with one line and the shell's 130, as Ctrl-C does later, not with Python's traceback of the import."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import Any
+
+
+def _run(prog: str, target: str) -> Any:
+    module, _, name = target.partition(":")
+    try:
+        command = getattr(importlib.import_module(module), name)
+    except KeyboardInterrupt:
+        sys.stderr.write(f"{prog}: interrupted\n")
+        sys.exit(130)
+    return command()
+
+
+def solve() -> Any:
+    return _run("hyperset-solve", "hyperset.cli:solve_main")
+
+
+def train() -> Any:
+    return _run("hyperset-train", "hyperset.training.cli:main")
+
+
+def evaluate() -> Any:
+    return _run("hyperset-eval", "hyperset.training.evaluate:main")
+
+
+def export() -> Any:
+    return _run("hyperset-export", "hyperset.exports.cli:main")
+
+
+def app() -> Any:
+    return _run("hyperset-app", "hyperset.apps.cli:main")
