@@ -107,3 +107,69 @@ def test_load_pretrained_on_a_device_it_cannot_have_is_a_value_error() -> None:
     with pytest.raises(ValueError, match="PyTorch sees no CUDA device"):
         hyperset.load_pretrained("sudoku", "cuda")
     assert next(hyperset.load_pretrained("sudoku", "cpu").parameters()).device.type == "cpu"
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(steps=1.5), "train.steps = 1.5: expected int"),
+    (dict(steps="10"), "train.steps = '10': expected int"),
+    (dict(compile="no"), "train.compile = 'no': expected bool"),
+    (dict(clip=-1.0), "train.clip = -1.0: must be a finite number >= 0"),
+    (dict(clip=float("nan")), "train.clip = nan"),
+    (dict(seed=-1), "train.seed = -1: must be >= 0"),
+    (dict(batch_size=4, accum_steps=3), "train.accum_steps = 3: must divide train.batch_size = 4"),
+])
+def test_train_config_checks_types_and_values_when_made_in_python(kwargs: dict, message: str) -> None:
+    from hyperset.training.trainer import TrainConfig
+
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace("[", r"\[")):
+        TrainConfig(**kwargs)
+
+
+def test_trainer_arguments_and_recipes_from_python(tmp_path) -> None:
+    from pathlib import Path
+
+    from hyperset.training.recipes import load_recipe
+    from hyperset.training.trainer import TrainConfig, Trainer
+
+    cfg = TrainConfig()
+    assert isinstance(Trainer(None, cfg, str(tmp_path / "run")).out, Path)  # a str names the folder too
+    for kwargs, error, message in ((dict(cfg={}), TypeError, "cfg must be a TrainConfig"),
+                                   (dict(cfg=cfg, resume="no"), TypeError, "resume must be True or False"),
+                                   (dict(cfg=cfg, plan="0:10"), ValueError, "plan: a schedule is a non-empty list"),
+                                   (dict(cfg=cfg, plan=[{"x": 1}]), ValueError, "integer from_step and steps")):
+        with pytest.raises(error, match=message):
+            Trainer(None, out=tmp_path / "run", **kwargs)
+    (tmp_path / "mine.toml").write_text('task = "sudoku"\npreset = "sudoku-cpu"\n')
+    assert load_recipe(tmp_path / "mine.toml") == ("mine", {"task": "sudoku", "preset": "sudoku-cpu"})
+    with pytest.raises(TypeError, match="a recipe is a shipped name or a path"):
+        load_recipe(None)
+
+
+def test_masks_and_images_for_reconstruction_are_checked() -> None:
+    from hyperset.vision.maskgit import mask_by_ratio, random_token_mask
+    from hyperset.vision.reconstruct import load_mim
+
+    for bad in (1.5, -0.5, float("nan"), "0.4"):
+        with pytest.raises(ValueError, match="must be a number in"):
+            mask_by_ratio((2, 8, 8), bad)
+        with pytest.raises(ValueError, match="must be a number in"):
+            random_token_mask((2, 8, 8), bad)
+    assert int(mask_by_ratio((2, 8, 8), 0.25).sum()) == 32
+    pipe = load_mim()
+    s, g = pipe.image_size, pipe.grid
+    images, mask = torch.rand(1, 3, s, s), torch.zeros(1, g, g, dtype=torch.bool)
+    for bad, error, message in ((images * 255, ValueError, "finite values in"),
+                                (images * float("nan"), ValueError, "finite values in"),
+                                ((images * 255).to(torch.uint8), TypeError, "images / 255"),
+                                (images.numpy(), TypeError, "float torch.Tensor"),
+                                (images[:0], ValueError, r"\(B >= 1")):
+        with pytest.raises(error, match=message):
+            pipe.reconstruct(bad, mask, decode="expected")
+    with pytest.raises(ValueError, match="hold only 0 and 1"):
+        pipe.reconstruct(images, torch.full((1, g, g), 0.3), decode="expected")
+    for key, value in (("iters", 2.7), ("iters", True), ("steps", 2.5)):
+        with pytest.raises(ValueError, match=f"{key} must be a whole number"):
+            pipe.reconstruct(images, mask, **{key: value})
+    assert pipe.reconstruct(images.double(), mask.int(), decode="expected") is not None  # other floats, 0/1 ints
+    with pytest.raises(ValueError, match="--device 'gpu'"):
+        load_mim(device="gpu")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from importlib import resources
 from pathlib import Path
@@ -28,9 +29,15 @@ def _is_path(text: str) -> bool:
     return "/" in text or "\\" in text or Path(text).suffix != ""
 
 
-def recipe_text(name_or_path: str) -> tuple[str, str, str]:
+def recipe_text(name_or_path: str | os.PathLike) -> tuple[str, str, str]:
     """(name, where, text) of a recipe by shipped name or by file path; `where` is the path errors point at.
     A missing or unreadable file, or one that is not UTF-8 text, is a ValueError that says so."""
+    if not isinstance(name_or_path, (str, os.PathLike)):
+        raise TypeError(f"a recipe is a shipped name or a path, got {name_or_path!r}")
+    if isinstance(name_or_path, os.PathLike):
+        name_or_path = os.fspath(name_or_path)
+        if "/" not in name_or_path and "\\" not in name_or_path:  # a Path is a file, whatever its name
+            name_or_path = os.path.join(".", name_or_path)
     if _is_path(name_or_path):
         path = Path(name_or_path)
         if path.is_dir():
@@ -52,7 +59,7 @@ def recipe_text(name_or_path: str) -> tuple[str, str, str]:
     return name_or_path, str(resource), resource.read_text()
 
 
-def load_recipe(name_or_path: str) -> tuple[str, dict[str, Any]]:
+def load_recipe(name_or_path: str | os.PathLike) -> tuple[str, dict[str, Any]]:
     """A recipe by name (shipped in training/recipes) or by path. Returns (name, data)."""
     name, where, text = recipe_text(name_or_path)
     try:

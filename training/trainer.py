@@ -15,7 +15,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -66,6 +66,8 @@ class TrainConfig:
     accum_steps: int = 1  # gradient accumulation: the global batch is split into this many micro-steps
 
     def __post_init__(self) -> None:
+        # the types first (as from_dict checks a recipe's): TrainConfig(steps=1.5) or compile="no" went on silently
+        check_table(type(self), {f.name: getattr(self, f.name) for f in fields(self)}, "train")
         checks = [  # (holds, the key it is about, what to say)
             (self.steps >= 1 and self.batch_size >= 1 and self.accum_steps >= 1, "steps",
              f"train.steps, batch_size and accum_steps must be >= 1, got {self.steps}, {self.batch_size} and "
@@ -87,6 +89,11 @@ class TrainConfig:
              f"train.betas = {list(self.betas)!r}: must be two numbers in [0, 1)"),
             (self.save_every_seconds >= 0, "save_every_seconds",
              f"train.save_every_seconds = {self.save_every_seconds!r}: must be >= 0"),
+            (0 <= self.clip < math.inf, "clip",
+             f"train.clip = {self.clip!r}: must be a finite number >= 0 (0: no clipping)"),
+            (self.seed >= 0, "seed", f"train.seed = {self.seed}: must be >= 0"),
+            (self.batch_size % self.accum_steps == 0, "accum_steps",
+             f"train.accum_steps = {self.accum_steps}: must divide train.batch_size = {self.batch_size}"),
             (self.compile or self.compile_mode == "default", "compile_mode",
              f"train.compile_mode = {self.compile_mode!r} is torch.compile's mode: it needs train.compile = true"),
         ] + [(getattr(self, key) in allowed, key, f"train.{key} must be one of {', '.join(allowed)}, got "
@@ -221,6 +228,8 @@ def parse_schedule(spec: str) -> list[dict[str, int]]:
 
 
 def check_schedule(plan: list[dict[str, int]], where: str) -> list[dict[str, int]]:
+    if not isinstance(plan, list) or not plan:
+        raise ValueError(f"{where}: a schedule is a non-empty list of {{from_step, steps}} entries, got {plan!r}")
     try:
         plan = [{"from_step": int(p["from_step"]), "steps": int(p["steps"])} for p in plan]
     except (KeyError, TypeError, ValueError):
@@ -310,6 +319,18 @@ class Trainer:
     # a checkpoint folder whose weights a new run starts from (a fine-tune); a resumed run ignores it
     init_from: str | None = None
     _stop: bool = field(default=False, init=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.cfg, TrainConfig):
+            raise TypeError(f"cfg must be a TrainConfig (TrainConfig.from_dict makes one), got "
+                            f"{type(self.cfg).__name__}")
+        self.out = Path(self.out)  # a str works as well
+        for name in ("resume", "quiet"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if self.plan is not None:
+            self.plan = check_schedule(self.plan, "plan")
+
     _stop_signal: int | None = field(default=None, init=False)  # the signal that asked the run to stop
     _main: bool = field(default=True, init=False)  # this process reports the run (rank 0)
     # the lr schedules this run has followed: [{"from_step": s, "steps": n}, ...]; a resume with another --steps

@@ -17,6 +17,12 @@ from torch import Tensor
 MODES = ("root", "linear", "square", "cosine", "arccos")
 
 
+def _check_ratio(name: str, value: object) -> None:
+    """A masking ratio: a number in [0, 1] (1.5 masked everything and -0.5 nothing, silently)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")
+
+
 def random_token_mask(
     shape: tuple[int, ...], max_ratio: float = 0.4, generator: torch.Generator | None = None
 ) -> Tensor:
@@ -24,6 +30,7 @@ def random_token_mask(
 
     ``shape`` is (B, N) or (B, h, w); returns a bool tensor of that shape (True = masked).
     """
+    _check_ratio("max_ratio", max_ratio)
     r = torch.rand(shape[0], generator=generator)
     p = (max_ratio * r).view(-1, *([1] * (len(shape) - 1)))
     return torch.rand(shape, generator=generator) < p
@@ -31,6 +38,7 @@ def random_token_mask(
 
 def mask_by_ratio(shape: tuple[int, ...], ratio: float, generator: torch.Generator | None = None) -> Tensor:
     """Evaluation mask: exactly round(ratio * N) tokens masked per sample, at uniformly random positions."""
+    _check_ratio("ratio", ratio)
     b, n = shape[0], math.prod(shape[1:])
     k = int(math.floor(ratio * n + 0.5))
     rank = torch.rand(b, n, generator=generator).argsort(1).argsort(1)  # a random permutation per sample

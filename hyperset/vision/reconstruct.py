@@ -382,13 +382,24 @@ class MIMPipeline:
         """
         if decode not in DECODINGS:
             raise ValueError(f"decode must be one of {', '.join(map(repr, DECODINGS))}, got {decode!r}")
+        if not isinstance(images, Tensor):
+            raise TypeError(f"images must be a float torch.Tensor in [0, 1], got {type(images).__name__}")
+        if not images.is_floating_point():
+            raise TypeError(f"images must be float in [0, 1], got {images.dtype} (uint8 pixels: images / 255)")
         if images.ndim == 3:
             images = images[None]
         b = images.shape[0]
-        if images.ndim != 4 or tuple(images.shape[1:]) != (3, self.image_size, self.image_size):
-            raise ValueError(f"images must be (B, 3, {self.image_size}, {self.image_size}) in [0, 1], got "
+        if images.ndim != 4 or tuple(images.shape[1:]) != (3, self.image_size, self.image_size) or b == 0:
+            raise ValueError(f"images must be (B >= 1, 3, {self.image_size}, {self.image_size}) in [0, 1], got "
                              f"{tuple(images.shape)}; resize them with prepare_images(images, {self.image_size})")
-        mask = torch.as_tensor(mask).bool().cpu()
+        lo, hi = (float(v) for v in torch.aminmax(images.detach().float()))
+        if not (math.isfinite(lo) and math.isfinite(hi)) or lo < -1e-3 or hi > 1 + 1e-3:
+            raise ValueError(f"images must be finite values in [0, 1], got values from {lo:g} to {hi:g}")
+        images = images.float().clamp(0, 1)  # a resize's rounding may step past [0, 1] by a hair
+        mask = torch.as_tensor(mask)
+        if mask.dtype != torch.bool and not bool(((mask == 0) | (mask == 1)).all()):
+            raise ValueError("mask must be bool, or hold only 0 and 1 (True / 1 = masked)")
+        mask = mask.bool().cpu()
         if mask.shape[-1] == self.image_size and self.image_size != self.grid:
             mask = pixel_to_token_mask(mask, self.grid)
         if mask.ndim == 2:
@@ -396,7 +407,11 @@ class MIMPipeline:
         if tuple(mask.shape) != (b, self.grid, self.grid):
             raise ValueError(f"mask must be ({b}, {self.grid}, {self.grid}) tokens or a pixel mask, "
                              f"got {tuple(mask.shape)}")
-        iters = self.trained_iters if iters is None else int(iters)
+        if iters is not None and (isinstance(iters, bool) or not isinstance(iters, int) or iters < 1):
+            raise ValueError(f"iters must be a whole number >= 1, got {iters!r}")
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise ValueError(f"steps must be a whole number >= 1, got {steps!r}")
+        iters = self.trained_iters if iters is None else iters
         codes = self.encode(images)
         if decode == "expected":
             return self._reconstruct_expected(images, codes, mask, iters, temperature, on_step)
@@ -446,7 +461,13 @@ def load_mim(directory: str | Path | None = None, tokenizer: str | Path | None =
              device: str | torch.device = "cpu") -> MIMPipeline:
     """Tokenizer + token model. ``directory`` is a token-model checkpoint folder (default: the shipped
     ``hyperset/weights/mim/model``); the tokenizer is ``tokenizer``, else the one named in the model's
-    config.json (``data.tokenizer``) when that folder exists, else the shipped ``weights/mim/tokenizer``."""
+    config.json (``data.tokenizer``) when that folder exists, else the shipped ``weights/mim/tokenizer``.
+    ``device`` is a name the commands take ("auto", "cpu", "cuda", ...; one that cannot be had is a ValueError)
+    or a torch.device."""
+    if isinstance(device, str):
+        from ..device import pick_device
+
+        device = str(pick_device(device))
     model_dir = _shipped(default_model_dir(), "token model") if directory is None else Path(directory)
     model, info = load_checkpoint(model_dir, task="mim", map_location=device)
     if tokenizer is None:
