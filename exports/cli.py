@@ -19,9 +19,10 @@ from hyperset.cli_options import (
 )
 from hyperset.config import MAX_ITERS
 
+from . import MAX_OPSET, MIN_OPSET
+
 EXIT_OK, EXIT_PARITY, EXIT_BAD_INPUT = 0, 1, 2
 SHIPPED = ("sudoku", "classifier", "mim")  # shorthands for the models shipped in the package
-MIN_OPSET, MAX_OPSET = 14, 20  # legacy exporter range that covers every op of the models
 
 
 def resolve_checkpoint(name: str) -> Path:

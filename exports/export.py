@@ -53,9 +53,11 @@ from torch import Tensor, nn
 
 import hyperset
 from hyperset.checkpoint import atomic_write_bytes
+from hyperset.config import check_iterations
 from hyperset.energies import attn_energy_heads, ff_energy
 from hyperset.models import HyperSETModel
 
+from . import MAX_OPSET, MIN_OPSET
 from .loop import wrap_in_loop
 
 __all__ = [
@@ -256,6 +258,9 @@ class _Body(nn.Module):
 def _trace(module: nn.Module, args: tuple[Tensor, ...], input_names: Sequence[str], output_names: Sequence[str],
            dynamic_axes: Mapping[str, Mapping[int, str]], opset: int) -> onnx.ModelProto:
     """Legacy TorchScript export into memory; returns the ModelProto (weights inside, no external data)."""
+    if isinstance(opset, bool) or not isinstance(opset, int) or not MIN_OPSET <= opset <= MAX_OPSET:
+        raise ValueError(f"opset must be a whole number from {MIN_OPSET} to {MAX_OPSET} (the legacy exporter's range "
+                         f"that covers every op of the models), got {opset!r}")
     buf = io.BytesIO()
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")  # legacy-exporter deprecation, tracer warnings about Python ints
@@ -431,6 +436,9 @@ def _traced_on_cpu(build: Callable[..., onnx.ModelProto]) -> Callable[..., onnx.
 
     @functools.wraps(build)
     def wrapper(model: HyperSETModel, *args: Any, **kwargs: Any) -> onnx.ModelProto:
+        if not isinstance(model, HyperSETModel):
+            raise TypeError(f"model must be a HyperSETModel (hyperset.load_pretrained, create_model), got "
+                            f"{type(model).__name__}")
         if _model_device(model).type != "cpu":
             model = copy.deepcopy(model).cpu()
         return build(model, *args, **kwargs)
@@ -447,9 +455,7 @@ def _traced_on_cpu(build: Callable[..., onnx.ModelProto]) -> Callable[..., onnx.
 def unrolled_proto(model: HyperSETModel, iters: int, opset: int = DEFAULT_OPSET,
                    info: Mapping[str, Any] | None = None) -> onnx.ModelProto:
     """The unrolled graph as a ModelProto (see :func:`export_unrolled`)."""
-    iters = int(iters)
-    if iters < 1:
-        raise ValueError(f"iters must be >= 1 for an unrolled graph, got {iters}")
+    iters = check_iterations(iters, "iters")  # an unrolled graph has at least one iteration
     name = input_name(model.cfg.task)
     with _eval_mode(model):
         x = example_inputs(model.cfg, batch=2).to(_model_device(model))
@@ -561,7 +567,8 @@ def loop_proto(model: HyperSETModel, default_iters: int | None = None, opset: in
     ``steps`` may pass already exported step graphs (one per distinct layer) to avoid tracing them twice.
     """
     cfg = model.cfg
-    default_iters = trained_iterations(model, info) if default_iters is None else int(default_iters)
+    default_iters = (trained_iterations(model, info) if default_iters is None
+                     else check_iterations(default_iters, "default_iters"))
     name = input_name(cfg.task)
     stem = stem_proto(model, opset, info)
     head = head_proto(model, opset, info)
@@ -818,6 +825,8 @@ def parity(model: HyperSETModel, onnx_path: str | Path, iters: int, *, inputs: T
     from .runtime import OrtSession
 
     sess = session or OrtSession(onnx_path, device, intra_op_threads=threads)
+    if "task" in sess.metadata:  # a graph of another task cannot be compared (its inputs differ)
+        sess.expect_task(model.cfg.task)
     if inputs is None:
         inputs = example_inputs(model.cfg, batch=batch, seed=seed)
     graph = sess.metadata.get("graph", "unrolled" if "iters" not in sess.input_names else "loop")

@@ -444,10 +444,34 @@ class OrtSession:
                 f"{self.path.name}: bad inputs (missing: {missing or 'none'}, unknown: {unknown or 'none'}); "
                 f"expected {self.input_names}"
             )
+        if isinstance(output_names, str):
+            output_names = [output_names]
         names = list(output_names) if output_names is not None else self.output_names
+        wrong = [n for n in names if n not in self.output_names]
+        if wrong:
+            raise ValueError(f"{self.path.name}: unknown outputs {wrong}; it has {self.output_names}")
         arrays = {k: np.asarray(v) for k, v in feeds.items()}
+        for info in self.session.get_inputs():
+            self._check_input(info, arrays[info.name])
         results = self.session.run(names, arrays)
         return dict(zip(names, results))
+
+    def _check_input(self, info: Any, array: np.ndarray) -> None:
+        """An input as the graph declares it (element type, rank, fixed sizes, no empty dimension), so that a
+        mistake is a ValueError naming the input rather than ONNX Runtime's error (or a silent cast)."""
+        want = _ORT_TYPES.get(info.type)
+        if want is not None and array.dtype != want:
+            raise ValueError(f"{self.path.name}: input {info.name!r} must be {np.dtype(want).name}, got "
+                             f"{array.dtype.name}")
+        if array.ndim != len(info.shape):
+            raise ValueError(f"{self.path.name}: input {info.name!r} must have {len(info.shape)} dimensions "
+                             f"{list(info.shape)}, got shape {list(array.shape)}")
+        for k, (size, dim) in enumerate(zip(array.shape, info.shape)):
+            if isinstance(dim, int) and size != dim:
+                raise ValueError(f"{self.path.name}: input {info.name!r} must have size {dim} in dimension {k} "
+                                 f"{list(info.shape)}, got shape {list(array.shape)}")
+            if size == 0:
+                raise ValueError(f"{self.path.name}: input {info.name!r} is empty (shape {list(array.shape)})")
 
     def describe(self) -> dict[str, Any]:
         """JSON-friendly summary of the session."""
@@ -466,6 +490,11 @@ class OrtSession:
 
     def __repr__(self) -> str:
         return f"OrtSession({str(self.path)!r}, provider={self.provider!r}, device={self.device!r})"
+
+
+# ONNX Runtime's element types -> the numpy dtype an input of that type must have
+_ORT_TYPES = {"tensor(float)": np.float32, "tensor(double)": np.float64, "tensor(float16)": np.float16,
+              "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(bool)": np.bool_}
 
 
 def describe_runtime() -> dict[str, Any]:

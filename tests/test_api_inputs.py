@@ -173,3 +173,37 @@ def test_masks_and_images_for_reconstruction_are_checked() -> None:
     assert pipe.reconstruct(images.double(), mask.int(), decode="expected") is not None  # other floats, 0/1 ints
     with pytest.raises(ValueError, match="--device 'gpu'"):
         load_mim(device="gpu")
+
+
+def test_onnx_export_and_session_arguments_are_checked(tmp_path) -> None:
+    pytest.importorskip("onnxruntime")
+    from hyperset.exports import export as E
+    from hyperset.exports.runtime import OnnxModelError, OrtSession
+
+    model = hyperset.create_model("sudoku-cpu", dim=16, heads=2, ff_hidden=16, time_dim=16, iters=2).eval()
+    for kwargs, error, message in ((dict(iters=1.9), ValueError, "iters = 1.9: expected an integer"),
+                                   (dict(iters=True), ValueError, "iters = True"),
+                                   (dict(iters=2, opset="17"), ValueError, "opset must be a whole number from 14"),
+                                   (dict(iters=2, opset=5), ValueError, "opset must be a whole number from 14")):
+        with pytest.raises(error, match=message):
+            E.export_unrolled(model, path=tmp_path / "m.onnx", **kwargs)
+    with pytest.raises(TypeError, match="model must be a HyperSETModel"):
+        E.export_unrolled(torch.nn.Linear(2, 2), 2, tmp_path / "m.onnx")
+    with pytest.raises(ValueError, match="default_iters = -3"):
+        E.export_loop(model, tmp_path / "l.onnx", default_iters=-3)
+    assert not list(tmp_path.iterdir())  # nothing written by a refused export
+    E.export_unrolled(model, 2, tmp_path / "m.onnx")
+    session = OrtSession(tmp_path / "m.onnx", "cpu", intra_op_threads=1)
+    tokens = np.zeros((2, 81), np.int64)
+    assert session.run({"tokens": tokens}, "logits")["logits"].shape == (2, 81, 9)  # one output by name
+    for feed, message in ((tokens.astype(np.int32), "input 'tokens' must be int64, got int32"),
+                          (tokens[:, :80], r"must have size 81 in dimension 1"),
+                          (tokens[0], "must have 2 dimensions"),
+                          (tokens[:0], "is empty")):
+        with pytest.raises(ValueError, match=message):
+            session.run({"tokens": feed})
+    with pytest.raises(ValueError, match="unknown outputs"):
+        session.run({"tokens": tokens}, ["logit"])
+    classifier = hyperset.create_model("cifar10-cpu", dim=16, heads=2, ff_hidden=16, time_dim=16, iters=1).eval()
+    with pytest.raises(OnnxModelError, match="is a 'sudoku' model, expected 'classify'"):
+        E.parity(classifier, tmp_path / "m.onnx", 2)
