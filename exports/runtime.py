@@ -425,7 +425,8 @@ class OrtSession:
                 raise ProviderError(msg)
             self.fallback_reason = msg
             self.reason = msg
-        self.input_names: list[str] = [i.name for i in self.session.get_inputs()]
+        self._inputs = self.session.get_inputs()  # their names, types and shapes, checked at every run
+        self.input_names: list[str] = [i.name for i in self._inputs]
         self.output_names: list[str] = [o.name for o in self.session.get_outputs()]
         self.metadata: dict[str, str] = dict(self.session.get_modelmeta().custom_metadata_map)
 
@@ -451,7 +452,7 @@ class OrtSession:
         if wrong:
             raise ValueError(f"{self.path.name}: unknown outputs {wrong}; it has {self.output_names}")
         arrays = {k: np.asarray(v) for k, v in feeds.items()}
-        for info in self.session.get_inputs():
+        for info in self._inputs:
             self._check_input(info, arrays[info.name])
         results = self.session.run(names, arrays)
         return dict(zip(names, results))

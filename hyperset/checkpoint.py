@@ -103,11 +103,12 @@ def save_module(directory: str | os.PathLike, module: torch.nn.Module, kind: str
         text = json.dumps(json_safe(meta), indent=2, allow_nan=False) + "\n"
     except (TypeError, ValueError) as e:
         raise ValueError(f"checkpoint info must be JSON (strings, numbers, lists, dicts): {e}") from None
-    bad = [name for name, t in module.state_dict().items() if t.is_floating_point() and not bool(t.isfinite().all())]
+    state = module.state_dict()
+    bad = [name for name, t in state.items() if t.is_floating_point() and not bool(t.isfinite().all())]
     if bad:
         raise ValueError(f"weights not saved: {', '.join(bad[:4])} hold NaN or infinite values")
     _check_writable_checkpoint_folder(directory)
-    save_tensors(directory / "model.safetensors", module.state_dict(), {"format": FORMAT, "kind": kind},
+    save_tensors(directory / "model.safetensors", state, {"format": FORMAT, "kind": kind},
                  then=lambda: atomic_write_bytes(directory / "config.json", text.encode()))
     return directory
 

@@ -63,6 +63,7 @@ class OneLineCommand(_OneLineErrors, click.Command):
 class OneLineGroup(_OneLineErrors, click.Group):
     """A click group whose usage errors, its subcommands' included, are one line (`cls=OneLineGroup`)."""
 
+
 DEVICE_HELP = "auto | cpu | cuda (or cuda:N) | mps"
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 import types
 import typing
 from collections.abc import Sequence
@@ -71,6 +72,14 @@ def check_iterations(value: Any, name: str) -> int:
     return value
 
 
+def whole_number(name: str, value: Any, least: int) -> int:
+    """A count given in Python (passes, a batch size, decoding steps): an integer (not a bool, a float or a
+    string) >= `least`, else a ValueError naming `name`."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
+        raise ValueError(f"{name} must be a whole number >= {least}, got {value!r}")
+    return int(value)
+
+
 def _fits(value: Any, hint: Any) -> bool:
     """Whether a value fits a dataclass field's type (ints pass as floats; bools are not numbers)."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
@@ -104,12 +113,17 @@ class TableError(ValueError):
         self.section, self.key = section, key
 
 
+def require_table(value: Any, section: str) -> None:
+    """A recipe's (or config's) `section` must be a table: `train = 5` is a TableError at the top level."""
+    if not isinstance(value, dict):
+        raise TableError(f"{section} = {value!r}: [{section}] must be a table of keys and values", None, section)
+
+
 def check_table(cls: type, table: dict[str, Any], section: str, known: Sequence[str] | None = None) -> None:
     """A table of values for dataclass `cls` (a recipe section, a checkpoint's model config): unknown keys and
     values of the wrong type are TableErrors (ValueErrors) that name `section.key`. `known` limits the keys that
     may be set (default: every field of `cls`)."""
-    if not isinstance(table, dict):
-        raise TableError(f"{section} = {table!r}: [{section}] must be a table of keys and values", None, section)
+    require_table(table, section)
     names = list(known) if known is not None else [f.name for f in dataclasses.fields(cls)]
     unknown = sorted(set(table) - set(names))
     if unknown:

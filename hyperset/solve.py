@@ -25,6 +25,7 @@ import torch
 
 from .backends import CallableBackend, SolverBackend, TorchBackend
 from .checkpoint import CheckpointError, load_checkpoint, solve_iterations, trained_iterations
+from .config import whole_number
 from .device import pick_device
 from .models import HyperSETModel
 from .pretrained import PRETRAINED, weights_root
@@ -99,12 +100,6 @@ def checked_puzzles(puzzles: Sequence[str]) -> list[str]:
             raise PuzzleError(f"puzzles[{i}]", None, f"holds {len(parsed)} puzzles, not one")
         out.append(parsed[0].givens)
     return out
-
-
-def _count(name: str, value: Any, least: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
-        raise ValueError(f"{name} must be a whole number >= {least}, got {value!r}")
-    return int(value)
 
 
 class Solver:
@@ -205,7 +200,7 @@ class Solver:
         n_iters = int(iters) if iters is not None else self.default_iters
         if n_iters < 1:
             raise ValueError(f"iterations must be >= 1, got {n_iters}")
-        _count("passes", passes, 1)
+        whole_number("passes", passes, 1)
         return strategy, n_iters
 
     @torch.no_grad()
@@ -213,16 +208,26 @@ class Solver:
                max_iters: int | None = None, patience: int = 4, passes: int = DEFAULT_PASSES,
                per_iteration: bool = True) -> Iterator[SolveFrame]:
         """The strategy's frames on one batch of puzzles (what the app draws; `solve` consumes the same)."""
-        strategy, n_iters = self._settings(iters, strategy, passes)
-        self.check_iters("auto" if strategy == "auto" else n_iters, per_iteration)
-        _count("patience", patience, 1)
-        max_iters = 4 * self.trained_iters if max_iters is None else _count("max_iters", max_iters, 1)
+        strategy, n_iters, max_iters = self._run_settings(iters, strategy, passes, max_iters, patience, per_iteration)
         puzzles = checked_puzzles(puzzles)
         if not puzzles:
             raise ValueError("puzzles: none given")
-        boards = _board_tensor(puzzles, self.device)
-        return stream(self.engine, boards, strategy, n_iters, passes=passes, max_iters=max_iters, patience=patience,
-                      per_iteration=per_iteration)
+        return self._stream(puzzles, strategy, n_iters, passes, max_iters, patience, per_iteration)
+
+    def _run_settings(self, iters: int | str | None, strategy: str, passes: int, max_iters: int | None,
+                      patience: int, per_iteration: bool) -> tuple[str, int, int]:
+        """(strategy, iterations per pass, most iterations of `auto`) of a run, its counts checked."""
+        strategy, n_iters = self._settings(iters, strategy, passes)
+        self.check_iters("auto" if strategy == "auto" else n_iters, per_iteration)
+        whole_number("patience", patience, 1)
+        max_iters = 4 * self.trained_iters if max_iters is None else whole_number("max_iters", max_iters, 1)
+        return strategy, n_iters, max_iters
+
+    def _stream(self, puzzles: list[str], strategy: str, n_iters: int, passes: int, max_iters: int, patience: int,
+                per_iteration: bool) -> Iterator[SolveFrame]:
+        """The frames of puzzles already read by `checked_puzzles`, with settings from `_run_settings`."""
+        return stream(self.engine, _board_tensor(puzzles, self.device), strategy, n_iters, passes=passes,
+                      max_iters=max_iters, patience=patience, per_iteration=per_iteration)
 
     def solve(self, puzzles: Sequence[str], iters: int | str | None = None, strategy: str = DEFAULT_STRATEGY,
               batch_size: int | None = None, solutions: Sequence[str | None] | None = None,
@@ -236,10 +241,9 @@ class Solver:
                    max_iters: int | None = None, patience: int = 4, passes: int = DEFAULT_PASSES
                    ) -> Iterator[SolveResult]:
         """`solve` one result at a time, in the order of `puzzles`, as each batch of boards is done."""
-        strategy, _ = self._settings(iters, strategy, passes)
-        self.check_iters("auto" if strategy == "auto" else iters)
+        strategy, n_iters, max_iters = self._run_settings(iters, strategy, passes, max_iters, patience, False)
         batch_size = self.default_batch_size if batch_size is None else batch_size
-        batch_size = _count("batch size", batch_size, 1)
+        batch_size = whole_number("batch size", batch_size, 1)
         puzzles = checked_puzzles(puzzles)
         if solutions is not None:
             if len(solutions) != len(puzzles):
@@ -251,7 +255,7 @@ class Solver:
         for i in range(0, len(puzzles), batch_size):
             chunk = list(puzzles[i: i + batch_size])
             done: dict[int, BoardResult] = {}
-            for frame in self.frames(chunk, iters, strategy, max_iters, patience, passes, per_iteration=False):
+            for frame in self._stream(chunk, strategy, n_iters, passes, max_iters, patience, False):  # read above
                 done.update(frame.done)
             for k, p in enumerate(chunk):
                 r = result_of(p, done[k])

@@ -221,16 +221,16 @@ def test_ctrl_c_while_solving_exits_130_and_keeps_the_results(tmp_path: Path, mo
     from hyperset.solve import Solver
 
     ckpt = write_tiny_checkpoint(tmp_path / "ckpt")
-    frames = Solver.frames
+    stream = Solver._stream  # each batch's frames
     calls = []
 
     def interrupted_on_the_second_batch(self: Solver, *args: Any, **kw: Any) -> Any:
         calls.append(1)
         if len(calls) == 2:
             raise KeyboardInterrupt
-        return frames(self, *args, **kw)
+        return stream(self, *args, **kw)
 
-    monkeypatch.setattr(Solver, "frames", interrupted_on_the_second_batch)
+    monkeypatch.setattr(Solver, "_stream", interrupted_on_the_second_batch)
     stdin = "\n".join([PUZZLE] * 3)
     args = ["-", "--checkpoint", str(ckpt), "--strategy", "single", "--batch-size", "1"]
     result = CliRunner().invoke(solve_main, args, input=stdin)

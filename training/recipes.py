@@ -8,7 +8,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from hyperset.config import TableError
+from hyperset.config import TableError, require_table
 
 try:
     import tomllib
@@ -95,8 +95,7 @@ def check_recipe(recipe: dict[str, Any], task: str) -> None:
     the masked image modeling task). TableErrors (ValueErrors) that name the key."""
     for key, value in recipe.items():
         if key in TABLES:
-            if not isinstance(value, dict):
-                raise TableError(f"{key} = {value!r}: [{key}] must be a table of keys and values", None, key)
+            require_table(value, key)
             if key == "tokenizer" and task != "mim":
                 raise TableError(f"a [tokenizer] table is for mim recipes (the VQ tokenizer stage), not {task}",
                                  None, key)
@@ -127,8 +126,7 @@ def apply_overrides(recipe: dict[str, Any], overrides: list[str]) -> dict[str, A
         if section not in TABLES:
             raise ValueError(f"--set {item!r}: unknown section {section!r} (one of {', '.join(TABLES)})")
         table = recipe.setdefault(section, {})
-        if not isinstance(table, dict):
-            raise TableError(f"{section} = {table!r}: [{section}] must be a table of keys and values", None, section)
+        require_table(table, section)
         table[name] = parse_value(value)
     return recipe
 

@@ -319,6 +319,14 @@ class Trainer:
     # a checkpoint folder whose weights a new run starts from (a fine-tune); a resumed run ignores it
     init_from: str | None = None
     _stop: bool = field(default=False, init=False)
+    _stop_signal: int | None = field(default=None, init=False)  # the signal that asked the run to stop
+    _main: bool = field(default=True, init=False)  # this process reports the run (rank 0)
+    # the lr schedules this run has followed: [{"from_step": s, "steps": n}, ...]; a resume with another --steps
+    # adds an entry (the cosine is then recomputed over the new budget from that step on)
+    _schedule: list[dict[str, int]] = field(default_factory=list, init=False)
+    # the step of the state in last/ (None: nothing saved yet), named when a run diverges
+    _saved_step: int | None = field(default=None, init=False)
+    _checked_step: int | None = field(default=None, init=False)  # the step whose weights _check_finite passed
 
     def __post_init__(self) -> None:
         if not isinstance(self.cfg, TrainConfig):
@@ -330,15 +338,6 @@ class Trainer:
                 raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.plan is not None:
             self.plan = check_schedule(self.plan, "plan")
-
-    _stop_signal: int | None = field(default=None, init=False)  # the signal that asked the run to stop
-    _main: bool = field(default=True, init=False)  # this process reports the run (rank 0)
-    # the lr schedules this run has followed: [{"from_step": s, "steps": n}, ...]; a resume with another --steps
-    # adds an entry (the cosine is then recomputed over the new budget from that step on)
-    _schedule: list[dict[str, int]] = field(default_factory=list, init=False)
-    # the step of the state in last/ (None: nothing saved yet), named when a run diverges
-    _saved_step: int | None = field(default=None, init=False)
-    _checked_step: int | None = field(default=None, init=False)  # the step whose weights _check_finite passed
 
     # ------------------------------------------------------------------------------------------------ the run
 

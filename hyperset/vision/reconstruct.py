@@ -38,6 +38,7 @@ from PIL import Image
 from torch import Tensor, nn
 
 from ..checkpoint import CheckpointError, checkpoint_dir, load_checkpoint, load_weights_into, read_config
+from ..config import whole_number
 from ..models import HyperSETModel
 from ..pretrained import weights_root
 from .data import decode_image, resize_crop
@@ -407,11 +408,8 @@ class MIMPipeline:
         if tuple(mask.shape) != (b, self.grid, self.grid):
             raise ValueError(f"mask must be ({b}, {self.grid}, {self.grid}) tokens or a pixel mask, "
                              f"got {tuple(mask.shape)}")
-        if iters is not None and (isinstance(iters, bool) or not isinstance(iters, int) or iters < 1):
-            raise ValueError(f"iters must be a whole number >= 1, got {iters!r}")
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-            raise ValueError(f"steps must be a whole number >= 1, got {steps!r}")
-        iters = self.trained_iters if iters is None else iters
+        iters = self.trained_iters if iters is None else whole_number("iters", iters, 1)
+        whole_number("steps", steps, 1)
         codes = self.encode(images)
         if decode == "expected":
             return self._reconstruct_expected(images, codes, mask, iters, temperature, on_step)
