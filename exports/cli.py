@@ -40,9 +40,9 @@ def resolve_checkpoint(name: str) -> Path:
 
 
 def _fmt_parity(p: dict[str, Any]) -> str:
-    return (f"iters {p['iters']:>3}: max |dlogits| {p['max_abs_logits']:.2e}, "
-            f"predictions agree {p['prediction_agreement']:.1%}, max rel |denergy| {p['max_rel_energy']:.1e} "
-            f"-> {'OK' if p['ok'] else 'MISMATCH'}")
+    return (f"iters {p['iters']:>3}: max |dlogits| {p['max_abs_logits']:.2e} (allowed {p['allowed']:.1e}; torch "
+            f"fp32 from fp64 {p['fp32_error']:.1e}), predictions agree {p['prediction_agreement']:.1%}, "
+            f"max rel |denergy| {p['max_rel_energy']:.1e} -> {'OK' if p['ok'] else 'MISMATCH'}")
 
 
 def _export(model: Any, info: dict[str, Any], out: str, n: int, loop: bool, opset: int, check: bool) -> Any:
@@ -54,7 +54,7 @@ def _export(model: Any, info: dict[str, Any], out: str, n: int, loop: bool, opse
             return E.export_loop(model, out, default_iters=n, opset=opset, info=info, check=check, write_steps=True)
         return E.export_unrolled(model, n, out, opset=opset, info=info, check=check)
     except OSError as e:
-        raise OSError(f"cannot write {out}: {e.strerror or e}") from None
+        raise OSError(f"cannot write {e.filename or out}: {e.strerror or e}") from None
 
 
 @click.command(cls=OneLineCommand, context_settings={"help_option_names": ["-h", "--help"]})
@@ -67,7 +67,8 @@ def _export(model: Any, info: dict[str, Any], out: str, n: int, loop: bool, opse
               help="write the Loop graph (iters is a run-time input) plus OUT.step/.stem/.head.onnx next to it")
 @click.option("--opset", type=click.IntRange(MIN_OPSET, MAX_OPSET), default=17, show_default=True,
               help="ONNX opset (legacy TorchScript exporter)")
-@click.option("--check/--no-check", default=True, show_default=True, help="onnx.checker full check")
+@click.option("--check/--no-check", default=True, show_default=True,
+              help="onnx.checker full check, and a load in ONNX Runtime (CPU), before the file is written")
 @click.option("--parity", is_flag=True,
               help="compare with PyTorch in ONNX Runtime (at --iters; with --loop also at 2x --iters)")
 @click.option("--parity-batch", type=click.IntRange(min=1), default=4, show_default=True)
@@ -131,7 +132,8 @@ def main(checkpoint: str, iters: int | None, out: str, loop: bool, opset: int, c
                 else f"unrolled graph ({n} iterations per layer, trained depth {trained})")
         click.echo(f"wrote {result.path}: {model.cfg.task} {model.cfg.layer} model, {what}")
         click.echo(f"  {E.human_size(result.bytes)}, opset {result.opset}, {result.nodes} nodes, "
-                   f"exported in {result.seconds:.1f} s{', onnx.checker full check OK' if check else ''}")
+                   f"exported in {result.seconds:.1f} s"
+                   f"{', onnx.checker full check and ONNX Runtime load OK' if check else ''}")
         for f in result.extra_files:
             click.echo(f"  also wrote {f} ({E.human_size(Path(f).stat().st_size)})")
         if reports:

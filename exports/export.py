@@ -61,10 +61,11 @@ from . import MAX_OPSET, MIN_OPSET
 from .loop import wrap_in_loop
 
 __all__ = [
-    "DEFAULT_OPSET", "EXPORTER", "ExportResult", "ParityReport", "check_model", "compare", "energy_names",
-    "example_inputs", "export_head", "export_loop", "export_stem", "export_step", "export_unrolled", "human_size",
-    "input_name", "iterate_steps", "loop_proto", "model_fingerprint", "onnx_outputs", "parity", "read_metadata",
-    "step_paths", "step_proto", "torch_outputs", "trained_iterations", "unrolled_proto",
+    "DEFAULT_OPSET", "EXPORTER", "ExportResult", "NOISE_FACTOR", "ParityReport", "check_model", "compare",
+    "energy_names", "example_inputs", "export_head", "export_loop", "export_stem", "export_step", "export_unrolled",
+    "human_size", "input_name", "iterate_steps", "loop_proto", "model_fingerprint", "onnx_outputs", "parity",
+    "parity_inputs", "read_metadata", "step_paths", "step_proto", "torch_outputs", "trained_iterations",
+    "unrolled_proto",
 ]
 
 DEFAULT_OPSET = 17
@@ -119,9 +120,22 @@ def _zeros_b(x: Tensor) -> Tensor:
     return torch.zeros_like(x.reshape(x.shape[0], -1)[:, 0])
 
 
-def check_model(path: str | Path | onnx.ModelProto) -> None:
-    """``onnx.checker.check_model(full_check=True)`` (strict shape inference) on a file or a model."""
+def check_model(path: str | Path | onnx.ModelProto, runtime: bool = False) -> None:
+    """``onnx.checker.check_model(full_check=True)`` (strict shape inference) on a file or a model; with `runtime`
+    also a session of ONNX Runtime's CPU provider with its default graph optimizations (where onnxruntime is
+    installed), which the checker does not replace: a graph can pass it and still not load (ValueError)."""
     onnx.checker.check_model(str(path) if isinstance(path, (str, Path)) else path, full_check=True)
+    if not runtime:
+        return
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return
+    data = Path(path).read_bytes() if isinstance(path, (str, Path)) else path.SerializeToString()
+    try:
+        ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    except Exception as e:  # onnxruntime's own exception types (Fail, InvalidGraph, ...) share no useful base
+        raise ValueError(f"ONNX Runtime {ort.__version__} cannot load the graph: {str(e).strip()}") from None
 
 
 def read_metadata(path: str | Path) -> dict[str, str]:
@@ -269,8 +283,29 @@ def _trace(module: nn.Module, args: tuple[Tensor, ...], input_names: Sequence[st
                           dynamo=False, do_constant_folding=False)
     proto = onnx.load_from_string(buf.getvalue())
     _ensure_inputs(proto, module, args, input_names, dynamic_axes)
+    _fix_output_sizes(proto, module, args, output_names, dynamic_axes)
     _drop_unit_scalar_muls(proto.graph)
     return proto
+
+
+def _fix_output_sizes(proto: onnx.ModelProto, module: nn.Module, args: tuple[Tensor, ...],
+                      names: Sequence[str], dynamic_axes: Mapping[str, Mapping[int, str]]) -> None:
+    """Declare the outputs' fixed sizes: the tracer names some it could not prove fixed ('MatMullogits_dim_1'
+    for the 81 positions), which tells whoever runs the graph less than the Loop graph's declaration does. Every
+    axis not in `dynamic_axes` gets the size of the traced output."""
+    with torch.no_grad():
+        outs = module(*args)
+    outs = outs if isinstance(outs, (tuple, list)) else (outs,)
+    shapes = {name: tuple(o.shape) for name, o in zip(names, outs) if isinstance(o, Tensor)}
+    for vi in proto.graph.output:
+        shape, axes = shapes.get(vi.name), dynamic_axes.get(vi.name, {})
+        dims = vi.type.tensor_type.shape.dim
+        if shape is None or len(dims) != len(shape):
+            continue
+        for i, dim in enumerate(dims):
+            if i not in axes and dim.dim_param:
+                dim.ClearField("dim_param")
+                dim.dim_value = int(shape[i])
 
 
 def _drop_unit_scalar_muls(graph: onnx.GraphProto) -> int:
@@ -279,8 +314,11 @@ def _drop_unit_scalar_muls(graph: onnx.GraphProto) -> int:
     Works around an ONNX Runtime 1.31 optimizer bug: when ORT's NoopElimination removes such a Mul and
     DivMulFusion rewrites its consumer in the same pass, the session fails with "Node input ... is not a graph
     input, initializer, or output of a previous node" (or a "Missing Input" at run time inside a Loop). The
-    Energy Transformer's scalar LayerNorm gain starts at exactly 1, so every untrained ET model hit it.
-    Returns the number of nodes removed. Expects the topologically sorted flat graph the exporter writes.
+    Energy Transformer's scalar LayerNorm gain starts at exactly 1, so every untrained ET model hit it. With
+    several layers the exporter shares equal weights: a later layer's gain is ``Identity`` of the first one's, so
+    the outputs of Identity nodes of such a scalar count as unit scalars too (and the Identities go with their
+    last use). Returns the number of Mul nodes removed. Expects the topologically sorted flat graph the exporter
+    writes.
     """
     scalars = {init.name for init in graph.initializer
                if not init.dims and numpy_helper.to_array(init).dtype.kind == "f"
@@ -290,7 +328,9 @@ def _drop_unit_scalar_muls(graph: onnx.GraphProto) -> int:
     kept = []
     for node in graph.node:
         node.input[:] = [replace.get(i, i) for i in node.input]
-        if node.op_type == "Mul" and len(node.input) == 2 and node.output[0] not in outputs:
+        if node.op_type == "Identity" and len(node.input) == 1 and node.input[0] in scalars:
+            scalars.add(node.output[0])
+        elif node.op_type == "Mul" and len(node.input) == 2 and node.output[0] not in outputs:
             a, b = node.input
             if b in scalars or a in scalars:
                 replace[node.output[0]] = a if b in scalars else b
@@ -298,6 +338,8 @@ def _drop_unit_scalar_muls(graph: onnx.GraphProto) -> int:
         kept.append(node)
     if not replace:
         return 0
+    used = {i for n in kept for i in n.input} | outputs
+    kept = [n for n in kept if not (n.op_type == "Identity" and n.output[0] in scalars and n.output[0] not in used)]
     del graph.node[:]
     graph.node.extend(kept)
     used = {i for n in graph.node for i in n.input} | outputs
@@ -354,8 +396,28 @@ def _metadata(model: HyperSETModel, kind: str, opset: int, info: Mapping[str, An
     preset = (info or {}).get("preset") or _matching_preset(cfg)
     if preset:
         meta["preset"] = str(preset)
+    meta.update(_input_contract(cfg, info))
     meta.update({k: str(v) for k, v in extra.items()})
     return meta
+
+
+def _input_contract(cfg: Any, info: Mapping[str, Any] | None) -> dict[str, str]:
+    """What the graph's input must hold, for whoever runs it without this package: for images, the dataset and
+    the per-channel mean/std the training normalized with (the checkpoint's data.normalization)."""
+    if cfg.task == "sudoku":
+        return {"input_format": f"int64 [batch, {cfg.seq_len}] cells row by row: 0 blank, 1-9 a given digit"}
+    if cfg.task == "mim":
+        return {"input_format": f"int64 [batch, {cfg.seq_len}] the tokenizer's codes in [0, {cfg.vocab_size - 1}), "
+                                f"{cfg.vocab_size - 1} at masked positions"}
+    out = {"input_format": f"float32 [batch, {cfg.channels}, {cfg.img_size}, {cfg.img_size}] RGB in [0, 1], then "
+                           "(x - mean) / std per channel"}
+    data = (info or {}).get("data")
+    norm = data.get("normalization") if isinstance(data, Mapping) else None
+    if isinstance(norm, Mapping) and {"mean", "std"} <= set(norm):
+        out["normalization"] = json.dumps({"mean": list(norm["mean"]), "std": list(norm["std"])})
+    if isinstance(data, Mapping) and data.get("dataset"):
+        out["dataset"] = str(data["dataset"])
+    return out
 
 
 def _matching_preset(cfg: Any) -> str | None:
@@ -407,9 +469,12 @@ def _count_nodes(graph: onnx.GraphProto) -> int:
 def _write(proto: onnx.ModelProto, path: str | Path, kind: str, opset: int, seconds: float, iterations: int | str,
            check: bool) -> ExportResult:
     if check:
-        check_model(proto)
+        check_model(proto, runtime=True)
     data = proto.SerializeToString()
-    atomic_write_bytes(path, data)
+    try:
+        atomic_write_bytes(path, data)
+    except OSError as e:  # name the file that failed, not a temporary one or another of a Loop graph's files
+        raise OSError(e.errno, e.strerror or str(e), str(path)) from None
     meta = {p.key: p.value for p in proto.metadata_props}
     return ExportResult(str(path), kind, len(data), opset, _count_nodes(proto.graph), round(seconds, 3), iterations,
                         meta)
@@ -696,20 +761,27 @@ def export_loop(model: HyperSETModel, path: str | Path, default_iters: int | Non
                 write_steps: bool = False) -> ExportResult:
     """Write the Loop graph (``iters`` is an int64 scalar input; ``default_iters`` only goes into the metadata).
 
-    With ``write_steps`` the stem, step and head graphs are written next to it as well (see :func:`step_paths`).
+    With ``write_steps`` the stem, step and head graphs are written next to it as well (see :func:`step_paths`):
+    all are built and checked first, then written, the Loop graph last. Each file is replaced atomically, and a
+    set left mixed by a crash between two of them is refused by the solver (their ``model_sha256`` differ).
     """
     t0 = time.perf_counter()
     steps = [step_proto(model, k, opset, info) for k in range(model.cfg.n_layers)]
     proto = loop_proto(model, default_iters, opset, info, steps=steps)
-    result = _write(proto, path, "loop", opset, time.perf_counter() - t0, "loop", check)
+    side: list[tuple[onnx.ModelProto, Path, str, int | str]] = []
     if write_steps:
         names = step_paths(path, model.cfg.n_layers)
-        for step, p in zip(steps, names["step"]):
-            _write(step, p, "step", opset, 0.0, 1, check)
-            result.extra_files.append(str(p))
-        for kind, builder in (("stem", stem_proto), ("head", head_proto)):
-            _write(builder(model, opset, info), names[kind], kind, opset, 0.0, "-", check)
-            result.extra_files.append(str(names[kind]))
+        side = [(step, Path(p), "step", 1) for step, p in zip(steps, names["step"])]
+        side += [(builder(model, opset, info), Path(names[kind]), kind, "-")
+                 for kind, builder in (("stem", stem_proto), ("head", head_proto))]
+        if check:
+            for graph, *_ in side:
+                check_model(graph, runtime=True)
+    seconds = time.perf_counter() - t0
+    for graph, p, kind, iterations in side:
+        _write(graph, p, kind, opset, 0.0, iterations, False)
+    result = _write(proto, path, "loop", opset, seconds, "loop", check)
+    result.extra_files.extend(str(p) for _, p, _, _ in side)
     return result
 
 
@@ -780,19 +852,26 @@ class ParityReport:
     max_abs_energy: float
     max_rel_energy: float
     prediction_agreement: float  # fraction of positions whose argmax agrees
-    tolerance: float
+    tolerance: float  # the least max |dlogits| allowed
+    fp32_error: float = 0.0  # max |dlogits| of torch fp32 from torch fp64 on the same inputs (its own rounding)
 
     @property
     def same_predictions(self) -> bool:
         return self.prediction_agreement == 1.0
 
     @property
+    def allowed(self) -> float:
+        """The largest max |dlogits| that passes: `tolerance`, or NOISE_FACTOR times torch fp32's own rounding
+        error where that is larger (a deep recurrence's logits move by more than 1e-4 with the order of sums)."""
+        return max(self.tolerance, NOISE_FACTOR * self.fp32_error)
+
+    @property
     def ok(self) -> bool:
-        return self.same_predictions and self.max_abs_logits <= self.tolerance
+        return self.same_predictions and self.max_abs_logits <= self.allowed
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
-        out.update(same_predictions=self.same_predictions, ok=self.ok)
+        out.update(allowed=self.allowed, same_predictions=self.same_predictions, ok=self.ok)
         return out
 
 
@@ -814,13 +893,43 @@ def compare(reference: Mapping[str, np.ndarray], candidate: Mapping[str, np.ndar
             "max_rel_energy": e_rel, "prediction_agreement": float((a.argmax(-1) == b.argmax(-1)).mean())}
 
 
+NOISE_FACTOR = 4  # parity allows ONNX Runtime this many times torch fp32's own distance from fp64 (see parity)
+
+
+def parity_inputs(cfg: Any, batch: int = 3, seed: int = 0) -> Tensor:
+    """Inputs for a parity check: :func:`example_inputs`, except that for a 9x9 Sudoku model the first half of the
+    rows (rounded up) are real puzzles (``hyperset.sudoku.exact.generate``, 22-34 givens): their logits are far
+    larger than those of random tokens, and so are the differences a graph can make."""
+    inputs = example_inputs(cfg, batch=batch, seed=seed)
+    if cfg.task == "sudoku" and cfg.seq_len == 81 and cfg.vocab_size == 10:
+        from hyperset.sudoku.board import to_array
+        from hyperset.sudoku.exact import generate
+
+        real = [to_array(p) for p, _ in generate((batch + 1) // 2, seed=seed)]
+        inputs[:len(real)] = torch.from_numpy(np.stack(real)).long()
+    return inputs
+
+
+def _fp64_logits(model: HyperSETModel, inputs: Tensor, iters: int) -> np.ndarray:
+    """Logits of a float64 copy of the model (on the CPU) on the same inputs."""
+    twin = copy.deepcopy(model).cpu().double()
+    x = inputs.cpu()
+    with torch.no_grad(), _eval_mode(twin):
+        out = twin.run(x.double() if x.is_floating_point() else x, iters=int(iters))
+    return out.logits.cpu().numpy()
+
+
 def parity(model: HyperSETModel, onnx_path: str | Path, iters: int, *, inputs: Tensor | None = None, batch: int = 3,
            seed: int = 0, device: str = "cpu", threads: int | None = None, tolerance: float = 1e-4,
            session: Any = None) -> ParityReport:
     """Compare ``model.run(iters)`` with the ONNX graph at ``onnx_path`` (unrolled or Loop) on the same inputs.
 
-    Inputs default to :func:`example_inputs` with ``batch`` rows (a batch size other than the export's 2 also
-    checks the dynamic batch axis).
+    Inputs default to :func:`parity_inputs` with ``batch`` rows (a batch size other than the export's 2 also
+    checks the dynamic batch axis). The check passes when the predictions agree everywhere and the largest logit
+    difference is at most `tolerance` or, where larger, ``NOISE_FACTOR`` times torch fp32's own rounding error:
+    its largest difference from a float64 copy of the model on the same inputs (the report's ``fp32_error``).
+    The two fp32 runs sum in different orders, so over many iterations their logits part by about as much as
+    either does from fp64 (2.5e-4 for the Sudoku Transformer baseline at 16 iterations).
     """
     from .runtime import OrtSession
 
@@ -828,7 +937,7 @@ def parity(model: HyperSETModel, onnx_path: str | Path, iters: int, *, inputs: T
     if "task" in sess.metadata:  # a graph of another task cannot be compared (its inputs differ)
         sess.expect_task(model.cfg.task)
     if inputs is None:
-        inputs = example_inputs(model.cfg, batch=batch, seed=seed)
+        inputs = parity_inputs(model.cfg, batch=batch, seed=seed)
     graph = sess.metadata.get("graph", "unrolled" if "iters" not in sess.input_names else "loop")
     if graph == "unrolled":
         n = int(sess.metadata.get("unrolled_iterations", iters))
@@ -837,8 +946,9 @@ def parity(model: HyperSETModel, onnx_path: str | Path, iters: int, *, inputs: T
     ref = torch_outputs(model, inputs, iters)
     got = onnx_outputs(sess, inputs, iters if "iters" in sess.input_names else None)
     numbers = compare(ref, got)
+    fp32_error = float(np.abs(ref["logits"] - _fp64_logits(model, inputs, iters)).max()) if inputs.shape[0] else 0.0
     return ParityReport(str(onnx_path), graph, int(iters), int(inputs.shape[0]), sess.provider, tolerance=tolerance,
-                        **numbers)
+                        fp32_error=fp32_error, **numbers)
 
 
 def human_size(nbytes: int) -> str:

@@ -28,7 +28,7 @@ import torch
 
 from hyperset.backends import BackendStep
 
-from .runtime import OnnxModelError, OrtSession, expect_task
+from .runtime import OnnxModelError, OrtSession, ProviderError, expect_task
 
 __all__ = ["OnnxSolverBackend", "attach_onnx_backend", "cache_dir", "cached_loop_model", "cached_step_models",
            "create_backend"]
@@ -155,6 +155,9 @@ class OnnxSolverBackend:
     """
 
     source = "onnxruntime"
+    # what a run can raise because a file or the runtime cannot serve it (a step graph opened on first use): the
+    # commands report these in one line
+    errors = (OnnxModelError, ProviderError)
 
     def __init__(self, session: OrtSession, steps: dict[str, Any] | None = None, model: Any = None,
                  info: dict[str, Any] | None = None):
@@ -201,10 +204,34 @@ class OnnxSolverBackend:
 
         n_layers = int(self.metadata.get("n_layers", 1) or 1)
         beside = step_paths(self.path, n_layers)
-        if all(Path(p).is_file() for p in [beside["stem"], beside["head"], *beside["step"]]):
-            return beside
+        files = [beside["stem"], beside["head"], *beside["step"]]
+        if all(Path(p).is_file() for p in files):
+            other = self._other_model(files)
+            if other is None:
+                return beside
+            if self._model is None:
+                raise OnnxModelError(f"{other} was exported from another model than {self.path.name} (their "
+                                     "model_sha256 differ, e.g. after an export was stopped between files); export "
+                                     "the set again with hyperset-export --loop")
         if self._model is not None:
             return cached_step_models(self._model, self._info)
+        return None
+
+    def _other_model(self, files: list[Path]) -> str | None:
+        """Name of the first of `files` whose weight hash differs from the Loop graph's (None: all the same, or no
+        hash recorded to compare)."""
+        from .export import read_metadata
+
+        mine = self.metadata.get("model_sha256")
+        if not mine:
+            return None
+        for f in files:
+            try:
+                theirs = read_metadata(f).get("model_sha256")
+            except Exception as e:  # onnx's DecodeError and friends: a truncated or foreign file
+                raise OnnxModelError(f"{Path(f).name}: not a valid ONNX model (truncated or corrupted?): {e}") from None
+            if theirs and theirs != mine:
+                return Path(f).name
         return None
 
     def can_iterate(self) -> bool:

@@ -47,6 +47,8 @@ class SolverBackend(Protocol):
     Attributes: ``name`` (shown in summaries, e.g. ``"torch"``, ``"onnxruntime (CPUExecutionProvider)"``),
     ``source`` (where the numbers come from: ``"torch"`` or ``"onnxruntime"``; every frame carries it),
     ``device`` (``"cpu"``, ``"cuda"``, ...: the solver sizes its batches by it) and ``device_name`` (for people).
+    A backend may also have ``errors``: a tuple of the exception types a run raises when one of its files or its
+    runtime cannot serve it (e.g. a graph opened on first use); the commands report those in one line.
     """
 
     name: str

@@ -242,7 +242,7 @@ def solve_main(files: tuple[str, ...], iters: str | None, strategy: str, passes:
 def _solve(files: tuple[str, ...], iters: str | None, strategy: str, passes: int, checkpoint: str | None,
            device: str, backend: str, onnx_model: str | None, batch_size: int | None, threads: int | None,
            as_json: bool, quiet: bool, trace: bool, plot: str | None, color: bool | None) -> NoReturn:
-    from .device import set_cpu_threads
+    from .device import check_device_name, set_cpu_threads
     from .solve import Solver, summarize
 
     try:
@@ -250,7 +250,11 @@ def _solve(files: tuple[str, ...], iters: str | None, strategy: str, passes: int
         _check_options(backend, onnx_model, plot, checkpoint)
         puzzles = _load_puzzles(files)
         n_threads = set_cpu_threads(threads)
-        solver = Solver.load(checkpoint, device)
+        # another backend runs the model itself (and checks --device itself): torch only exports it, on the CPU,
+        # so a CPU build of torch beside ONNX Runtime's CUDA provider can still solve on the GPU
+        if backend != "torch" and check_device_name(device)[0] == "mps":
+            raise ValueError(f"--device {device}: --backend {backend} runs on auto, cpu or cuda")
+        solver = Solver.load(checkpoint, device if backend == "torch" else "cpu")
         if backend != "torch":
             solver = solver.with_backend(make_backend(backend, solver, onnx_model, device, n_threads))
         solver.check_iters(n_iters)
@@ -318,6 +322,9 @@ def _stream(solver: Any, puzzles: list[Puzzle], show: Any, **kw: Any) -> tuple[l
             bar.update(1)
     except KeyboardInterrupt:
         interrupted = True
+    except getattr(solver.engine, "errors", ()) as e:  # a backend's file that fails only when opened (a step graph)
+        bar.close()
+        _fail(str(e))
     finally:
         bar.close()
     return results, time.perf_counter() - t0, interrupted

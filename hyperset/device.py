@@ -8,6 +8,15 @@ import platform
 import torch
 
 
+def check_device_name(requested: str) -> tuple[str, str]:
+    """(kind, index) of a device name the commands take (auto, cpu, cuda, cuda:N, mps), whatever this machine
+    has; another name is a ValueError that names --device."""
+    kind, _, index = requested.lower().partition(":")
+    if kind not in ("auto", "cpu", "cuda", "mps") or (index and not (kind == "cuda" and index.isdigit())):
+        raise ValueError(f"--device {requested!r}: expected auto, cpu, cuda, cuda:N or mps")
+    return kind, index
+
+
 def pick_device(requested: str = "auto") -> torch.device:
     """auto: CUDA when it is really usable, else Apple MPS, else CPU. A device that cannot be had ('cuda' without
     CUDA, a misspelt name) is a ValueError that names --device."""
@@ -18,9 +27,7 @@ def pick_device(requested: str = "auto") -> torch.device:
         if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
             return torch.device("mps")
         return torch.device("cpu")
-    kind, _, index = requested.partition(":")
-    if kind not in ("cpu", "cuda", "mps") or (index and not (kind == "cuda" and index.isdigit())):
-        raise ValueError(f"--device {requested!r}: expected auto, cpu, cuda, cuda:N or mps")
+    kind, index = check_device_name(requested)
     if kind == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda was requested but PyTorch sees no CUDA device "
                          f"(torch {torch.__version__}, built with CUDA {torch.version.cuda or 'none'})")

@@ -6,6 +6,7 @@ depth and at 2x, at a batch size other than the export's (dynamic batch axis), i
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -420,3 +421,118 @@ def test_graph_builders_trace_a_cpu_copy_of_a_model_whose_weights_are_elsewhere(
     here = {"unrolled": E.unrolled_proto(model, T), "loop": E.loop_proto(model)}
     for kind in here:
         assert elsewhere[kind].graph == here[kind].graph, kind
+
+
+@pytest.mark.parametrize("n_layers", [1, 2, 3])
+def test_untrained_energy_transformers_load_in_onnx_runtime(tmp_path: Path, n_layers: int) -> None:
+    """An untrained ET's scalar norm gain is exactly 1; ONNX Runtime 1.31's optimizer fails on the graph unless the
+    exporter drops those Mul nodes. With several layers the exporter writes the later layers' gains as Identity of
+    the first one's, which must count as the same unit scalar (the unrolled two-layer graph did not load)."""
+    torch.manual_seed(0)
+    model = HyperSETModel(_cfg("sudoku", layer="et", n_layers=n_layers)).eval()
+    assert all(float(layer.norm.gamma) == 1.0 for layer in model.core.layers)
+    unrolled = E.export_unrolled(model, T, tmp_path / "u.onnx")
+    loop = E.export_loop(model, tmp_path / "l.onnx")
+    assert not [n for n in onnx.load(unrolled.path).graph.node
+                if n.op_type == "Identity" and "gamma" in n.input[0]]
+    for path in (unrolled.path, loop.path):
+        report = E.parity(model, path, T, batch=3, session=_session(path))
+        assert report.ok, report
+
+
+def test_hyperset_solve_onnx_leaves_the_device_to_onnx_runtime(tiny_checkpoint: Path, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """With --backend onnx torch only exports the model, so it loads on the CPU whatever --device says and ONNX
+    Runtime judges the device: `--device cuda` with a CPU build of torch beside onnxruntime-gpu used to be refused
+    by torch's CUDA check. Names no command takes, and mps (no ONNX Runtime provider), are still refused."""
+    from hyperset import cli
+    from hyperset.exports import solver_backend
+
+    (tmp_path / "p.txt").write_text(PUZZLES[0] + "\n")
+    asked: list[str] = []
+    monkeypatch.setattr(solver_backend, "_ort_device", lambda d: asked.append(str(d)) or "cpu")
+    result = CliRunner().invoke(cli.solve_main, [str(tmp_path / "p.txt"), "--checkpoint", str(tiny_checkpoint),
+                                                 "--backend", "onnx", "--device", "cuda", "--json"])
+    assert asked == ["cuda"] and result.exit_code in (0, 1), result.output
+    assert json.loads(result.stdout)["summary"]["puzzles"] == 1
+    for device in ("xpu", "mps"):
+        result = CliRunner().invoke(cli.solve_main, [str(tmp_path / "p.txt"), "--checkpoint", str(tiny_checkpoint),
+                                                     "--backend", "onnx", "--device", device])
+        assert result.exit_code == 2 and result.stderr.startswith("hyperset-solve: error: --device"), result.output
+
+
+def test_parity_is_judged_against_torch_fp32s_own_rounding_on_real_puzzles(exported: dict) -> None:
+    """Parity feeds a Sudoku model real puzzles (half the rows) besides random tokens, and allows ONNX Runtime
+    NOISE_FACTOR times torch fp32's distance from fp64 where that exceeds the tolerance: a deep recurrence moves its
+    logits by more than 1e-4 with the order of sums alone (the Sudoku Transformer baseline: 2.5e-4 at 16
+    iterations), and its exact export was reported as a MISMATCH."""
+    from hyperset.sudoku.exact import count_solutions
+
+    cfg = CONFIGS["sudoku"]
+    inputs = E.parity_inputs(cfg, batch=5, seed=2)
+    assert inputs.shape == (5, 81) and inputs.dtype == torch.long
+    for row in inputs[:3]:
+        assert count_solutions("".join(map(str, row.tolist()))) == 1
+    assert torch.equal(inputs[3:], E.example_inputs(cfg, batch=5, seed=2)[3:])
+    assert torch.equal(E.parity_inputs(CONFIGS["mim"], batch=3), E.example_inputs(CONFIGS["mim"], batch=3))
+
+    entry = exported["sudoku"]
+    report = E.parity(entry["model"], entry["loop"].path, 2 * T, batch=4, session=_session(entry["loop"].path))
+    assert report.ok and 0 < report.fp32_error < 1e-5 and report.allowed == report.tolerance == 1e-4
+    assert {"fp32_error", "allowed", "ok"} <= set(report.to_json())
+    noisy = dataclasses.replace(report, max_abs_logits=3e-4, fp32_error=1e-4)
+    assert noisy.allowed == E.NOISE_FACTOR * 1e-4 and noisy.ok
+    assert not dataclasses.replace(noisy, max_abs_logits=5e-4).ok
+    assert not dataclasses.replace(noisy, prediction_agreement=0.99).ok
+
+
+def test_a_loop_export_that_fails_midway_names_its_file_and_a_mixed_set_is_refused(
+        tiny_checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--loop` writes four files. A full disk on the second one was reported as OUT (which was in fact written
+    in full), and the set left behind mixed two models' graphs, which the solver then ran without a word (wrong
+    answers). Now the side files are written before the Loop graph, the error names the file that failed, and the
+    solver refuses side files whose model_sha256 is not the Loop graph's; a truncated one is a one-line error."""
+    from hyperset import checkpoint
+    from hyperset.cli import solve_main
+    from hyperset.exports.cli import main as export_main
+
+    first = tmp_path / "m.onnx"
+    assert CliRunner().invoke(export_main, [str(tiny_checkpoint), "--loop", "--out", str(first)]).exit_code == 0
+    before = {p.name: p.read_bytes() for p in tmp_path.glob("m*.onnx")}
+    assert len(before) == 4
+    other = tmp_path / "other"
+    save_checkpoint(other, _model(CONFIGS["sudoku"], seed=9), {"trained_iterations": T})
+    written: list[str] = []
+    real = checkpoint.atomic_write_bytes
+
+    def full_on_second(path: str | Path, data: bytes) -> None:
+        if written:
+            raise OSError(28, "No space left on device", str(Path(path).parent / ".tmp"))
+        written.append(Path(path).name)
+        real(path, data)
+
+    monkeypatch.setattr(E, "atomic_write_bytes", full_on_second)
+    result = CliRunner().invoke(export_main, [str(other), "--loop", "--out", str(first)])
+    assert result.exit_code == 2 and written == ["m.step.onnx"], result.output
+    assert result.stderr.strip() == f"hyperset-export: error: cannot write {tmp_path / 'm.stem.onnx'}: " \
+                                    "No space left on device"
+    assert first.read_bytes() == before["m.onnx"]  # the Loop graph goes last: still the first model's
+    monkeypatch.setattr(E, "atomic_write_bytes", real)
+
+    (tmp_path / "p.txt").write_text(PUZZLES[0] + "\n")
+    args = [str(tmp_path / "p.txt"), "--checkpoint", str(tiny_checkpoint), "--backend", "onnx", "--onnx-model",
+            str(first), "--device", "cpu"]
+    for strategy in ("commit", "auto"):
+        extra = ["--iters", "auto"] if strategy == "auto" else []
+        result = CliRunner().invoke(solve_main, [*args, *extra])
+        assert result.exit_code == 2 and result.stdout == "", result.output
+        assert result.stderr.strip() == (
+            "hyperset-solve: error: m.step.onnx was exported from another model than m.onnx (their model_sha256 "
+            "differ, e.g. after an export was stopped between files); export the set again with hyperset-export "
+            "--loop")
+    (tmp_path / "m.step.onnx").write_bytes(before["m.step.onnx"][:1000])
+    result = CliRunner().invoke(solve_main, args)
+    assert result.exit_code == 2 and result.stdout == "", result.output
+    assert result.stderr.startswith("hyperset-solve: error: m.step.onnx: not a valid ONNX model")
+    (tmp_path / "m.step.onnx").write_bytes(before["m.step.onnx"])
+    assert CliRunner().invoke(solve_main, args).exit_code in (0, 1)
