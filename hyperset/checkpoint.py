@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -61,7 +62,13 @@ def save_tensors(path: str | os.PathLike, tensors: dict[str, torch.Tensor], meta
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     try:
-        save_file({k: v.detach().contiguous().clone() for k, v in tensors.items()}, tmp, metadata=metadata)
+        try:
+            save_file({k: v.detach().contiguous().clone() for k, v in tensors.items()}, tmp, metadata=metadata)
+        except SafetensorError as e:  # the writer's I/O errors ("File too large (os error 27)") as an OSError
+            code = re.search(r"os error (\d+)", str(e))
+            if code is None:
+                raise OSError(f"{path}: {e}") from None
+            raise OSError(int(code.group(1)), os.strerror(int(code.group(1))), str(path)) from None
         os.chmod(tmp, _default_mode())
         if then is not None:  # a companion file, written before the tensors replace their old file
             then()

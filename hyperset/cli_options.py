@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -49,7 +50,11 @@ class _OneLineErrors:
         except click.ClickException as e:
             e.show()
             sys.exit(e.exit_code)
-        except click.exceptions.Abort:
+        except click.exceptions.Abort as e:
+            if isinstance(e.__cause__, KeyboardInterrupt):  # Ctrl-C in a command that does not handle it itself
+                prog = prog_name or os.path.basename(sys.argv[0]) or getattr(self, "name", None) or "hyperset"
+                click.echo(f"{prog}: interrupted", err=True)
+                sys.exit(130)
             click.echo("Aborted!", err=True)
             sys.exit(1)
         # without standalone mode click returns the command's value, or the code of a ctx.exit (--help: 0)

@@ -224,3 +224,27 @@ def test_the_package_imports_nothing_heavy_and_ctrl_c_while_torch_loads_is_one_l
         with pytest.raises(SystemExit) as stop:
             script()
         assert stop.value.code == 130 and capsys.readouterr().err == f"{prog}: interrupted\n"
+
+
+def test_ctrl_c_in_a_command_that_does_not_handle_it_is_one_line_and_130(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """hyperset-export and hyperset-eval leave Ctrl-C to click, which printed "Aborted!" and exited 1, the code
+    hyperset-export gives a parity mismatch. Now it is "PROG: interrupted", 130, and nothing is written."""
+    from hyperset.exports import export as E
+
+    def ctrl_c(*args: Any, **kwargs: Any) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(E, "export_unrolled", ctrl_c)
+    out = tmp_path / "m.onnx"
+    result = CliRunner().invoke(export_main, ["sudoku", "--out", str(out)], prog_name="hyperset-export")
+    assert result.exit_code == 130 and result.stderr.strip() == "hyperset-export: interrupted", result.output
+    assert not out.exists()
+    from hyperset.sudoku import evaluate
+
+    monkeypatch.setattr(evaluate, "evaluate", ctrl_c)
+    data = tmp_path / "data"
+    data.mkdir()
+    write_sudoku_csvs(data, 2, 4, seed=0)
+    result = CliRunner().invoke(eval_main, ["sudoku", "--data", str(data), "--boards", "2"], prog_name="hyperset-eval")
+    assert result.exit_code == 130 and result.stderr.strip() == "hyperset-eval: interrupted", result.output

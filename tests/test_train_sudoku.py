@@ -349,7 +349,10 @@ def test_a_resumed_run_logs_each_step_once(data_dir: Path, tmp_path: Path, capsy
     assert [json.loads(line)["step"] for line in lines if "loss" in line] == [1, 2, 3, 4]
     killed = [json.dumps({"step": 5, "loss": 1.0}), json.dumps({"step": 6, "loss": 1.0}), '{"step": 7, "lo']
     log.write_text("\n".join(lines + killed) + "\n")  # steps 5-7 were logged, then the run was killed
+    stale = out / ".metrics.jsonl.k78vmaom.tmp"  # and a kill during a rewrite of the log leaves its temporary file
+    stale.write_text(lines[0])
     Trainer(tiny_task(data_dir), train_cfg(6), out, resume=True, quiet=True).fit()
+    assert not stale.exists()
     steps = [json.loads(line)["step"] for line in log.read_text().splitlines() if "loss" in line]
     assert steps == [1, 2, 3, 4, 5, 6]
     # a run that never saved (it diverged at once): a new run in its folder starts a new log
@@ -439,3 +442,128 @@ def test_cli_reports_missing_data_without_a_traceback(tmp_path: Path) -> None:
     result = CliRunner().invoke(train_main, ["sudoku", "--recipe", "sudoku-cpu", "--data", str(tmp_path / "none"),
                                              "--out", str(tmp_path / "o")])
     assert result.exit_code == 2 and "Traceback" not in result.output
+
+
+def test_a_save_that_fails_names_the_folder_and_keeps_the_last_good_state(data_dir: Path, tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A full disk while the state is saved was a safetensors traceback (exit 1), and the half-written last.tmp
+    stayed on the full disk. Now it is one line that names the folder, the step and the state kept, exit 2, and
+    the previous last/ is whole."""
+    import safetensors.torch
+
+    from hyperset import checkpoint
+    from hyperset.checkpoint import load_checkpoint
+
+    out = tmp_path / "run"
+    assert CliRunner().invoke(train_main, [*TINY_CLI, "--data", str(data_dir), "--out", str(out),
+                                           "--quiet"]).exit_code == 0
+
+    def disk_full(*args: object, **kwargs: object) -> None:
+        raise safetensors.SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(checkpoint, "save_file", disk_full)
+    result = CliRunner().invoke(train_main, [*TINY_CLI, "--steps", "4", "--data", str(data_dir), "--out", str(out),
+                                             "--resume", "--quiet"])
+    assert result.exit_code == 2 and result.stdout == "", result.output
+    assert result.stderr.strip() == (f"hyperset-train: error: cannot save {out}/last at step 4: No space left on "
+                                     f"device; the last good state (step 2) is still in {out}/last")
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith("last")) == ["last"]
+    assert not [p for p in (out / "last").iterdir() if p.name.endswith(".tmp")]
+    monkeypatch.setattr(checkpoint, "save_file", safetensors.torch.save_file)
+    assert json.loads((out / "last" / "trainer.json").read_text())["step"] == 2
+    load_checkpoint(out / "last")
+
+
+def test_a_second_ctrl_c_during_the_final_save_does_not_cut_it_short(data_dir: Path, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default handlers came back before the final save, so a second Ctrl-C (or SIGTERM) while it wrote
+    stopped it half-way: exit 1, last.tmp left, the steps since the previous save lost. The final save now runs
+    under the trainer's handlers."""
+    import os
+    import signal
+
+    from hyperset.training import cli, trainer
+
+    build, save = cli.build_task, trainer.save_training_state
+    calls: list[int] = []
+
+    def interrupted(*args: object) -> object:
+        task = build(*args)
+        batch = task.batch
+
+        def batch_then_ctrl_c(step: int, *rest: object) -> object:
+            if step == 2:
+                os.kill(os.getpid(), signal.SIGINT)
+            return batch(step, *rest)
+
+        task.batch = batch_then_ctrl_c
+        return task
+
+    def ctrl_c_again(*args: object, **kwargs: object) -> None:
+        calls.append(1)
+        os.kill(os.getpid(), signal.SIGINT)
+        save(*args, **kwargs)
+
+    monkeypatch.setattr(cli, "build_task", interrupted)
+    monkeypatch.setattr(trainer, "save_training_state", ctrl_c_again)
+    out = tmp_path / "run"
+    result = CliRunner().invoke(train_main, [*TINY_CLI, "--steps", "6", "--set", "train.eval_every=100", "--data",
+                                             str(data_dir), "--out", str(out), "--quiet"])
+    assert result.exit_code == 130 and calls == [1], result.output
+    assert result.stdout == f"stopped (SIGINT) at step 3 of 6: the state is in {out}/last, continue with --resume\n"
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith("last")) == ["last"]
+    assert json.loads((out / "last" / "trainer.json").read_text())["step"] == 3
+
+
+def test_a_run_folder_whose_state_lost_its_progress_is_not_overwritten(data_dir: Path, tmp_path: Path) -> None:
+    """last/ without trainer.json used to count as an empty folder: with or without --resume a new run replaced
+    best/, last/ and the log. It is refused now, naming the folder, exit 2."""
+    out = tmp_path / "run"
+    args = [*TINY_CLI, "--data", str(data_dir), "--out", str(out), "--quiet"]
+    assert CliRunner().invoke(train_main, args).exit_code == 0
+    (out / "last" / "trainer.json").unlink()
+    kept = {p: p.read_bytes() for p in [out / "metrics.jsonl", *sorted((out / "best").iterdir())]}
+    for extra in ([], ["--resume"]):
+        result = CliRunner().invoke(train_main, [*args, *extra])
+        assert result.exit_code == 2 and result.stdout == "", result.output
+        assert result.stderr.strip() == (f"hyperset-train: error: {out}/last has no trainer.json: not a training "
+                                         "state this command can resume, and a new run would overwrite it; move it "
+                                         "away or choose another --out")
+    assert all(p.read_bytes() == data for p, data in kept.items())
+
+
+@pytest.mark.parametrize("damage, message", [
+    ("rng", "optimizer.safetensors: rng.torch is float32 (5,), a random state is uint8"),
+    ("shape", "the optimizer state does not fit this run's optimizer (tensor 'state.0.exp_avg' is float32 (3,), "
+              "its parameter"),
+    ("name", "the optimizer state does not fit this run's optimizer (tensor 'moments.0' is not an optimizer state"),
+    ("index", "the optimizer state does not fit this run's optimizer (tensor 'state.999.exp_avg': this run's "
+              "optimizer has"),
+    ("betas", "the optimizer state does not fit this run's optimizer (param_groups: a group lacks betas)"),
+])
+def test_an_optimizer_state_that_does_not_fit_is_refused_before_training(data_dir: Path, tmp_path: Path,
+                                                                         damage: str, message: str) -> None:
+    """A readable but wrong optimizer.safetensors / trainer.json gave torch's TypeError, RuntimeError or KeyError
+    (a moment of the wrong shape only at the next step), exit 1 with a traceback: now one line, exit 2."""
+    import safetensors.torch
+    import torch
+
+    out = tmp_path / "run"
+    args = [*TINY_CLI, "--data", str(data_dir), "--out", str(out), "--quiet"]
+    assert CliRunner().invoke(train_main, args).exit_code == 0
+    path = out / "last" / "optimizer.safetensors"
+    tensors = safetensors.torch.load_file(path)
+    if damage == "rng":
+        tensors["rng.torch"] = torch.zeros(5)
+    elif damage == "shape":
+        tensors["state.0.exp_avg"] = torch.zeros(3)
+    elif damage in ("name", "index"):
+        tensors["moments.0" if damage == "name" else "state.999.exp_avg"] = torch.zeros(1)
+    else:
+        progress = json.loads((out / "last" / "trainer.json").read_text())
+        del progress["optimizer"]["param_groups"][0]["betas"]
+        (out / "last" / "trainer.json").write_text(json.dumps(progress))
+    safetensors.torch.save_file(tensors, path)
+    result = CliRunner().invoke(train_main, [*args, "--steps", "3", "--resume"])
+    assert result.exit_code == 2 and result.stdout == "", result.output
+    assert result.stderr.startswith("hyperset-train: error: ") and message in result.stderr, result.stderr

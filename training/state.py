@@ -39,10 +39,35 @@ def optimizer_tensors(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tenso
 
 
 def load_optimizer(opt: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], plain: dict[str, Any]) -> None:
+    """Load a state written by `optimizer_tensors` into `opt`, after checking that it fits (a ValueError naming
+    what does not): tensor names, one tensor per parameter of its shape and a floating dtype, the same keys for
+    every parameter, and param_groups with the keys and parameter counts of `opt`'s (torch's own
+    load_state_dict takes a moment of the wrong shape and fails at the next step)."""
+    params = [p for group in opt.param_groups for p in group["params"]]
     state: dict[int, dict[str, Any]] = {}
     for name, value in tensors.items():
-        _, idx, key = name.split(".", 2)
+        head, _, rest = name.partition(".")
+        idx, _, key = rest.partition(".")
+        if head != "state" or not idx.isdigit() or not key:
+            raise ValueError(f"tensor {name!r} is not an optimizer state entry (state.INDEX.KEY)")
+        if int(idx) >= len(params):
+            raise ValueError(f"tensor {name!r}: this run's optimizer has {len(params)} parameters")
+        if value.dim() and (value.shape != params[int(idx)].shape or not value.is_floating_point()):
+            raise ValueError(f"tensor {name!r} is {str(value.dtype).removeprefix('torch.')} "
+                             f"{tuple(value.shape)}, its parameter {tuple(params[int(idx)].shape)}")
         state.setdefault(int(idx), {})[key] = value
+    keys = {frozenset(values) for values in state.values()}
+    if len(keys) > 1:
+        raise ValueError(f"the parameters' states hold different entries ({' vs '.join(sorted(map(str, keys)))})")
+    groups = plain.get("param_groups")
+    if not isinstance(groups, list) or len(groups) != len(opt.param_groups):
+        raise ValueError(f"param_groups: expected {len(opt.param_groups)} groups")
+    for saved, mine in zip(groups, opt.param_groups):
+        missing = sorted(set(mine) - {"params"} - set(saved)) if isinstance(saved, dict) else ["all"]
+        if missing or len(saved.get("params", ())) != len(mine["params"]):
+            raise ValueError(f"param_groups: a group lacks {', '.join(missing)}" if missing else
+                             f"param_groups: a group of {len(saved.get('params', ()))} parameters, this run's has "
+                             f"{len(mine['params'])}")
     for idx, values in plain.get("scalars", {}).items():
         state.setdefault(int(idx), {}).update(values)
     opt.load_state_dict({"state": state, "param_groups": plain["param_groups"]})
@@ -59,7 +84,11 @@ def replace_folder(directory: Path, write: Callable[[Path], None]) -> None:
     directory = Path(directory)
     tmp, old = _sibling(directory, "tmp"), _sibling(directory, "old")
     shutil.rmtree(tmp, ignore_errors=True)
-    write(tmp)
+    try:
+        write(tmp)
+    except BaseException:  # a full disk, a write error: the half-written DIR.tmp must not take the space meanwhile
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     if directory.exists():
         shutil.rmtree(old, ignore_errors=True)
         os.replace(directory, old)
@@ -197,5 +226,10 @@ def load_training_state(directory: Path, model: torch.nn.Module, opt: torch.opti
     except (KeyError, TypeError, ValueError) as e:
         raise CheckpointError(f"{directory}: the optimizer state does not fit this run's optimizer ({e})") from None
     if rng is not None:
+        expected = torch.get_rng_state()
+        if rng.dtype != expected.dtype or rng.shape != expected.shape:
+            raise CheckpointError(f"{directory / 'optimizer.safetensors'}: rng.torch is "
+                                  f"{str(rng.dtype).removeprefix('torch.')} {tuple(rng.shape)}, a random state is "
+                                  f"{str(expected.dtype).removeprefix('torch.')} {tuple(expected.shape)}")
         torch.set_rng_state(rng)
     return progress

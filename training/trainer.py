@@ -14,7 +14,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, fields, replace
 from functools import partial
 from pathlib import Path
@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from hyperset.checkpoint import atomic_write_bytes, checkpoint_dir, load_weights_into
+from hyperset.checkpoint import CheckpointError, atomic_write_bytes, checkpoint_dir, load_weights_into
 from hyperset.config import TableError, check_table
 from hyperset.device import autocast_dtype, describe, pick_device
 
@@ -356,6 +356,8 @@ class Trainer:
                 held.enter_context(run_lock(self.out))  # before anything in the folder is read or changed
                 for folder in ("last", "best"):
                     recover_folder(self.out / folder)
+                for stale in self.out.glob(".metrics.jsonl.*.tmp"):  # a rewrite of the log cut short by a kill
+                    stale.unlink(missing_ok=True)
             env.barrier()
             return self._train(env)
 
@@ -376,11 +378,14 @@ class Trainer:
                 elif self._agreed(run, time.time() - run.last_save > cfg.save_every_seconds):
                     self._save_last(run)
                     run.last_save = time.time()
+            bar.close()
+            # the final save runs under the same handlers: a second Ctrl-C / SIGTERM while it writes is noted, not
+            # obeyed (the default handlers stopped it half-way, losing the steps since the last save)
+            self._save_last(run)
         finally:
             bar.close()
             for s, h in old_handlers.items():
                 signal.signal(s, h)
-        self._save_last(run)
         env.barrier()
         stopped = env.any(self._stop)
         # best: the selection metric of best/, None before the first evaluation (best/ does not exist yet)
@@ -446,6 +451,13 @@ class Trainer:
         self._schedule = [{"from_step": 0, "steps": segment_budget(self.plan, 0) if self.plan else cfg.steps}]
         fresh = {"step": 0, "best": -math.inf, "best_metrics": {}, "elapsed": 0.0}
         if not (last_dir / "trainer.json").is_file():
+            # last/ is there (replace_folder names no folder before it is whole) but not its progress: someone
+            # else's files or a damaged state; a new run would overwrite it, best/ and the log. (best/ alone is
+            # what a kill during the first save leaves: that run starts again.)
+            if last_dir.exists():
+                raise CheckpointError(f"{last_dir} has no trainer.json: not a training state this command can "
+                                      "resume, and a new run would overwrite it; move it away or choose another "
+                                      "--out")
             if self.resume:
                 self._warn(f"nothing to resume in {self.out} (no {last_dir / 'trainer.json'}): starting a new run")
             return fresh
@@ -568,7 +580,8 @@ class Trainer:
                 self._check_finite(run)
                 run.best, run.best_metrics = score, metrics
                 info = self._info(run.device, run.step, metrics)
-                replace_folder(self.out / "best", partial(self._save, model=run.model, info=info))
+                with self._writing(self.out / "best", run.step):
+                    replace_folder(self.out / "best", partial(self._save, model=run.model, info=info))
             self._save_last(run)
         run.env.barrier()
         run.last_save = time.time()
@@ -581,9 +594,22 @@ class Trainer:
         self._check_finite(run)
         progress = {"step": run.step, "best": run.best, "best_metrics": run.best_metrics,
                     "elapsed": run.elapsed, "world_size": run.env.world, "schedule": self._schedule}
-        save_training_state(self.out / "last", run.model, run.opt, progress,
-                            self._info(run.device, run.step, run.best_metrics), self._save)
+        with self._writing(self.out / "last", run.step):
+            save_training_state(self.out / "last", run.model, run.opt, progress,
+                                self._info(run.device, run.step, run.best_metrics), self._save)
         self._saved_step = run.step
+
+    @contextlib.contextmanager
+    def _writing(self, folder: Path, step: int) -> Iterator[None]:
+        """A save that fails (a full disk, a file-size limit) says which folder, at which step, and what is kept:
+        replace_folder leaves the previous folder whole and removes the half-written one."""
+        try:
+            yield
+        except OSError as e:
+            last = self.out / "last"
+            kept = (f"no state was saved before ({last} holds nothing)" if self._saved_step is None
+                    else f"the last good state (step {self._saved_step}) is still in {last}")
+            raise OSError(f"cannot save {folder} at step {step}: {e.strerror or e}; {kept}") from None
 
     def _check_finite(self, run: _Run) -> None:
         """Before any save: the losses since the last log line were finite, and the weights are finite and give a
