@@ -430,7 +430,7 @@ def test_untrained_energy_transformers_load_in_onnx_runtime(tmp_path: Path, n_la
     the first one's, which must count as the same unit scalar (the unrolled two-layer graph did not load)."""
     torch.manual_seed(0)
     model = HyperSETModel(_cfg("sudoku", layer="et", n_layers=n_layers)).eval()
-    assert all(float(layer.norm.gamma) == 1.0 for layer in model.core.layers)
+    assert all(layer.norm.gamma.item() == 1.0 for layer in model.core.layers)
     unrolled = E.export_unrolled(model, T, tmp_path / "u.onnx")
     loop = E.export_loop(model, tmp_path / "l.onnx")
     assert not [n for n in onnx.load(unrolled.path).graph.node
