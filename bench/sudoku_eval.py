@@ -1,6 +1,6 @@
 """Sudoku evidence from a checkpoint (default: the shipped model), written to bench/results/ as JSON + PNG.
 
-    python bench/sudoku_eval.py --data ../shared/data/sudoku            # 1,000 seeded validation puzzles
+    python bench/sudoku_eval.py --data data/sudoku                      # 1,000 seeded validation puzzles
 
 Measures, on the paper protocol's seeded draw of the validation file:
   * board and cell accuracy after every iteration from 1 to 4x the trained depth (one pass, read out each step);

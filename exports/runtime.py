@@ -1,6 +1,6 @@
 """Honest ONNX Runtime provider choice and a small session wrapper.
 
-Why this module exists (see ``/work/shared/reference/ecosystem-notes.md``):
+Why this module exists:
 
 * ``onnxruntime-gpu`` lists ``CUDAExecutionProvider`` in ``get_available_providers()`` even on a machine
   without a GPU, and an ``InferenceSession`` that asks for CUDA silently falls back to the CPU (one log line,

@@ -517,7 +517,9 @@ def test_a_second_ctrl_c_during_the_final_save_does_not_cut_it_short(data_dir: P
 
 def test_a_run_folder_whose_state_lost_its_progress_is_not_overwritten(data_dir: Path, tmp_path: Path) -> None:
     """last/ without trainer.json used to count as an empty folder: with or without --resume a new run replaced
-    best/, last/ and the log. It is refused now, naming the folder, exit 2."""
+    best/, last/ and the log. It is refused now, naming the folder, exit 2. So is a new run (no --resume) in the
+    folder of a finished run whose last/ was removed (best/ and the log kept), as the docs' commands for the
+    shipped runs would have been."""
     out = tmp_path / "run"
     args = [*TINY_CLI, "--data", str(data_dir), "--out", str(out), "--quiet"]
     assert CliRunner().invoke(train_main, args).exit_code == 0
@@ -529,6 +531,14 @@ def test_a_run_folder_whose_state_lost_its_progress_is_not_overwritten(data_dir:
         assert result.stderr.strip() == (f"hyperset-train: error: {out}/last has no trainer.json: not a training "
                                          "state this command can resume, and a new run would overwrite it; move it "
                                          "away or choose another --out")
+    assert all(p.read_bytes() == data for p, data in kept.items())
+    import shutil
+
+    shutil.rmtree(out / "last")
+    result = CliRunner().invoke(train_main, args)
+    assert result.exit_code == 2 and result.stderr.strip() == (
+        f"hyperset-train: error: {out} holds an earlier run's best and metrics.jsonl but no last/ to resume from; a "
+        "new run would replace them: choose another --out (or remove them to start over there)"), result.output
     assert all(p.read_bytes() == data for p, data in kept.items())
 
 
@@ -567,3 +577,49 @@ def test_an_optimizer_state_that_does_not_fit_is_refused_before_training(data_di
     result = CliRunner().invoke(train_main, [*args, "--steps", "3", "--resume"])
     assert result.exit_code == 2 and result.stdout == "", result.output
     assert result.stderr.startswith("hyperset-train: error: ") and message in result.stderr, result.stderr
+
+
+def test_resume_alone_continues_the_run_with_the_settings_it_was_started_with(data_dir: Path, tmp_path: Path,
+                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stop message says "continue with --resume", but --resume alone went on with the recipe's own --steps
+    and values (a run started with --steps 6 resumed towards the recipe's 30,000 steps, and its --set model sizes
+    no longer fitted). The settings given at the start are kept in last/trainer.json and reused; what the resuming
+    command gives goes on top of them."""
+    import os
+    import signal
+
+    from hyperset.training import cli
+
+    build = cli.build_task
+
+    def interrupted(*args: object) -> object:
+        task = build(*args)
+        batch = task.batch
+
+        def batch_then_ctrl_c(step: int, *rest: object) -> object:
+            if step == 1:
+                os.kill(os.getpid(), signal.SIGINT)
+            return batch(step, *rest)
+
+        task.batch = batch_then_ctrl_c
+        return task
+
+    monkeypatch.setattr(cli, "build_task", interrupted)
+    out = tmp_path / "run"
+    started = [*TINY_CLI, "--steps", "6", "--set", "train.eval_every=3", "--data", str(data_dir), "--out", str(out)]
+    result = CliRunner().invoke(train_main, [*started, "--quiet"])
+    assert result.exit_code == 130 and "at step 2 of 6" in result.stdout, result.output
+    command = json.loads((out / "last" / "trainer.json").read_text())["command"]
+    assert command["steps"] == 6 and command["set"][-1] == "train.eval_every=3" and "model.dim=16" in command["set"]
+    monkeypatch.setattr(cli, "build_task", build)
+    resumed = ["sudoku", "--recipe", "sudoku-cpu", "--data", str(data_dir), "--out", str(out), "--resume"]
+    result = CliRunner().invoke(train_main, resumed)
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith("resuming with the run's own settings: --set model.dim=16 ")
+    assert "--steps 6" in result.stdout.splitlines()[0] and "done: step 6" in result.stdout
+    schedule = json.loads((out / "last" / "trainer.json").read_text())["schedule"]
+    assert schedule == [{"from_step": 0, "steps": 6}]
+    # what the resuming command gives goes on top: a longer run
+    result = CliRunner().invoke(train_main, [*resumed, "--steps", "8", "--quiet"])
+    assert result.exit_code == 0 and result.stdout.startswith("done: step 8"), result.output
+    assert json.loads((out / "last" / "trainer.json").read_text())["command"]["steps"] == 8

@@ -20,6 +20,7 @@ from hyperset.download import DownloadError
 from hyperset.extras import MissingExtra, require
 
 from .recipes import apply_overrides, check_recipe, load_recipe, locate, recipe_names
+from .state import recorded_command
 from .trainer import DivergedError, TrainConfig, Trainer, parse_schedule
 
 
@@ -90,6 +91,11 @@ def _run(task: str, recipe_name: str, data: str, out: str, resume: bool, device:
         for option, value in (("--preset", preset), ("--schedule", schedule), ("--init-from", init_from)):
             if value is not None and not value.strip():
                 raise ValueError(f"{option}: an empty value (leave the option out for the recipe's)")
+        given = {"set": list(overrides), "steps": steps, "accum_steps": accum_steps, "preset": preset,
+                 "dataset": dataset, "threads": threads}
+        command = resume_command(Path(out), given, quiet or as_json) if resume else given
+        overrides, steps, accum_steps = tuple(command["set"]), command["steps"], command["accum_steps"]
+        preset, dataset, threads = command["preset"], command["dataset"], command["threads"]
         name, recipe = load_recipe(recipe_name)
         if threads is not None:  # --threads N is --set train.threads=N (an explicit --set still wins)
             overrides = (f"train.threads={threads}", *overrides)
@@ -115,7 +121,8 @@ def _run(task: str, recipe_name: str, data: str, out: str, resume: bool, device:
         if plan and steps is not None and steps != plan[-1]["steps"]:
             raise ValueError(f"--steps {steps} contradicts --schedule, which ends at step {plan[-1]['steps']}")
         trainer = Trainer(built, train, Path(out), device=device, resume=resume, recipe_name=name,
-                          quiet=quiet or as_json, plan=plan, init_from=init_from)
+                          quiet=quiet or as_json, plan=plan, init_from=init_from,
+                          command={k: v for k, v in command.items() if v not in (None, [])})
         result = trainer.fit()
     except TableError as e:  # a recipe key: FILE:LINE where the recipe file sets it
         click.echo(f"hyperset-train: error: {locate(e, recipe_name, overrides)}", err=True)
@@ -142,6 +149,23 @@ def _run(task: str, recipe_name: str, data: str, out: str, resume: bool, device:
     if not result["finished"]:  # stopped by a signal: the shell's convention, 128 + its number (SIGINT: 130)
         by = result["stopped_by"]
         sys.exit(128 + (signal.Signals[by].value if by in signal.Signals.__members__ else signal.SIGTERM.value))
+
+
+def resume_command(out: Path, given: dict[str, Any], quiet: bool) -> dict[str, Any]:
+    """The settings a resumed run goes on with: those it was started with (kept in OUT/last/trainer.json), with
+    what this command gives on top (its --set after the recorded ones, its --steps / --accum-steps / --preset /
+    --dataset / --threads instead of theirs). `--resume` alone therefore continues the run as it was started."""
+    recorded = recorded_command(out / "last")
+    command = {**given, "set": [*recorded.get("set", []), *given["set"]]}
+    for key in ("steps", "accum_steps", "preset", "dataset", "threads"):
+        if command[key] is None:
+            command[key] = recorded.get(key)
+    kept = [f"--set {v}" for v in recorded.get("set", [])] + [
+        f"--{k.replace('_', '-')} {recorded[k]}" for k in ("steps", "accum_steps", "preset", "dataset", "threads")
+        if k in recorded and given[k] is None]
+    if kept and not quiet:
+        click.echo(f"resuming with the run's own settings: {' '.join(kept)}")
+    return command
 
 
 def _options(f: Any) -> Any:

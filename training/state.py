@@ -167,7 +167,8 @@ def check_run(directory: Path, task: str, recipe: str) -> None:
 # trainer.json: the keys a resume needs, and the JSON types of those it reads
 PROGRESS_REQUIRED = ("step", "optimizer")
 PROGRESS_TYPES: dict[str, Any] = {"step": int, "optimizer": dict, "best": (int, float), "best_metrics": dict,
-                                  "elapsed": (int, float), "schedule": list, "saved_steps": (int, type(None))}
+                                  "elapsed": (int, float), "schedule": list, "saved_steps": (int, type(None)),
+                                  "command": dict}
 
 
 def read_progress(directory: Path) -> dict[str, Any]:
@@ -193,6 +194,28 @@ def read_progress(directory: Path) -> dict[str, Any]:
     if not isinstance(progress["optimizer"].get("param_groups"), list):
         raise CheckpointError(f"{path}: optimizer has no param_groups list; {expected}")
     return progress
+
+
+# trainer.json's "command": the command-line settings a run was started with, and their types
+COMMAND_TYPES: dict[str, Any] = {"set": list, "steps": int, "accum_steps": int, "preset": str, "dataset": str,
+                                 "threads": int}
+
+
+def recorded_command(directory: Path) -> dict[str, Any]:
+    """The command-line settings kept in DIR/trainer.json (empty when there is no readable state, or it was
+    written before they were kept); a CheckpointError naming the file when they are malformed."""
+    try:
+        progress = read_progress(directory)
+    except CheckpointError:
+        return {}  # no state, or a broken one: the resume itself reports it
+    command = progress.get("command") or {}
+    where = Path(directory) / "trainer.json"
+    for key, value in command.items():
+        kind = COMMAND_TYPES.get(key)
+        if kind is None or (value is not None and (not isinstance(value, kind) or isinstance(value, bool))) or (
+                key == "set" and not all(isinstance(v, str) for v in value)):
+            raise CheckpointError(f"{where}: command.{key} = {value!r} is not a setting hyperset-train keeps")
+    return {k: v for k, v in command.items() if v is not None}
 
 
 def model_config_diff(saved: dict[str, Any], cfg: Any) -> list[str]:

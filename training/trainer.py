@@ -111,6 +111,10 @@ class TrainConfig:
         return cls(**data)
 
 
+def _non_empty(path: Path) -> bool:
+    return path.is_file() and path.stat().st_size > 0
+
+
 class DivergedError(RuntimeError):
     """The loss or the weights stopped being finite; nothing of the diverged steps was saved."""
 
@@ -318,6 +322,9 @@ class Trainer:
     plan: list[dict[str, int]] | None = None
     # a checkpoint folder whose weights a new run starts from (a fine-tune); a resumed run ignores it
     init_from: str | None = None
+    # the command-line settings the run was started with (--set, --steps, ...), kept in last/trainer.json so that
+    # --resume alone continues the run as it was started (hyperset-train reads them back: `recorded_command`)
+    command: dict[str, Any] | None = None
     _stop: bool = field(default=False, init=False)
     _stop_signal: int | None = field(default=None, init=False)  # the signal that asked the run to stop
     _main: bool = field(default=True, init=False)  # this process reports the run (rank 0)
@@ -458,6 +465,13 @@ class Trainer:
                 raise CheckpointError(f"{last_dir} has no trainer.json: not a training state this command can "
                                       "resume, and a new run would overwrite it; move it away or choose another "
                                       "--out")
+            # a finished run whose last/ was removed keeps best/ and its log: a new run would replace both
+            earlier = [name for name in ("best", "metrics.jsonl")
+                       if (self.out / name).is_dir() or (name != "best" and _non_empty(self.out / name))]
+            if earlier and not self.resume:
+                raise CheckpointError(f"{self.out} holds an earlier run's {' and '.join(earlier)} but no last/ to "
+                                      "resume from; a new run would replace them: choose another --out (or remove "
+                                      "them to start over there)")
             if self.resume:
                 self._warn(f"nothing to resume in {self.out} (no {last_dir / 'trainer.json'}): starting a new run")
             return fresh
@@ -594,6 +608,8 @@ class Trainer:
         self._check_finite(run)
         progress = {"step": run.step, "best": run.best, "best_metrics": run.best_metrics,
                     "elapsed": run.elapsed, "world_size": run.env.world, "schedule": self._schedule}
+        if self.command:
+            progress["command"] = self.command
         with self._writing(self.out / "last", run.step):
             save_training_state(self.out / "last", run.model, run.opt, progress,
                                 self._info(run.device, run.step, run.best_metrics), self._save)
