@@ -297,10 +297,9 @@ def test_a_recipe_file_that_is_missing_or_not_text_is_named(data_dir: Path, tmp_
     assert result.exit_code == 0 and result.stdout.startswith("done: step 2, best "), result.output
 
 
-def test_a_stopped_run_exits_with_the_signal_and_claims_no_best_it_lacks(data_dir: Path, tmp_path: Path,
-                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    """Ctrl-C (SIGINT) stops a run at the next step with its state saved: the command says so and exits 130, and
-    before the first evaluation it names no best checkpoint (--json: best is null)."""
+def ctrl_c_at_batch(monkeypatch: pytest.MonkeyPatch, at: int) -> object:
+    """Make hyperset-train's task send this process a SIGINT when it draws batch `at` (a real Ctrl-C at a known
+    step); returns the original build_task, to put back for a later command."""
     import os
     import signal
 
@@ -313,7 +312,7 @@ def test_a_stopped_run_exits_with_the_signal_and_claims_no_best_it_lacks(data_di
         batch = task.batch
 
         def batch_then_ctrl_c(step: int, *rest: object) -> object:
-            if step == 0:
+            if step == at:
                 os.kill(os.getpid(), signal.SIGINT)
             return batch(step, *rest)
 
@@ -321,6 +320,17 @@ def test_a_stopped_run_exits_with_the_signal_and_claims_no_best_it_lacks(data_di
         return task
 
     monkeypatch.setattr(cli, "build_task", interrupted)
+    return build
+
+
+def test_a_stopped_run_exits_with_the_signal_and_claims_no_best_it_lacks(data_dir: Path, tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C (SIGINT) stops a run at the next step with its state saved: the command says so and exits 130, and
+    before the first evaluation it names no best checkpoint (--json: best is null)."""
+
+    from hyperset.training import cli
+
+    build = ctrl_c_at_batch(monkeypatch, 0)
     for extra in (["--quiet"], ["--json"]):
         out = tmp_path / extra[0].strip("-")
         result = CliRunner().invoke(train_main, [*TINY_CLI, "--steps", "4", "--data", str(data_dir), "--out",
@@ -482,29 +492,16 @@ def test_a_second_ctrl_c_during_the_final_save_does_not_cut_it_short(data_dir: P
     import os
     import signal
 
-    from hyperset.training import cli, trainer
+    from hyperset.training import trainer
 
-    build, save = cli.build_task, trainer.save_training_state
+    save = trainer.save_training_state
     calls: list[int] = []
-
-    def interrupted(*args: object) -> object:
-        task = build(*args)
-        batch = task.batch
-
-        def batch_then_ctrl_c(step: int, *rest: object) -> object:
-            if step == 2:
-                os.kill(os.getpid(), signal.SIGINT)
-            return batch(step, *rest)
-
-        task.batch = batch_then_ctrl_c
-        return task
-
     def ctrl_c_again(*args: object, **kwargs: object) -> None:
         calls.append(1)
         os.kill(os.getpid(), signal.SIGINT)
         save(*args, **kwargs)
 
-    monkeypatch.setattr(cli, "build_task", interrupted)
+    ctrl_c_at_batch(monkeypatch, 2)
     monkeypatch.setattr(trainer, "save_training_state", ctrl_c_again)
     out = tmp_path / "run"
     result = CliRunner().invoke(train_main, [*TINY_CLI, "--steps", "6", "--set", "train.eval_every=100", "--data",
@@ -585,26 +582,10 @@ def test_resume_alone_continues_the_run_with_the_settings_it_was_started_with(da
     and values (a run started with --steps 6 resumed towards the recipe's 30,000 steps, and its --set model sizes
     no longer fitted). The settings given at the start are kept in last/trainer.json and reused; what the resuming
     command gives goes on top of them."""
-    import os
-    import signal
 
     from hyperset.training import cli
 
-    build = cli.build_task
-
-    def interrupted(*args: object) -> object:
-        task = build(*args)
-        batch = task.batch
-
-        def batch_then_ctrl_c(step: int, *rest: object) -> object:
-            if step == 1:
-                os.kill(os.getpid(), signal.SIGINT)
-            return batch(step, *rest)
-
-        task.batch = batch_then_ctrl_c
-        return task
-
-    monkeypatch.setattr(cli, "build_task", interrupted)
+    build = ctrl_c_at_batch(monkeypatch, 1)
     out = tmp_path / "run"
     started = [*TINY_CLI, "--steps", "6", "--set", "train.eval_every=3", "--data", str(data_dir), "--out", str(out)]
     result = CliRunner().invoke(train_main, [*started, "--quiet"])
