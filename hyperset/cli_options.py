@@ -14,6 +14,7 @@ A renamed option keeps its old name as a hidden alias that still works and says 
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -120,6 +121,28 @@ def out_option() -> Callable[[Any], Any]:
     `hyperset.cli.check_output_file`, written with `write_json_out`)."""
     return click.option("--out", type=click.Path(dir_okay=False), default=None,
                         help="also write the JSON document to this file (atomically)")
+
+
+def checkpoint_input(default: str | None, shown_default: str | None = None) -> Callable[[Any], Any]:
+    """The model a command reads, as an optional CHECKPOINT argument or as `--checkpoint` (one command of a family
+    took one form and its siblings the other): the function gets `checkpoint` (`default` when neither is given);
+    both naming different models is a usage error."""
+
+    def decorate(f: Any) -> Any:
+        @functools.wraps(f)
+        def wrapper(*args: Any, checkpoint: str | None, checkpoint_option: str | None, **kwargs: Any) -> Any:
+            if checkpoint is not None and checkpoint_option is not None and checkpoint != checkpoint_option:
+                raise click.UsageError(f"CHECKPOINT {checkpoint!r} and --checkpoint {checkpoint_option!r} name "
+                                       "different models: give one")
+            chosen = checkpoint if checkpoint is not None else checkpoint_option
+            return f(*args, checkpoint=chosen if chosen is not None else default, **kwargs)
+
+        option = click.option("--checkpoint", "checkpoint_option", default=None, metavar="NAME|DIR",
+                              help="checkpoint folder, or the name of a shipped model; also accepted as the "
+                                   f"CHECKPOINT argument [default: {shown_default or default}]")
+        return click.argument("checkpoint", required=False)(option(wrapper))
+
+    return decorate
 
 
 def write_json_out(prog: str, out: str, obj: Any) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -248,3 +249,27 @@ def test_ctrl_c_in_a_command_that_does_not_handle_it_is_one_line_and_130(tmp_pat
     write_sudoku_csvs(data, 2, 4, seed=0)
     result = CliRunner().invoke(eval_main, ["sudoku", "--data", str(data), "--boards", "2"], prog_name="hyperset-eval")
     assert result.exit_code == 130 and result.stderr.strip() == "hyperset-eval: interrupted", result.output
+
+
+def test_every_eval_command_takes_its_checkpoint_either_way(tmp_path: Path) -> None:
+    """hyperset-eval sudoku took --checkpoint and classify / mim a CHECKPOINT argument; the other form was
+    'No such option' or 'unexpected extra argument'. Each takes both now; two different models are refused."""
+    for name in ("sudoku", "classify", "mim"):
+        params = {p.name: p for p in eval_main.commands[name].params}
+        assert isinstance(params["checkpoint"], click.Argument) and not params["checkpoint"].required, name
+        assert "--checkpoint" in params["checkpoint_option"].opts, name
+    data = tmp_path / "data"
+    data.mkdir()
+    write_sudoku_csvs(data, 2, 6, seed=0)
+    reports = []
+    for form in (["sudoku"], ["--checkpoint", "sudoku"], ["sudoku", "--checkpoint", "sudoku"]):
+        result = CliRunner().invoke(eval_main, ["sudoku", *form, "--data", str(data), "--boards", "2", "--iters", "1",
+                                                "--json", "--no-progress"])
+        assert result.exit_code == 0, result.output
+        reports.append(json.loads(result.stdout)["checkpoint"])
+    assert reports == ["sudoku"] * 3
+    result = CliRunner().invoke(eval_main, ["sudoku", "sudoku", "--checkpoint", str(tmp_path), "--data", str(data)],
+                                prog_name="hyperset-eval")
+    assert result.exit_code == 2 and result.stderr.strip() == (
+        f"hyperset-eval sudoku: error: CHECKPOINT 'sudoku' and --checkpoint '{tmp_path}' name different models: "
+        "give one"), result.output

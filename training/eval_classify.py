@@ -20,7 +20,15 @@ import click
 import torch
 
 from hyperset.checkpoint import CheckpointError, load_checkpoint
-from hyperset.cli_options import device_option, echo_json, json_option, out_option, threads_option, write_json_out
+from hyperset.cli_options import (
+    checkpoint_input,
+    device_option,
+    echo_json,
+    json_option,
+    out_option,
+    threads_option,
+    write_json_out,
+)
 from hyperset.config import MAX_ITERS
 from hyperset.device import autocast_dtype, describe, pick_device, set_cpu_threads
 
@@ -101,7 +109,7 @@ def run_eval(checkpoint: str | None, data_dir: str, split: str, iters: Sequence[
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.argument("checkpoint", required=False)
+@checkpoint_input(None, "the shipped classifier")
 @click.option("--data", "data_dir", required=True, help="dataset folder (CIFAR python layout or ImageNet tree)")
 @click.option("--split", type=click.Choice(["test", "val"]), default="test", show_default=True,
               help="test split, or the part of train held out during training")

@@ -32,6 +32,7 @@ import torch
 
 from hyperset.checkpoint import CheckpointError
 from hyperset.cli_options import (
+    checkpoint_input,
     device_option,
     echo_json,
     json_option,
@@ -184,7 +185,7 @@ def print_table(result: dict[str, Any]) -> None:
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.argument("checkpoint", required=False, type=click.Path(path_type=Path))
+@checkpoint_input(None, "the shipped models")
 @click.option("--data", required=True, type=click.Path(path_type=Path),
               help="CIFAR-10 root (cifar-10-batches-py/) or an ImageFolder tree (train/, val/)")
 @click.option("--split", type=click.Choice(["test", "train"]), default="test", show_default=True)
@@ -223,7 +224,7 @@ def print_table(result: dict[str, Any]) -> None:
 @device_option()
 @json_option()
 @out_option()
-def mim_command(checkpoint: Path | None, data: Path, split: str, mask_ratio: float, iters: int | None, decode: str,
+def mim_command(checkpoint: str | None, data: Path, split: str, mask_ratio: float, iters: int | None, decode: str,
                 steps: int, temperature: float, randomize_temp: float, n_images: int, baseline: str,
                 tokenizer_path: Path | None, image_size: int | None, batch: int, seed: int,
                 lpips_weights: Path | None, fid_weights: Path | None, threads: int | None, device: str,
@@ -237,19 +238,20 @@ def mim_command(checkpoint: Path | None, data: Path, split: str, mask_ratio: flo
         if not math.isfinite(value) or value < 0:  # checked whichever decoding uses it
             raise click.BadParameter(f"must be a finite number >= 0, got {value}", param_hint=f"'{name}'")
     torch.manual_seed(seed)
+    path = Path(checkpoint) if checkpoint is not None else None
     try:
         set_cpu_threads(threads)
         device = str(pick_device(device))
-        if checkpoint is not None and not checkpoint.exists():  # a shipped model's name ("mim"), as elsewhere
+        if path is not None and not path.exists():  # a shipped model's name ("mim"), as elsewhere
             from hyperset.pretrained import resolve
 
-            checkpoint = resolve(str(checkpoint))
+            path = resolve(str(path))
         pipeline: MIMPipeline | None = None
         if baseline == "none":
-            pipeline = load_mim(checkpoint, tokenizer=tokenizer_path, device=device)
+            pipeline = load_mim(path, tokenizer=tokenizer_path, device=device)
             tok = pipeline.tokenizer
-        elif checkpoint is not None and tokenizer_path is None:  # the baseline on that model's tokenizer
-            tok = load_mim(checkpoint, device=device).tokenizer
+        elif path is not None and tokenizer_path is None:  # the baseline on that model's tokenizer
+            tok = load_mim(path, device=device).tokenizer
         else:
             tok = load_tokenizer(tokenizer_path, device=device, image_size=image_size)
         size = image_size or tok.image_size
@@ -276,7 +278,7 @@ def mim_command(checkpoint: Path | None, data: Path, split: str, mask_ratio: flo
         "decode": decode if pipeline is not None else None,
         "steps": (steps if decode == "maskgit" else 1) if pipeline is not None else 0, "temperature": temperature,
         "randomize_temp": randomize_temp,
-        "checkpoint": str(checkpoint) if checkpoint else ("shipped" if pipeline is not None else None),
+        "checkpoint": str(path) if path else ("shipped" if pipeline is not None else None),
         "split": split, "data": str(data), "seed": seed,
     })
     if out:

@@ -14,7 +14,15 @@ from typing import Any, NoReturn
 import click
 
 from hyperset.checkpoint import CheckpointError
-from hyperset.cli_options import device_option, echo_json, json_option, out_option, threads_option, write_json_out
+from hyperset.cli_options import (
+    checkpoint_input,
+    device_option,
+    echo_json,
+    json_option,
+    out_option,
+    threads_option,
+    write_json_out,
+)
 from hyperset.config import MAX_ITERS
 from hyperset.solve import CPU_BATCH_SIZE, DEFAULT_PASSES, GPU_BATCH_SIZE, STRATEGIES
 from hyperset.sudoku.board import PuzzleError
@@ -64,8 +72,7 @@ def print_report(report: dict[str, Any]) -> None:
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--checkpoint", default="sudoku", show_default=True,
-              help="checkpoint folder, or the name of a shipped model")
+@checkpoint_input("sudoku")
 @click.option("--data", required=True, type=click.Path(),
               help="puzzle,solution CSV file (plain, .gz, or a zip member), or a folder holding the --split file")
 @click.option("--split", type=click.Choice(SPLITS), default="valid", show_default=True,
