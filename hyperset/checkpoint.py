@@ -6,6 +6,7 @@ import json
 import os
 import re
 import tempfile
+from glob import escape as glob_escape
 from pathlib import Path
 from typing import Any
 
@@ -32,11 +33,33 @@ def _default_mode() -> int:
     return 0o666 & ~umask
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write to a temporary file in the same folder, then rename: a crash never leaves half a file."""
-    path = Path(path)
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):
+        return True  # another user's process, or a platform that cannot tell: leave its file alone
+    return True
+
+
+def _temp_beside(path: Path) -> tuple[int, str]:
+    """mkstemp next to `path` as `.NAME.PID.XXXXXXXX.tmp`, after removing the files of that form that processes
+    which no longer run left there (a kill between the write and the rename: an ONNX graph's worth each time)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    if os.name == "posix":
+        for stale in path.parent.glob(f".{glob_escape(path.name)}.*.*.tmp"):
+            pid = stale.name[len(path.name) + 2:].split(".", 1)[0]
+            if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+                stale.unlink(missing_ok=True)
+    return tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp")
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write to a temporary file in the same folder, then rename: a crash never leaves half a file (and the
+    temporary files of writers that were killed are removed by the next write of the same file)."""
+    path = Path(path)
+    fd, tmp = _temp_beside(path)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -58,8 +81,7 @@ def save_tensors(path: str | os.PathLike, tensors: dict[str, torch.Tensor], meta
     """safetensors file written atomically (tensors are made contiguous and unshared); `then()`, if given, runs
     once the file is written in full, before it replaces an old one (a failure there leaves the old file)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = _temp_beside(path)
     os.close(fd)
     try:
         try:

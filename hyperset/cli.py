@@ -384,7 +384,7 @@ def _print_result(p: Puzzle, r: Any, trained: int, color: bool, trace: bool) -> 
             click.echo(f"  conflicts at {', '.join(cell_name(c) for c in cells[:10])}{more}")
         click.echo(f"  reason: {r.reason}")
     click.echo(f"  {_energy_summary(r.energy, trained)}")
-    if trace:
+    if trace and r.energy:  # a layer without energies (Transformer, CRATE): the summary line says so, no table
         attn, ff = r.energy.get("attn", []), r.energy.get("ff", [])
         lengths = getattr(r, "pass_lengths", None) or [len(attn)]
         click.echo("  pass    t       E_ATTN         E_FF")

@@ -304,3 +304,26 @@ def test_resume_config_check_reads_missing_fields_as_defaults():
     assert model_config_diff(older, cfg.replace(time_max=8)) == ["time_max"]
     assert model_config_diff({**saved, "dim": 64}, cfg) == ["dim"]
     assert model_config_diff({**saved, "retired_field": 1}, cfg) == ["retired_field"]
+
+
+def test_an_atomic_write_removes_the_temporary_files_of_killed_writers(tmp_path: Path) -> None:
+    """A writer killed between its write and its rename left `.NAME.XXXX.tmp` for good (an ONNX graph's worth per
+    kill). Temporary files now carry the writer's pid, and the next write of the same file removes those of
+    processes that no longer run; a live writer's file and other files are left alone."""
+    import subprocess
+    import sys
+
+    from hyperset.checkpoint import atomic_write_bytes
+
+    dead = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True).stdout)
+    target = tmp_path / "m.onnx"
+    stale = tmp_path / f".m.onnx.{dead}.ab12cd34.tmp"
+    live = tmp_path / f".m.onnx.{os.getppid()}.ef56gh78.tmp"
+    other = tmp_path / f".x.onnx.{dead}.ab12cd34.tmp"
+    for f in (stale, live, other):
+        f.write_bytes(b"half")
+    atomic_write_bytes(target, b"whole")
+    assert target.read_bytes() == b"whole"
+    assert not stale.exists() and live.exists() and other.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([target.name, live.name, other.name])

@@ -475,3 +475,17 @@ def test_the_summary_names_the_strategy_that_ran(tiny_checkpoint: Path, tmp_path
     for args, name in (([], "commit"), (["--strategy", "single"], "single"), (["--iters", "auto"], "auto")):
         code, out, _ = run([str(tmp_path / "p.txt"), "--checkpoint", str(tiny_checkpoint), "-q", *args])
         assert f"— strategy {name}," in out, (args, out)
+
+
+def test_trace_of_a_layer_without_energies_is_the_summary_line_not_an_empty_table(tmp_path: Path) -> None:
+    """A Transformer baseline has no energy: --trace printed the table's header over no rows."""
+    from hyperset.config import preset_config
+    from hyperset.models import HyperSETModel
+
+    torch.manual_seed(0)
+    cfg = preset_config("sudoku-cpu", layer="transformer", dim=32, heads=2, ff_hidden=64, time_dim=16, iters=2)
+    save_checkpoint(tmp_path / "t", HyperSETModel(cfg), {"trained_iterations": 2})
+    puzzle = generate(1, seed=3)[0][0]
+    code, out, _ = run(["-", "--checkpoint", str(tmp_path / "t"), "--iters", "2", "--trace"], stdin=puzzle + "\n")
+    assert code in (0, 1) and "energy: not defined for this layer" in out
+    assert "E_ATTN" not in out
