@@ -604,3 +604,31 @@ def test_resume_alone_continues_the_run_with_the_settings_it_was_started_with(da
     result = CliRunner().invoke(train_main, [*resumed, "--steps", "8", "--quiet"])
     assert result.exit_code == 0 and result.stdout.startswith("done: step 8"), result.output
     assert json.loads((out / "last" / "trainer.json").read_text())["command"]["steps"] == 8
+
+
+def test_a_stopped_and_resumed_run_logs_what_an_uninterrupted_one_does(data_dir: Path, tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The losses of the steps between the last log line and a stop were never logged: the resumed run's next
+    line averaged only the steps after the resume. last/ now keeps their sums, and the log of a stopped and
+    resumed run has the lines of an uninterrupted one."""
+    from hyperset.training import cli
+
+    args = [*TINY_CLI, "--steps", "6", "--set", "train.log_every=3", "--set", "train.eval_every=100", "--data",
+            str(data_dir), "--quiet"]
+    assert CliRunner().invoke(train_main, [*args, "--out", str(tmp_path / "straight")]).exit_code == 0
+    build = ctrl_c_at_batch(monkeypatch, 3)  # stops after step 4, between the log lines of steps 3 and 6
+    out = tmp_path / "stopped"
+    result = CliRunner().invoke(train_main, [*args, "--out", str(out)])
+    assert result.exit_code == 130 and "at step 4 of 6" in result.stdout, result.output
+    assert json.loads((out / "last" / "trainer.json").read_text())["pending"]["count"] == 1
+    monkeypatch.setattr(cli, "build_task", build)
+    assert CliRunner().invoke(train_main, [*args, "--out", str(out), "--resume"]).exit_code == 0
+
+    def losses(run: Path) -> list[tuple[int, float, float]]:
+        records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        return [(r["step"], r["loss"], r["grad_norm"]) for r in records if "loss" in r]
+
+    straight, resumed = losses(tmp_path / "straight"), losses(out)
+    assert [s for s, _, _ in resumed] == [s for s, _, _ in straight] == [3, 6]
+    for (_, a, g), (_, b, h) in zip(straight, resumed):
+        assert a == pytest.approx(b, rel=1e-12, abs=0) and g == pytest.approx(h, rel=1e-12, abs=0)

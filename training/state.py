@@ -168,7 +168,7 @@ def check_run(directory: Path, task: str, recipe: str) -> None:
 PROGRESS_REQUIRED = ("step", "optimizer")
 PROGRESS_TYPES: dict[str, Any] = {"step": int, "optimizer": dict, "best": (int, float), "best_metrics": dict,
                                   "elapsed": (int, float), "schedule": list, "saved_steps": (int, type(None)),
-                                  "command": dict}
+                                  "command": dict, "pending": dict}
 
 
 def read_progress(directory: Path) -> dict[str, Any]:

@@ -383,12 +383,12 @@ class Trainer:
                 if run.step % cfg.eval_every == 0 or run.step == cfg.steps:
                     self._evaluate_and_checkpoint(run)
                 elif self._agreed(run, time.time() - run.last_save > cfg.save_every_seconds):
-                    self._save_last(run)
+                    self._save_last(run, self._pending(run))
                     run.last_save = time.time()
             bar.close()
             # the final save runs under the same handlers: a second Ctrl-C / SIGTERM while it writes is noted, not
             # obeyed (the default handlers stopped it half-way, losing the steps since the last save)
-            self._save_last(run)
+            self._save_last(run, self._pending(run))
         finally:
             bar.close()
             for s, h in old_handlers.items():
@@ -445,6 +445,8 @@ class Trainer:
                    self._autocast(device), micro, cuda_graphs, step=progress["step"], best=progress["best"],
                    best_metrics=progress["best_metrics"], t0=time.time() - progress["elapsed"],
                    last_save=time.time())
+        if progress.get("pending") is not None:
+            self._restore_pending(run, progress["pending"])
         self._say(f"training {self.task.name} on {describe(device)} x {env.world} process(es): "
                   f"{sum(p.numel() for p in model.parameters()):,} parameters, {cfg.steps} steps, global batch "
                   f"{cfg.batch_size} ({cfg.batch_size // micro} per process and micro-step, {cfg.accum_steps} "
@@ -585,6 +587,7 @@ class Trainer:
 
     def _evaluate_and_checkpoint(self, run: _Run) -> None:
         """Evaluate (main process); a new best goes to best/, the state to last/."""
+        pending = self._pending(run)  # every process takes part in its sum
         if run.env.is_main:
             metrics = self.task.evaluate(run.model, run.device, run.autocast)
             self._log({"step": run.step, "time": round(run.elapsed, 3), "eval": metrics})
@@ -596,13 +599,36 @@ class Trainer:
                 info = self._info(run.device, run.step, metrics)
                 with self._writing(self.out / "best", run.step):
                     replace_folder(self.out / "best", partial(self._save, model=run.model, info=info))
-            self._save_last(run)
+            self._save_last(run, pending)
         run.env.barrier()
         run.last_save = time.time()
 
-    def _save_last(self, run: _Run) -> None:
-        """The training state (weights, optimizer, RNG, progress) to last/, from the main process, once the
-        weights passed _check_finite."""
+    def _pending(self, run: _Run) -> dict[str, Any] | None:
+        """The sums of the steps since the last log line over every process (one all-reduce; every process calls
+        it at the same step), for last/: a resumed run's next log line then covers the same steps, with the same
+        means, as that of an uninterrupted run. None when the last step was logged."""
+        if run.count == 0:
+            return None
+        keys = sorted(run.sums)
+        values = run.env.sum(torch.stack([run.sums[k] for k in keys])).tolist()
+        return {"count": run.count, "sums": dict(zip(keys, values))}
+
+    def _restore_pending(self, run: _Run, pending: Any) -> None:
+        """Put back the sums `_pending` saved: their values on the main process, zeros under the same names on the
+        others (the next log line sums over processes, which must hold the same names)."""
+        where = self.out / "last" / "trainer.json"
+        if not (isinstance(pending, dict) and isinstance(pending.get("count"), int) and pending["count"] > 0
+                and isinstance(pending.get("sums"), dict)
+                and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in pending["sums"].values())):
+            raise CheckpointError(f"{where}: pending = {pending!r} is not the sums of unlogged steps")
+        run.count = pending["count"]
+        dtype = torch.float32 if run.device.type == "mps" else torch.float64
+        run.sums = {k: torch.tensor(float(v) if run.env.is_main else 0.0, dtype=dtype, device=run.device)
+                    for k, v in pending["sums"].items()}
+
+    def _save_last(self, run: _Run, pending: dict[str, Any] | None) -> None:
+        """The training state (weights, optimizer, RNG, progress, the sums of the steps not yet logged) to last/,
+        from the main process, once the weights passed _check_finite."""
         if not run.env.is_main:
             return
         self._check_finite(run)
@@ -610,6 +636,8 @@ class Trainer:
                     "elapsed": run.elapsed, "world_size": run.env.world, "schedule": self._schedule}
         if self.command:
             progress["command"] = self.command
+        if pending:
+            progress["pending"] = pending
         with self._writing(self.out / "last", run.step):
             save_training_state(self.out / "last", run.model, run.opt, progress,
                                 self._info(run.device, run.step, run.best_metrics), self._save)
