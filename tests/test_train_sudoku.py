@@ -547,11 +547,13 @@ def test_a_run_folder_whose_state_lost_its_progress_is_not_overwritten(data_dir:
     ("index", "the optimizer state does not fit this run's optimizer (tensor 'state.999.exp_avg': this run's "
               "optimizer has"),
     ("betas", "the optimizer state does not fit this run's optimizer (param_groups: a group lacks betas)"),
+    ("dropped", "the optimizer state does not fit this run's optimizer (the states of parameters [0] are missing"),
 ])
 def test_an_optimizer_state_that_does_not_fit_is_refused_before_training(data_dir: Path, tmp_path: Path,
                                                                          damage: str, message: str) -> None:
     """A readable but wrong optimizer.safetensors / trainer.json gave torch's TypeError, RuntimeError or KeyError
-    (a moment of the wrong shape only at the next step), exit 1 with a traceback: now one line, exit 2."""
+    (a moment of the wrong shape only at the next step), exit 1 with a traceback, or (a parameter's state gone)
+    resumed with that state reset: now one line, exit 2."""
     import safetensors.torch
     import torch
 
@@ -566,6 +568,8 @@ def test_an_optimizer_state_that_does_not_fit_is_refused_before_training(data_di
         tensors["state.0.exp_avg"] = torch.zeros(3)
     elif damage in ("name", "index"):
         tensors["moments.0" if damage == "name" else "state.999.exp_avg"] = torch.zeros(1)
+    elif damage == "dropped":  # one parameter's moments gone: its Adam state would silently restart from zero
+        tensors = {k: v for k, v in tensors.items() if not k.startswith("state.0.")}
     else:
         progress = json.loads((out / "last" / "trainer.json").read_text())
         del progress["optimizer"]["param_groups"][0]["betas"]

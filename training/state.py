@@ -35,7 +35,9 @@ def optimizer_tensors(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tenso
                 tensors[f"state.{idx}.{key}"] = value
             else:
                 scalars.setdefault(str(idx), {})[key] = value
-    return tensors, {"param_groups": sd["param_groups"], "scalars": scalars}
+    # which parameters have a state (those that had a gradient), so that a file missing one is not taken for a
+    # parameter that never had one
+    return tensors, {"param_groups": sd["param_groups"], "scalars": scalars, "with_state": sorted(sd["state"])}
 
 
 def load_optimizer(opt: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], plain: dict[str, Any]) -> None:
@@ -56,6 +58,14 @@ def load_optimizer(opt: torch.optim.Optimizer, tensors: dict[str, torch.Tensor],
             raise ValueError(f"tensor {name!r} is {str(value.dtype).removeprefix('torch.')} "
                              f"{tuple(value.shape)}, its parameter {tuple(params[int(idx)].shape)}")
         state.setdefault(int(idx), {})[key] = value
+    with_state = plain.get("with_state")
+    present = set(state) | {int(i) for i in plain.get("scalars", {})}
+    if isinstance(with_state, list) and present != set(with_state):
+        lost = sorted(set(with_state) - present)
+        raise ValueError(f"the states of parameters {lost[:5]} are missing (trainer.json lists {len(with_state)} "
+                         f"parameters with a state, the file holds {len(present)})" if lost else
+                         f"the file holds states of parameters trainer.json does not list "
+                         f"({sorted(present - set(with_state))[:5]})")
     keys = {frozenset(values) for values in state.values()}
     if len(keys) > 1:
         raise ValueError(f"the parameters' states hold different entries ({' vs '.join(sorted(map(str, keys)))})")
