@@ -489,3 +489,16 @@ def test_trace_of_a_layer_without_energies_is_the_summary_line_not_an_empty_tabl
     code, out, _ = run(["-", "--checkpoint", str(tmp_path / "t"), "--iters", "2", "--trace"], stdin=puzzle + "\n")
     assert code in (0, 1) and "energy: not defined for this layer" in out
     assert "E_ATTN" not in out
+
+
+def test_givens_that_leave_no_solution_are_named_before_solving(tiny_checkpoint: Path) -> None:
+    """The givens clash nowhere, but r1c9 can hold no digit: the warning says so (it was a plain INVALID)."""
+    puzzle = "12345678." + "........9" + "." * 63
+    code, out, err = run(["-", "--checkpoint", str(tiny_checkpoint), "--iters", "1", "--passes", "1"],
+                         stdin=puzzle + "\n")
+    assert code == 1
+    assert "warning: <stdin>, line 1: no solution: r1c9 can hold no digit: its row, column and box hold all nine" \
+        in err
+    code, out, _ = run(["-", "--checkpoint", str(tiny_checkpoint), "--iters", "1", "--passes", "1", "--json"],
+                       stdin=puzzle + "\n")
+    assert json.loads(out)["results"][0]["warnings"][0].startswith("no solution: r1c9")

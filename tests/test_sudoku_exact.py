@@ -160,3 +160,32 @@ def test_generated_puzzles_round_trip_through_numpy() -> None:
     arr = to_array(puzzle)
     assert np.count_nonzero(arr) == 81 - puzzle.count("0")
     assert solve(arr) == solution
+
+
+def test_contradiction_names_why_givens_without_a_clash_have_no_solution() -> None:
+    """Givens that clash nowhere can still leave a cell or a digit no place; the parser warns with the reason
+    (the solver used to report only its own conflicting output). Never for a puzzle that has a solution."""
+    import random
+
+    from hyperset.sudoku.board import conflicts, parse_puzzles
+    from hyperset.sudoku.exact import contradiction
+
+    row1_needs_9 = "12345678." + "........9" + "." * 63
+    assert contradiction(row1_needs_9.replace(".", "0")) == (
+        "r1c9 can hold no digit: its row, column and box hold all nine")
+    puzzle = parse_puzzles(row1_needs_9)[0]
+    assert puzzle.warnings == ("no solution: r1c9 can hold no digit: its row, column and box hold all nine",)
+    rng, flagged = random.Random(0), 0
+    for givens, _ in generate(30, seed=4):
+        assert contradiction(givens) is None
+        for _ in range(10):  # one more given: a contradiction only when no solution is left
+            cell = rng.randrange(81)
+            if givens[cell] != "0":
+                continue
+            changed = givens[:cell] + str(rng.randint(1, 9)) + givens[cell + 1:]
+            if conflicts(changed):
+                continue
+            why = contradiction(changed)
+            assert why is None or count_solutions(changed, 1) == 0, changed
+            flagged += why is not None
+    assert flagged > 20

@@ -362,7 +362,14 @@ class _Parser:
             _check_solution(givens, solution, self.source, line)
         n = 81 - givens.count("0")
         warnings: tuple[str, ...] = ()
-        if n < MIN_UNIQUE_GIVENS:
+        why = None
+        if solution is None:  # a puzzle that comes with its solution has one; others are checked
+            from .exact import contradiction
+
+            why = contradiction(givens)
+        if why is not None:
+            warnings = (f"no solution: {why}",)
+        elif n < MIN_UNIQUE_GIVENS:
             warnings = (f"only {n} given{'s' if n != 1 else ''}: cannot have a unique solution",)
         self.puzzles.append(Puzzle(givens, solution, self.source, line, len(self.puzzles), warnings))
 

@@ -109,6 +109,55 @@ def _search(cands: list[int], queue: list[int], limit: int, found: list[list[int
             return
 
 
+def contradiction(givens: Board) -> str | None:
+    """Why the givens have no solution, when constraint propagation alone shows it (naked and hidden singles to a
+    fixed point, no search): "r1c9 can hold no digit: ...", "row 3 has no place for 7", "r4c5 and r4c8 would both have
+    to hold 2". None otherwise: the puzzle may still have no solution, which only a search would tell. Clashing
+    givens are the parser's to report."""
+    from .board import _unit_label, cell_name
+
+    text = to_string(givens)
+    cands, queue = _initial(text)
+    for i in queue:  # first what the givens alone rule out: the plainest reason
+        for p in _PEERS[i]:
+            if text[p] == "0":
+                cands[p] &= ~cands[i]
+    empty = next((p for p in range(81) if not cands[p]), None)
+    if empty is not None:
+        return f"{cell_name(empty)} can hold no digit: its row, column and box hold all nine"
+    queue = [i for i in range(81) if not cands[i] & (cands[i] - 1)]
+    while True:
+        while queue:
+            i = queue.pop()
+            b = cands[i]
+            for p in _PEERS[i]:
+                if cands[p] == b:
+                    return f"{cell_name(i)} and {cell_name(p)} would both have to hold {b.bit_length()}"
+                if cands[p] & b:
+                    cands[p] ^= b
+                    if not cands[p] & (cands[p] - 1):
+                        queue.append(p)
+        for u, unit in enumerate(_UNIT_CELLS):
+            once = twice = 0
+            for i in unit:
+                twice |= once & cands[i]
+                once |= cands[i]
+            if once != _ALL:
+                digit = next(d for d in range(9) if not once >> d & 1) + 1
+                return f"{_unit_label(u)} has no place for {digit}"
+            only = once & ~twice
+            for i in unit:
+                h = cands[i] & only
+                if h and cands[i] != h:
+                    if h & (h - 1):
+                        digits = " and ".join(str(d + 1) for d in range(9) if h >> d & 1)
+                        return f"{_unit_label(u)} has only {cell_name(i)} for {digits}"
+                    cands[i] = h
+                    queue.append(i)
+        if not queue:
+            return None
+
+
 def _to_text(cands: list[int]) -> str:
     return "".join(_DIGIT.get(m, "0") for m in cands)
 
