@@ -604,10 +604,11 @@ def test_resume_alone_continues_the_run_with_the_settings_it_was_started_with(da
     assert "--steps 6" in result.stdout.splitlines()[0] and "done: step 6" in result.stdout
     schedule = json.loads((out / "last" / "trainer.json").read_text())["schedule"]
     assert schedule == [{"from_step": 0, "steps": 6}]
-    # what the resuming command gives goes on top: a longer run
-    result = CliRunner().invoke(train_main, [*resumed, "--steps", "8", "--quiet"])
+    # what the resuming command gives goes on top: a longer run; a --set given again is kept once, last
+    result = CliRunner().invoke(train_main, [*resumed, "--steps", "8", "--set", "model.dim=16", "--quiet"])
     assert result.exit_code == 0 and result.stdout.startswith("done: step 8"), result.output
-    assert json.loads((out / "last" / "trainer.json").read_text())["command"]["steps"] == 8
+    kept = json.loads((out / "last" / "trainer.json").read_text())["command"]
+    assert kept["steps"] == 8 and kept["set"].count("model.dim=16") == 1 and kept["set"][-1] == "model.dim=16"
 
 
 def test_a_stopped_and_resumed_run_logs_what_an_uninterrupted_one_does(data_dir: Path, tmp_path: Path,

@@ -92,10 +92,11 @@ def _run(task: str, recipe_name: str, data: str, out: str, resume: bool, device:
             if value is not None and not value.strip():
                 raise ValueError(f"{option}: an empty value (leave the option out for the recipe's)")
         given = {"set": list(overrides), "steps": steps, "accum_steps": accum_steps, "preset": preset,
-                 "dataset": dataset, "threads": threads}
+                 "dataset": dataset, "threads": threads, "schedule": schedule}
         command = resume_command(Path(out), given, quiet or as_json) if resume else given
         overrides, steps, accum_steps = tuple(command["set"]), command["steps"], command["accum_steps"]
         preset, dataset, threads = command["preset"], command["dataset"], command["threads"]
+        schedule = command["schedule"]
         name, recipe = load_recipe(recipe_name)
         if threads is not None:  # --threads N is --set train.threads=N (an explicit --set still wins)
             overrides = (f"train.threads={threads}", *overrides)
@@ -154,15 +155,18 @@ def _run(task: str, recipe_name: str, data: str, out: str, resume: bool, device:
 def resume_command(out: Path, given: dict[str, Any], quiet: bool) -> dict[str, Any]:
     """The settings a resumed run goes on with: those it was started with (kept in OUT/last/trainer.json), with
     what this command gives on top (its --set after the recorded ones, its --steps / --accum-steps / --preset /
-    --dataset / --threads instead of theirs). `--resume` alone therefore continues the run as it was started."""
+    --dataset / --threads / --schedule instead of theirs). `--resume` alone therefore continues the run as it was
+    started."""
     recorded = recorded_command(out / "last")
-    command = {**given, "set": [*recorded.get("set", []), *given["set"]]}
-    for key in ("steps", "accum_steps", "preset", "dataset", "threads"):
+    sets = [*recorded.get("set", []), *given["set"]]
+    # a value given again is kept once, where it was given last (the order decides which of two values wins)
+    command = {**given, "set": [v for i, v in enumerate(sets) if v not in sets[i + 1:]]}
+    single = ("steps", "accum_steps", "preset", "dataset", "threads", "schedule")
+    for key in single:
         if command[key] is None:
             command[key] = recorded.get(key)
     kept = [f"--set {v}" for v in recorded.get("set", [])] + [
-        f"--{k.replace('_', '-')} {recorded[k]}" for k in ("steps", "accum_steps", "preset", "dataset", "threads")
-        if k in recorded and given[k] is None]
+        f"--{k.replace('_', '-')} {recorded[k]}" for k in single if k in recorded and given[k] is None]
     if kept and not quiet:
         click.echo(f"resuming with the run's own settings: {' '.join(kept)}")
     return command
