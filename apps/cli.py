@@ -96,27 +96,43 @@ def _fail(message: str) -> int:
     return 2
 
 
+def _ort_device_name(name: str, check: Any) -> bool:
+    """Whether `name` is a device ONNX Runtime's backend takes (cpu, cuda, cuda:0, auto), whatever torch has."""
+    try:
+        kind, index = check(name)
+    except ValueError:
+        return False
+    return kind in ("auto", "cpu") or (kind == "cuda" and index in ("", "0"))
+
+
 def load_models(args: Any) -> tuple[Any, Any, str, str]:
     """(solver or None, MIM pipeline or None, note on the Sudoku model, note on the MIM model).
 
     A model named on the command line must load (a ``SystemExit`` message otherwise); a missing shipped model
     only disables its tab."""
     from hyperset.checkpoint import CheckpointError
-    from hyperset.device import pick_device, set_cpu_threads
+    from hyperset.device import check_device_name, pick_device, set_cpu_threads
     from hyperset.solve import Solver
     from hyperset.vision.reconstruct import MIMWeightsMissing, load_mim
 
     try:
         device = pick_device(args.device)
     except Exception as err:
-        raise SystemExit(_fail(f"--device {args.device}: {err}")) from None
+        # --backend onnx: ONNX Runtime judges the device for the solver (a CPU build of torch beside
+        # onnxruntime-gpu can still solve on the GPU); torch, for the reconstruction tab, then runs on the CPU
+        if args.backend != "onnx" or not _ort_device_name(args.device, check_device_name):
+            raise SystemExit(_fail(f"--device {args.device}: {err}")) from None
+        import torch
+
+        device = torch.device("cpu")
+        args.torch_note = f" (--device {args.device}: {err})"
     try:
         threads = set_cpu_threads(getattr(args, "threads", None))
     except ValueError as err:
         raise SystemExit(_fail(f"--threads: {err}")) from None
     solver, mim, sudoku_note, mim_note = None, None, "", ""
     try:
-        solver = Solver.load(args.checkpoint, device=str(device))
+        solver = Solver.load(args.checkpoint, device=str(device) if args.backend == "torch" else "cpu")
     except (CheckpointError, FileNotFoundError, OSError, ValueError) as err:
         if args.checkpoint:
             raise SystemExit(_fail(f"cannot load the Sudoku checkpoint {args.checkpoint}: {err}")) from None
@@ -198,8 +214,8 @@ def serve(args: Any) -> int:
     else:
         print(f"Sudoku tab disabled: {sudoku_note}")
     if mim is not None:
-        print(f"Reconstruction: torch on {mim.device}, {mim.image_size}x{mim.image_size} images, "
-              f"trained depth {mim.trained_iters}")
+        print(f"Reconstruction: torch on {mim.device}{getattr(args, 'torch_note', '')}, {mim.image_size}x"
+              f"{mim.image_size} images, trained depth {mim.trained_iters}")
     else:
         print(f"Reconstruction tab disabled: {mim_note}")
     if not _is_loopback(args.host):

@@ -535,3 +535,28 @@ def test_onnx_backend_frames_come_from_onnxruntime(tmp_path: Path, monkeypatch: 
     details = updates[-1][3]
     assert len(updates) == iters and details["backend"]["frames"] == details["backend"]["final"] == "onnxruntime"
     assert len(details["energy"]["attn"]) == iters and "came from onnxruntime" in updates[-1][2]
+
+
+def test_onnx_backend_leaves_the_device_to_onnx_runtime(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """`--backend onnx --device cuda` was refused by torch's CUDA check on a CPU build of torch beside
+    onnxruntime-gpu: ONNX Runtime now judges the device for the solver, and torch (the reconstruction tab) runs on
+    the CPU, which the startup line says. A name neither takes is still refused."""
+    pytest.importorskip("onnxruntime")
+    import torch
+
+    from hyperset.apps.cli import load_models, options
+    from hyperset.exports import solver_backend
+
+    monkeypatch.setenv("HYPERSET_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    asked: list[str] = []
+    monkeypatch.setattr(solver_backend, "_ort_device", lambda d: asked.append(str(d)) or "cpu")
+    tiny_solver(tmp_path / "sudoku")
+    args = options(["--checkpoint", str(tmp_path / "sudoku"), "--backend", "onnx", "--device", "cuda"])
+    solver, _, _, _ = load_models(args)
+    assert asked == ["cuda"] and "onnxruntime" in solver.backend_name
+    assert args.torch_note.startswith(" (--device cuda: --device cuda was requested but PyTorch sees no CUDA")
+    for argv in (["--backend", "torch", "--device", "cuda"], ["--backend", "onnx", "--device", "cuda:1"],
+                 ["--backend", "onnx", "--device", "xpu"]):
+        with pytest.raises(SystemExit):
+            load_models(options(["--checkpoint", str(tmp_path / "sudoku"), *argv]))
