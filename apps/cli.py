@@ -96,10 +96,12 @@ def _fail(message: str) -> int:
     return 2
 
 
-def _ort_device_name(name: str, check: Any) -> bool:
+def _ort_device_name(name: str) -> bool:
     """Whether `name` is a device ONNX Runtime's backend takes (cpu, cuda, cuda:0, auto), whatever torch has."""
+    from hyperset.device import check_device_name
+
     try:
-        kind, index = check(name)
+        kind, index = check_device_name(name)
     except ValueError:
         return False
     return kind in ("auto", "cpu") or (kind == "cuda" and index in ("", "0"))
@@ -111,7 +113,7 @@ def load_models(args: Any) -> tuple[Any, Any, str, str]:
     A model named on the command line must load (a ``SystemExit`` message otherwise); a missing shipped model
     only disables its tab."""
     from hyperset.checkpoint import CheckpointError
-    from hyperset.device import check_device_name, pick_device, set_cpu_threads
+    from hyperset.device import pick_device, set_cpu_threads
     from hyperset.solve import Solver
     from hyperset.vision.reconstruct import MIMWeightsMissing, load_mim
 
@@ -120,7 +122,7 @@ def load_models(args: Any) -> tuple[Any, Any, str, str]:
     except Exception as err:
         # --backend onnx: ONNX Runtime judges the device for the solver (a CPU build of torch beside
         # onnxruntime-gpu can still solve on the GPU); torch, for the reconstruction tab, then runs on the CPU
-        if args.backend != "onnx" or not _ort_device_name(args.device, check_device_name):
+        if args.backend != "onnx" or not _ort_device_name(args.device):
             raise SystemExit(_fail(f"--device {args.device}: {err}")) from None
         import torch
 

@@ -208,6 +208,7 @@ class OnnxSolverBackend:
         if all(Path(p).is_file() for p in files):
             other = self._other_model(files)
             if other is None:
+                self._steps_paths = beside  # checked once: later calls do not read the files' metadata again
                 return beside
             if self._model is None:
                 raise OnnxModelError(f"{other} was exported from another model than {self.path.name} (their "

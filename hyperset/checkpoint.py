@@ -38,13 +38,13 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except (PermissionError, OSError):
-        return True  # another user's process, or a platform that cannot tell: leave its file alone
+    except OSError:
+        return True  # another user's process (PermissionError), or a platform that cannot tell: leave its file
     return True
 
 
 def _temp_beside(path: Path) -> tuple[int, str]:
-    """mkstemp next to `path` as `.NAME.PID.XXXXXXXX.tmp`, after removing the files of that form that processes
+    """mkstemp next to `path` as `.NAME.PID.<random>.tmp`, after removing the files of that form that processes
     which no longer run left there (a kill between the write and the rename: an ONNX graph's worth each time)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     if os.name == "posix":

@@ -111,10 +111,6 @@ class TrainConfig:
         return cls(**data)
 
 
-def _non_empty(path: Path) -> bool:
-    return path.is_file() and path.stat().st_size > 0
-
-
 class DivergedError(RuntimeError):
     """The loss or the weights stopped being finite; nothing of the diverged steps was saved."""
 
@@ -468,8 +464,9 @@ class Trainer:
                                       "resume, and a new run would overwrite it; move it away or choose another "
                                       "--out")
             # a finished run whose last/ was removed keeps best/ and its log: a new run would replace both
-            earlier = [name for name in ("best", "metrics.jsonl")
-                       if (self.out / name).is_dir() or (name != "best" and _non_empty(self.out / name))]
+            log = self.out / "metrics.jsonl"
+            earlier = [name for name, there in (("best", (self.out / "best").is_dir()),
+                                                ("metrics.jsonl", log.is_file() and log.stat().st_size > 0)) if there]
             if earlier and not self.resume:
                 raise CheckpointError(f"{self.out} holds an earlier run's {' and '.join(earlier)} but no last/ to "
                                       "resume from; a new run would replace them: choose another --out (or remove "
@@ -573,8 +570,9 @@ class Trainer:
     def _log_interval(self, run: _Run, bar: Any) -> None:
         """The means since the last log line (one all-reduce, one read to the host): metrics.jsonl and the
         progress bar; a loss that stopped being finite ends the run here (nothing of it is saved)."""
-        keys = sorted(run.sums)
-        means = dict(zip(keys, (run.env.sum(torch.stack([run.sums[k] for k in keys])) / run.count).tolist()))
+        pending = self._pending(run)
+        keys = sorted(pending["sums"])
+        means = {k: v / pending["count"] for k, v in pending["sums"].items()}
         run.sums, run.count = {}, 0
         if not math.isfinite(means.get("loss", 0.0)):
             raise self._diverged(run.step, f"the loss became {means['loss']}")
