@@ -4,7 +4,7 @@ Average Angle", Figs. "energy" (CIFAR-10 row) and "rank angle", and App. "Rank a
 * ``classify_energy.png/json``: E_ATTN and E_FF (normalization first, no learnable gains) after each iteration,
   mean and standard deviation over the images, from the embedded input (iteration 0) to ``--iters`` (default
   twice the trained depth; the trained depth is marked), plus top-1 accuracy of the CLS readout per iteration.
-* ``classify_rank_angle.png/json``: effective rank (eq. 13) and average angle (eq. 14) of the tokens projected
+* ``classify_rank_angle.png/json``: effective rank (eq. 17) and average angle (eq. 18) of the tokens projected
   to each head's subspace (RMS-normalized), averaged over images, per head and iteration; the effective rank
   of the full token matrix is given for comparison.
 

@@ -15,7 +15,7 @@ last one), and the token model is run for ``--iters`` iterations (default 2T). P
   the masked tokens and on the visible ones apart;
 * each iteration in halves: the change of E_ATTN in the attention step and in the feedforward step, the
   attention step's first-order change of E_ATTN split by the sign of alpha, the change with |alpha| instead of
-  alpha (same magnitudes), and the cosine between the attention update direction (eq. 8) and the autograd
+  alpha (same magnitudes), and the cosine between the attention update direction (eq. 9) and the autograd
   gradient of the reported E_ATTN;
 * a counterfactual pass with |alpha| and |gamma| at every iteration (whether the total energy then falls);
 * the mean token norm |x_t| (the update never projects the tokens; the energies only see their directions), and the
@@ -101,7 +101,7 @@ def trajectories(model: HyperSETModel, tokens: Tensor, iters: int) -> dict[str, 
                 alpha, gamma = core.steps_at(x, x0, t)
                 alpha, gamma = alpha.expand_as(x), gamma.expand_as(x)
                 W, _ = layer.weights(t)
-                update = layer.attn_grad(x, W)  # the attention step is x - alpha * update (eq. 8)
+                update = layer.attn_grad(x, W)  # the attention step is x - alpha * update (eq. 9)
                 x_half = x - alpha * update
                 x_next = core.step(x, x0, t, layer)
             xg = x.detach().requires_grad_(True)

@@ -122,7 +122,7 @@ def plots(out: dict, prefix: str) -> None:
     for h in range(rank.shape[1]):
         ax[0].plot(t, rank[:, h], label=f"head {h + 1}")
         ax[1].plot(t, angle[:, h], label=f"head {h + 1}")
-    for a, title in zip(ax, ("Effective rank per head (eq. 13)", "Average angle per head, degrees (eq. 14)")):
+    for a, title in zip(ax, ("Effective rank per head (eq. 17)", "Average angle per head, degrees (eq. 18)")):
         a.axvline(T, color="tab:red", ls="--", lw=1)
         a.set_title(title)
         a.set_xlabel("iteration t")

@@ -119,6 +119,7 @@ def save_module(directory: str | os.PathLike, module: torch.nn.Module, kind: str
     must hold a Hyper-SET checkpoint (anything else is not overwritten). Both files are written in full before
     either replaces an old one."""
     directory = Path(directory)
+    module = getattr(module, "_orig_mod", module)  # torch.compile's wrapper: the weights under their own names
     reserved = {"format", "format_version", "kind", "model", "parameters"}
     clash = sorted(reserved & set(info or {}))
     if clash:
@@ -161,8 +162,13 @@ def _check_writable_checkpoint_folder(directory: Path) -> None:
                          "folder)")
 
 
-def stored_shapes(path: Path, what: str) -> dict[str, tuple[int, ...]]:
-    """The tensor shapes in a safetensors file, read from its header alone."""
+# safetensors' names of the floating-point dtypes torch loads
+FLOAT_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+
+
+def stored_header(path: Path, what: str) -> dict[str, tuple[tuple[int, ...], str]]:
+    """The tensor shapes and dtypes (safetensors' names: "F32", "BF16", "I64", ...) in a safetensors file, read
+    from its header alone."""
     if not path.is_file():
         raise CheckpointError(f"{path}: file not found (expected the {what} as a .safetensors file)")
     try:
@@ -171,7 +177,7 @@ def stored_shapes(path: Path, what: str) -> dict[str, tuple[int, ...]]:
         raise CheckpointError(f"{path}: cannot be read ({e.strerror or e})") from None
     try:
         with safe_open(str(path), "pt") as f:
-            return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+            return {k: (tuple(f.get_slice(k).get_shape()), f.get_slice(k).get_dtype()) for k in f.keys()}
     except (SafetensorError, OSError, ValueError) as e:
         raise CheckpointError(f"{path}: not a readable safetensors file ({e}); expected the {what}") from None
 
@@ -180,8 +186,10 @@ def check_weights_fit(module: torch.nn.Module, directory: Path, what: str) -> No
     """The names and shapes of `module` (which may live on the meta device) against the header of
     model.safetensors: a one-line error for missing/unexpected keys or shapes, before any weight is read."""
     path = directory / "model.safetensors"
-    stored = stored_shapes(path, what)
-    expected = {k: tuple(v.shape) for k, v in module.state_dict().items()}
+    header = stored_header(path, what)
+    stored = {k: shape for k, (shape, _) in header.items()}
+    state = module.state_dict()
+    expected = {k: tuple(v.shape) for k, v in state.items()}
     missing = sorted(set(expected) - set(stored))
     unexpected = sorted(set(stored) - set(expected))
     if missing or unexpected:
@@ -191,6 +199,16 @@ def check_weights_fit(module: torch.nn.Module, directory: Path, what: str) -> No
     for k, shape in stored.items():
         if shape != expected[k]:
             raise CheckpointError(f"{path}: {k} has shape {shape}, config.json expects {expected[k]}")
+        if state[k].is_floating_point() != (header[k][1] in FLOAT_DTYPES):
+            kind = "floating-point" if state[k].is_floating_point() else str(state[k].dtype).removeprefix("torch.")
+            raise CheckpointError(f"{path}: {k} is stored as {header[k][1]}, expected {kind} values")
+
+
+def stored_float_dtype(directory: Path) -> torch.dtype | None:
+    """The one floating-point dtype of a checked model.safetensors' floating tensors (None if they mix dtypes)."""
+    found = {FLOAT_DTYPES[d] for _, d in stored_header(directory / "model.safetensors", "weights").values()
+             if d in FLOAT_DTYPES}
+    return found.pop() if len(found) == 1 else None
 
 
 def load_weights_into(module: torch.nn.Module, directory: Path, what: str) -> None:
@@ -232,6 +250,12 @@ def read_config(directory: str | os.PathLike, kind: str | None = None) -> dict[s
         raise CheckpointError(f"{path}: cannot be read ({e.strerror or e})") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT or not isinstance(meta.get("model"), dict):
         raise CheckpointError(f"{path}: not a Hyper-SET checkpoint config (expected \"format\": \"{FORMAT}\")")
+    version = meta.get("format_version", 1)
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise CheckpointError(f"{path}: format_version = {version!r}: expected a whole number >= 1")
+    if version > FORMAT_VERSION:
+        raise CheckpointError(f"{path}: written in checkpoint format version {version}, newer than this version of "
+                              f"hyperset reads ({FORMAT_VERSION}): upgrade hyperset to load it")
     found = meta.get("kind", "hyperset")
     if kind is not None and found != kind:
         raise CheckpointError(f"{directory}: this checkpoint holds a {found!r} model, expected a {kind!r} model")
@@ -281,6 +305,9 @@ def load_checkpoint(directory: str | os.PathLike, task: str | None = None,
         raise CheckpointError(f"{e}; config.json lacks the model keys {', '.join(absent)} (defaults were "
                               "assumed)") from None
     model = HyperSETModel(cfg)
+    dtype = stored_float_dtype(directory)
+    if dtype is not None:  # the weights as they were saved: a float64 or bfloat16 model stays one
+        model.to(dtype)
     load_weights_into(model, directory, what)
     model.to(map_location).eval()
     return model, meta

@@ -147,8 +147,8 @@ class ModelConfig:
         ff_hidden: M, the number of feedforward bases (columns of D).
         iters: iterations per distinct layer in training (the trained depth when n_layers == 1).
         n_layers: distinct layers, each iterated `iters` times (layers x iterations).
-        attention: attention energy: "bisoftmax" (eq. 2-3), "sigmoid" or "linear" (appendix, alternative designs).
-        feedforward: feedforward energy: "relu" (eq. 4), "softmax" or "gated".
+        attention: attention energy: "bisoftmax" (eq. 3-4), "sigmoid" or "linear" (appendix, alternative designs).
+        feedforward: feedforward energy: "relu" (eq. 5), "softmax" or "gated".
         phi: feature map for linear attention / gated feedforward ("sigmoid", "relu", "elu1", "softplus").
         step: "adaptive" (learned alpha_t, gamma_t, eq. 12) or "fixed" (alpha = gamma = fixed_step).
         step_cond: condition of the step-size network: "x0" (paper default) or "xt" (images).
@@ -223,7 +223,8 @@ class ModelConfig:
     head_norm: str = "rms"
 
     def __post_init__(self) -> None:
-        for key in POSITIVE_SIZES:  # first: the checks below divide by them
+        check_table(type(self), dataclasses.asdict(self), "model")  # first: a value of the wrong type, named
+        for key in POSITIVE_SIZES:  # the checks below divide by them
             if getattr(self, key) < 1:
                 raise ValueError(f"model.{key} = {getattr(self, key)}: must be >= 1")
         check_iterations(self.iters, "model.iters")
@@ -241,6 +242,8 @@ class ModelConfig:
              f"step_sign 'positive' needs step_init > 0 (softplus never reaches 0), got {self.step_init}"),
             (self.time_max >= 0, f"time_max must be >= 0 (0: no limit), got {self.time_max}"),
             (self.lora_rank >= 0, f"model.lora_rank = {self.lora_rank}: must be >= 0 (0: off)"),
+            (self.norm_eps > 0, f"model.norm_eps = {self.norm_eps}: must be > 0"),
+            (0 <= self.emb_dropout < 1, f"model.emb_dropout = {self.emb_dropout}: must be in [0, 1)"),
         ]
         for ok, message in checks:
             if not ok:

@@ -100,8 +100,8 @@ class Trace:
     average_angle: list[Tensor] = field(default_factory=list)
 
     def record(self, layer: nn.Module, x: Tensor, t: int, geometry: bool, cfg: ModelConfig | None = None) -> None:
-        for name, value in layer_energy(layer, x, t, cfg).items():
-            self.energy.setdefault(name, []).append(value.detach().float())
+        for name, value in traced_energy(layer, x, t, cfg).items():
+            self.energy.setdefault(name, []).append(value)
         if geometry:
             Z = layer.projections(x, t).detach()
             self.effective_rank.append(effective_rank(Z))
@@ -129,6 +129,12 @@ def layer_energy(layer: nn.Module, x: Tensor, t: int | None, cfg: ModelConfig | 
     """layer.energy(x, t); with the model's config, by slices of rows at inference on a CPU (see `slice_rows`)."""
     rows = slice_rows(cfg, len(x), x.device) if cfg is not None else 0
     return by_rows(lambda v: layer.energy(v, t), rows, x)
+
+
+def traced_energy(layer: nn.Module, x: Tensor, t: int | None, cfg: ModelConfig | None) -> dict[str, Tensor]:
+    """layer_energy detached for a trace: in float32, or in the model's dtype where that is wider (float64)."""
+    return {k: v.detach().to(torch.promote_types(v.dtype, torch.float32))
+            for k, v in layer_energy(layer, x, t, cfg).items()}
 
 
 @dataclass

@@ -51,7 +51,7 @@ def logsumexp(x: Tensor, dim: int = -1, bound: float | None = None) -> Tensor:
 
 
 def rms_normalize(x: Tensor, eps: float = 1e-6) -> Tensor:
-    """Put each row on the sphere of radius sqrt(dim): the constraint of eq. (3)/(4). In an ONNX export written as
+    """Put each row on the sphere of radius sqrt(dim): the constraint of eq. (4)/(5). In an ONNX export written as
     x / sqrt(mean(x^2) + eps): Sqrt and Div, one node fewer than the Sqrt, Div(1, .) and Mul of x * rsqrt(...)."""
     if torch.onnx.is_in_onnx_export():
         return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps)
@@ -71,7 +71,7 @@ def merge_heads(z: Tensor) -> Tensor:
 
 
 def head_projections(X: Tensor, W: Tensor, heads: int, normalize: bool = True, eps: float = 1e-6) -> Tensor:
-    """z_i^h = W_h^T x_i (eq. 1), per head, optionally on the radius-sqrt(p) sphere (eq. 7): (B, H, N, p)."""
+    """z_i^h = W_h^T x_i (eq. 2), per head, optionally on the radius-sqrt(p) sphere (eq. 8): (B, H, N, p)."""
     Z = split_heads(X @ W, heads)
     return rms_normalize(Z, eps) if normalize else Z
 
@@ -80,7 +80,7 @@ def attn_energy_heads(Z: Tensor, kind: str = "bisoftmax", phi: str = "sigmoid", 
     """Attention energy of head projections Z (B, H, N, p), summed over heads and tokens -> (B,). `normalized`:
     Z is on the radius-sqrt(p) sphere (rms_normalize), so |beta z_i.z_j| <= sqrt(p) bounds the scores.
 
-    bisoftmax: E = 1/beta sum_i logsumexp_j(beta z_i.z_j)           eq. (2)-(3), beta = 1/sqrt(p)
+    bisoftmax: E = 1/beta sum_i logsumexp_j(beta z_i.z_j)           eq. (3)-(4), beta = 1/sqrt(p)
     sigmoid:   E = 1/(2 beta) sum_ij sigmoid(beta z_i.z_j)          (alternative designs)
     linear:    E = beta/4 sum_ij (phi(z_i).phi(z_j))^2               (alternative designs; O(N) update)
     """
@@ -102,7 +102,7 @@ def attn_energy_heads(Z: Tensor, kind: str = "bisoftmax", phi: str = "sigmoid", 
 def ff_energy_hidden(U: Tensor, kind: str = "relu", phi: str = "sigmoid") -> Tensor:
     """Feedforward energy of hidden activations U = X D (B, N, M), summed over tokens -> (B,).
 
-    relu:    E = -1/2 sum_i sum_m ReLU(u_im)^2                      eq. (4)
+    relu:    E = -1/2 sum_i sum_m ReLU(u_im)^2                      eq. (5)
     softmax: E = -sum_i logsumexp_m(u_im)
     gated:   E = -1/2 sum_i (sum_m phi(u_im))^2
     """
@@ -117,13 +117,13 @@ def ff_energy_hidden(U: Tensor, kind: str = "relu", phi: str = "sigmoid") -> Ten
 
 def attn_energy(X: Tensor, W: Tensor, heads: int, kind: str = "bisoftmax", normalize: bool = True,
                 phi: str = "sigmoid", eps: float = 1e-6) -> Tensor:
-    """E_ATTN(X; W), eq. (2)-(3), per sample (B,)."""
+    """E_ATTN(X; W), eq. (3)-(4), per sample (B,)."""
     return attn_energy_heads(head_projections(X, W, heads, normalize, eps), kind, phi, normalized=normalize)
 
 
 def ff_energy(X: Tensor, D: Tensor, kind: str = "relu", normalize: bool = True, phi: str = "sigmoid",
               eps: float = 1e-6) -> Tensor:
-    """E_FF(X; D), eq. (4), per sample (B,).
+    """E_FF(X; D), eq. (5), per sample (B,).
 
     The ReLU energy is positively homogeneous, so the normalised one needs no normalised copy of U:
     -1/2 sum_m ReLU(u_m / rms(u))^2 = -1/2 |ReLU(u)|^2 / rms(u)^2 per token (rms with its eps)."""
@@ -137,7 +137,7 @@ def ff_energy(X: Tensor, D: Tensor, kind: str = "relu", normalize: bool = True, 
 def attn_energy_grad_heads(Z: Tensor, kind: str = "bisoftmax", phi: str = "sigmoid") -> Tensor:
     """dE_ATTN/dZ in closed form, per head (B, H, N, p): the attention operator before back-projection.
 
-    bisoftmax: (softmax_row(A) + softmax_col(A)) Z, the bi-softmax attention of eq. (6)/(8).
+    bisoftmax: (softmax_row(A) + softmax_col(A)) Z, the bi-softmax attention of eq. (7)/(9).
     """
     beta = 1.0 / math.sqrt(Z.shape[-1])
     if kind == "bisoftmax":
@@ -158,7 +158,7 @@ def attn_energy_grad_heads(Z: Tensor, kind: str = "bisoftmax", phi: str = "sigmo
 
 
 def ff_energy_grad_hidden(U: Tensor, kind: str = "relu", phi: str = "sigmoid") -> Tensor:
-    """-dE_FF/dU in closed form (B, N, M): the feedforward activation of eq. (9)/(10)."""
+    """-dE_FF/dU in closed form (B, N, M): the feedforward activation of eq. (10)/(11)."""
     if kind == "relu":
         return F.relu(U)
     if kind == "softmax":
@@ -170,7 +170,7 @@ def ff_energy_grad_hidden(U: Tensor, kind: str = "relu", phi: str = "sigmoid") -
 
 
 def effective_rank(Z: Tensor) -> Tensor:
-    """Effective rank, eq. (13): exp of the entropy of normalised singular values. Z (..., N, p) -> (...)."""
+    """Effective rank, eq. (17): exp of the entropy of normalised singular values. Z (..., N, p) -> (...)."""
     s = torch.linalg.svdvals(Z.float())
     p = s / s.sum(-1, keepdim=True).clamp_min(1e-12)
     entropy = -(p * torch.log(p.clamp_min(1e-12))).sum(-1)
@@ -178,7 +178,7 @@ def effective_rank(Z: Tensor) -> Tensor:
 
 
 def average_angle(Z: Tensor) -> Tensor:
-    """Average angle in degrees, eq. (14): arccos of the mean pairwise cosine over i < j. Z (..., N, p) -> (...).
+    """Average angle in degrees, eq. (18): arccos of the mean pairwise cosine over i < j. Z (..., N, p) -> (...).
 
     This is the paper's definition; the authors' code averages the angles instead (mean of arccos).
     """

@@ -20,7 +20,8 @@ They are used where they win: gradients on, no autocast, not in an export (see `
 matmuls (one fp32 training step at the peer configuration on one CPU thread: 45 boards/s compiled with them, 20
 compiled written out, 38 eager; bench/peer_bench.py --compile). ``with written_out():`` turns them off, and with
 them the step sizes made once per pass under gradients (``RecurrentCore._fixed_steps``, eager or compiled): the
-unoptimised path that the tests and bench/peer_bench.py compare with.
+unoptimised path that the tests and bench/peer_bench.py compare with. Their backward passes are first-order
+only: gradients of gradients need `written_out` (torch.func's transforms get the written-out layer by themselves).
 """
 
 from __future__ import annotations
@@ -57,9 +58,11 @@ def written_out() -> Iterator[None]:
 
 def usable(x: Tensor) -> bool:
     """Whether the fused operators should run for an update of x: a gradient will be taken, without autocast, in
-    eager mode or under torch.compile (not in a trace or an export)."""
+    eager mode or under torch.compile (not in a trace or an export, nor under torch.func's transforms, which
+    autograd.Functions of this kind do not support)."""
     return (enabled() and torch.is_grad_enabled() and not torch.jit.is_tracing()
-            and not torch.onnx.is_in_onnx_export() and not torch.is_autocast_enabled(x.device.type))
+            and not torch.onnx.is_in_onnx_export() and not torch.is_autocast_enabled(x.device.type)
+            and (torch.compiler.is_compiling() or not torch._C._are_functorch_transforms_active()))
 
 
 def _rows(t: Tensor) -> Tensor:
@@ -111,7 +114,7 @@ class _ReLUDescent(torch.autograd.Function):
 
 def relu_descent(X: Tensor, Ds: Tensor, Dg: Tensor, eps: float) -> Tensor:
     """ReLU(RMSNorm_g(X D)) D^T, (B, N, d), from the folded weights (Ds, Dg) = `fold_ff(D, g)`: the feedforward
-    step's direction, -dE_FF/dX (eq. 10). The gradients of D and g flow through `fold_ff`."""
+    step's direction, -dE_FF/dX (eq. 11). The gradients of D and g flow through `fold_ff`."""
     return _ReLUDescent.apply(X, Ds, Dg, eps)
 
 
@@ -173,5 +176,5 @@ class _BiSoftmaxGrad(torch.autograd.Function):
 
 
 def bisoftmax_grad(X: Tensor, W: Tensor, g: Tensor, heads: int, eps: float) -> Tensor:
-    """merge((P + P^T) Zn) W^T, (B, N, d): dE_ATTN/dX with the projections Zn = RMSNorm_g(split(X W)) (eq. 8)."""
+    """merge((P + P^T) Zn) W^T, (B, N, d): dE_ATTN/dX with the projections Zn = RMSNorm_g(split(X W)) (eq. 9)."""
     return _BiSoftmaxGrad.apply(X, W, g, heads, eps)

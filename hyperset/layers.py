@@ -173,7 +173,7 @@ class HyperSETLayer(nn.Module):
         return self.W + dW, self.D + dD
 
     def attn_grad(self, X: Tensor, W: Tensor, normalize: bool = True) -> Tensor:
-        """dE_ATTN/dX with the projections put on their spheres first (eq. 8; exact gradient if normalize=False)."""
+        """dE_ATTN/dX with the projections put on their spheres first (eq. 9; exact gradient if normalize=False)."""
         if normalize and self.cfg.attention == "bisoftmax" and fused.usable(X):
             return fused.bisoftmax_grad(X, W, self.norm_attn.weight, self.cfg.heads, self.norm_attn.eps)
         Z = split_heads(X @ W, self.cfg.heads)  # (B, H, N, p)
@@ -190,7 +190,7 @@ class HyperSETLayer(nn.Module):
 
     def ff_descent(self, X: Tensor, D: Tensor, normalize: bool = True,
                    folded: tuple[Tensor, Tensor] | None = None) -> Tensor:
-        """-dE_FF/dX with the hidden activations on their sphere first (eq. 10; exact if normalize=False).
+        """-dE_FF/dX with the hidden activations on their sphere first (eq. 11; exact if normalize=False).
 
         At inference, for the ReLU energy, the normalisation is folded into the weights, the same value in fewer
         passes over the (B, N, M) hidden tensor: with g the RMSNorm gain, s = sign(g) (+1 at 0) and r = 1/rms(X D)
@@ -222,7 +222,7 @@ class HyperSETLayer(nn.Module):
         return fused.fold_ff(self.D, self.norm_ff.weight)
 
     def step(self, x: Tensor, t: int, steps: tuple[Tensor, Tensor], shared: object = None) -> Tensor:
-        """Attention step (eq. 8), then feedforward step (eq. 10) on the updated tokens. `shared`: the
+        """Attention step (eq. 9), then feedforward step (eq. 11) on the updated tokens. `shared`: the
         pass's `pass_weights`."""
         alpha, gamma = steps
         W, D = self.weights(t)

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from .config import CHOICES, ModelConfig, choice_error, get_preset
-from .core import RecurrentCore, Trace, layer_energy, relay
+from .core import RecurrentCore, Trace, relay, traced_energy
 from .layers import RMSNorm
 
 
@@ -216,7 +216,7 @@ class HyperSETModel(nn.Module):
 
         def frame(item: tuple[nn.Module, int, Tensor]) -> Frame:
             layer, t, x = item
-            e = {k: v.detach().float() for k, v in layer_energy(layer, x, t, self.cfg).items()} if energies else None
+            e = traced_energy(layer, x, t, self.cfg) if energies else None
             return Frame(t, index[id(layer)], next(steps), x, self.readout(x) if logits else None, e)
 
         self.check_inputs(inputs)

@@ -16,9 +16,12 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from .checkpoint import CheckpointError, load_checkpoint
 
-# name -> folder under hyperset/weights
+# name -> folder under hyperset/weights; "mim-tokenizer" is the MIM model's VQ tokenizer
+# (hyperset.vision.reconstruct.load_tokenizer), the others load_pretrained's Hyper-SET models
 PRETRAINED = {"sudoku": "sudoku", "classifier": "classifier", "mim": "mim/model", "mim-tokenizer": "mim/tokenizer"}
 
 
@@ -68,9 +71,11 @@ def _from_hub(repo_id: str) -> Path:
 def load_pretrained(name_or_path: str | os.PathLike, device: Any = "cpu") -> Any:
     """A Hyper-SET model (eval mode) by shipped name ("sudoku", "classifier", "mim"), folder or Hub id, on `device`
     ("auto", "cpu", "cuda", "cuda:N", "mps" or a torch.device; one that cannot be had is a ValueError)."""
-    if isinstance(device, str):
-        from .device import pick_device
+    from .device import pick_device
 
-        device = pick_device(device)
+    if name_or_path == "mim-tokenizer":
+        raise CheckpointError("'mim-tokenizer' is the MIM model's VQ tokenizer, not a Hyper-SET model: load it with "
+                              "hyperset.vision.reconstruct.load_tokenizer()")
+    device = pick_device(str(device)) if isinstance(device, (str, torch.device)) else device
     model, _ = load_checkpoint(resolve(name_or_path), map_location=device)
     return model

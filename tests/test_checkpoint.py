@@ -327,3 +327,51 @@ def test_an_atomic_write_removes_the_temporary_files_of_killed_writers(tmp_path:
     assert target.read_bytes() == b"whole"
     assert not stale.exists() and live.exists() and other.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([target.name, live.name, other.name])
+
+
+# ------------------------------------------------------------------------------------------- versions, dtypes, wrappers
+
+
+def test_a_newer_or_malformed_format_version_is_refused_in_one_line(tmp_path):
+    folder, _ = _saved(tmp_path)
+    config = folder / "config.json"
+    meta = json.loads(config.read_text())
+    assert meta["format_version"] == checkpoint.FORMAT_VERSION
+    for version, reason in [(checkpoint.FORMAT_VERSION + 1, "newer than this version"), ("banana", "whole number"),
+                            (0, "whole number"), (True, "whole number")]:
+        config.write_text(json.dumps({**meta, "format_version": version}))
+        assert reason in _error(folder)
+    config.write_text(json.dumps({k: v for k, v in meta.items() if k != "format_version"}))
+    load_checkpoint(folder)  # written before the field existed: version 1
+
+
+def test_a_compiled_model_saves_under_its_own_weight_names(tmp_path):
+    torch.manual_seed(0)
+    model = build_model(_cfg())
+    save_checkpoint(tmp_path / "c", torch.compile(model))
+    loaded, _ = load_checkpoint(tmp_path / "c")
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), loaded.state_dict().values()))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_a_model_loads_in_the_dtype_it_was_saved_in(tmp_path, dtype):
+    torch.manual_seed(0)
+    model = build_model(_cfg()).to(dtype).eval()
+    save_checkpoint(tmp_path / "c", model)
+    loaded, _ = load_checkpoint(tmp_path / "c")
+    assert {p.dtype for p in loaded.parameters()} == {dtype}
+    x = _inputs(model.cfg)
+    with torch.no_grad():
+        assert torch.equal(model(x), loaded(x))
+
+
+def test_integer_weights_where_floats_belong_are_refused(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    folder, _ = _saved(tmp_path)
+    weights = load_file(str(folder / "model.safetensors"))
+    name = next(iter(weights))
+    weights[name] = weights[name].round().to(torch.int32)
+    save_file(weights, str(folder / "model.safetensors"))
+    message = _error(folder)
+    assert name in message and "I32" in message and "floating-point" in message

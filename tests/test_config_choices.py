@@ -125,3 +125,22 @@ def test_task_choices_name_the_key_and_the_choices_too():
         ClassifyData(eval_mode="crop")
     with pytest.raises(ValueError, match=r"^objective\.stage='pixels': expected one of 'tokenizer', 'tokens'$"):
         build_mim_task(get_preset("mim-cpu").config, {"objective": {"stage": "pixels"}}, "")
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"time_mlp": "no"}, "model.time_mlp = 'no': expected bool"),
+    ({"head_bias": 1}, "model.head_bias = 1: expected bool"),
+    ({"n_layers": True}, "model.n_layers = True: expected int"),
+    ({"dim": 64.0}, "model.dim = 64.0: expected int"),
+    ({"step_init": "0"}, "model.step_init = '0': expected float"),
+    ({"et_step": None}, "model.et_step = None: expected float"),
+    ({"norm_eps": -1.0}, "model.norm_eps = -1.0: must be > 0"),
+    ({"emb_dropout": 1.0}, "model.emb_dropout = 1.0: must be in [0, 1)"),
+])
+def test_a_config_of_the_wrong_type_or_range_is_refused_when_built_not_when_reloaded(overrides, message):
+    """The constructor checks what loading a checkpoint checks: a model that builds also reloads."""
+    with pytest.raises(ValueError) as info:
+        ModelConfig(**{"task": "sudoku", "dim": 32, "heads": 4, **overrides})
+    assert str(info.value) == message
+    with pytest.raises(ValueError, match=re.escape(message)):
+        hyperset.create_model("sudoku-cpu", **overrides)

@@ -206,6 +206,20 @@ def test_a_float64_model_with_the_time_mlp_runs():
     assert out.dtype == torch.float64
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_traced_energies_keep_the_precision_of_a_float64_model(dtype):
+    """A trace is in float32, or in float64 for a float64 model: the energy steps of a tiny update stay visible."""
+    cfg = _cfg(step_init=0.1)
+    model = _model(cfg).to(dtype).eval()
+    x, _ = _inputs(cfg)
+    with torch.no_grad():
+        out = model.run(x, iters=2, trace=True)
+        frames = list(model.frames(x, iters=2, energies=True))
+    want = torch.float64 if dtype == torch.float64 else torch.float32
+    assert {e.dtype for e in out.trace.energy["attn"] + out.trace.energy["ff"]} == {want}
+    assert {e.dtype for f in frames for e in f.energies.values()} == {want}
+
+
 # ---------------------------------------------------------------------------------------- 10. baselines
 
 

@@ -54,7 +54,7 @@ def _case_id(case: tuple[str, str]) -> str:
 
 
 def _attn_energy_reference(Z: torch.Tensor, kind: str, phi: str) -> torch.Tensor:
-    """Eq. (2)-(3) and the appendix table, one head and one token at a time. Z (B, H, N, p) -> (B,)."""
+    """Eq. (3)-(4) and the appendix table, one head and one token at a time. Z (B, H, N, p) -> (B,)."""
     B, H, N, p = Z.shape
     beta = 1 / math.sqrt(p)
     out = torch.zeros(B, dtype=Z.dtype)
@@ -74,7 +74,7 @@ def _attn_energy_reference(Z: torch.Tensor, kind: str, phi: str) -> torch.Tensor
 
 
 def _ff_energy_reference(U: torch.Tensor, kind: str, phi: str) -> torch.Tensor:
-    """Eq. (4) and the appendix table, one token at a time. U (B, N, M) -> (B,)."""
+    """Eq. (5) and the appendix table, one token at a time. U (B, N, M) -> (B,)."""
     B, N, M = U.shape
     out = torch.zeros(B, dtype=U.dtype)
     for b in range(B):
@@ -106,7 +106,7 @@ def test_feedforward_energy_matches_the_papers_formula_token_by_token(case):
 
 
 def test_head_projection_of_head_h_uses_the_h_th_block_of_p_columns_of_W():
-    """z_i^h = W_h^T x_i (eq. 1) with W = [W_1 | ... | W_H], each W_h of p columns."""
+    """z_i^h = W_h^T x_i (eq. 2) with W = [W_1 | ... | W_H], each W_h of p columns."""
     B, N, d, H = 2, 5, 12, 3
     p = d // H
     X, W = _randn(B, N, d, seed=3), _randn(d, d, seed=4)
@@ -201,7 +201,7 @@ def test_eq6_attention_gradient_in_the_papers_column_notation():
 
 
 def test_eq9_feedforward_gradient_in_the_papers_column_notation():
-    """-grad_X E_FF = D ReLU(D^T X) (eq. 9)."""
+    """-grad_X E_FF = D ReLU(D^T X) (eq. 10)."""
     X, D = _randn(2, 6, 12, seed=18), _randn(12, 20, seed=19)
     Xr = X.clone().requires_grad_(True)
     (auto,) = torch.autograd.grad(ff_energy(Xr, D, "relu", normalize=False).sum(), Xr)
@@ -211,7 +211,7 @@ def test_eq9_feedforward_gradient_in_the_papers_column_notation():
 
 
 def test_bisoftmax_head_gradient_is_row_plus_column_softmax_of_the_symmetric_scores():
-    """Eq. (8): (softmax_row(A) + softmax_col(A)) Z, and S = P + P^T is symmetric because A is."""
+    """Eq. (9): (softmax_row(A) + softmax_col(A)) Z, and S = P + P^T is symmetric because A is."""
     Z = _randn(2, 3, 7, 4, seed=20)
     A = Z @ Z.transpose(-1, -2) / 2.0  # beta = 1/sqrt(4)
     S = torch.softmax(A, dim=-1) + torch.softmax(A, dim=-2)
@@ -240,7 +240,7 @@ def test_effective_rank_of_a_rank_one_matrix_is_one():
 
 
 def test_effective_rank_is_the_exponential_of_the_entropy_of_normalised_singular_values():
-    """Eq. (13) on singular values 3 and 1: p = (3/4, 1/4)."""
+    """Eq. (17) on singular values 3 and 1: p = (3/4, 1/4)."""
     Z = torch.diag(torch.tensor([3.0, 1.0], dtype=DT))
     expected = math.exp(-(0.75 * math.log(0.75) + 0.25 * math.log(0.25)))
     assert effective_rank(Z).item() == pytest.approx(expected, rel=1e-5)
@@ -265,7 +265,7 @@ def test_average_angle_of_identical_vectors_is_0_degrees():
 
 
 def test_average_angle_is_arccos_of_mean_cosine_eq_14_not_mean_of_angles():
-    """Vectors at 0, 90 and 180 degrees, cosines 0, -1, 0: eq. (14) gives arccos(-1/3) = 109.47 degrees;
+    """Vectors at 0, 90 and 180 degrees, cosines 0, -1, 0: eq. (18) gives arccos(-1/3) = 109.47 degrees;
     the mean of the angles would be 120."""
     Z = torch.tensor([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0]], dtype=DT)
     got = average_angle(Z).item()

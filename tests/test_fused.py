@@ -86,6 +86,26 @@ def test_they_run_only_for_training_without_autocast() -> None:
     with fused.written_out():
         assert not fused.usable(x) and not fused.enabled()
     assert fused.enabled()
+    # torch.func's transforms cannot run these autograd.Functions: the written-out layer runs there
+    assert torch.func.grad(lambda v: v.sum() * float(fused.usable(v)) + v.sum())(x).item() == 1.0
+
+
+def test_torch_func_and_second_order_gradients_get_the_written_out_layer() -> None:
+    """A researcher's Jacobian of a training-mode model (torch.func) equals autograd's, and gradients of gradients
+    run under `written_out`, as docs/model.md says."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(task="sudoku", dim=16, heads=4, ff_hidden=32, iters=3, time_dim=16, step_init=0.1,
+                      emb_dropout=0.0)
+    model = build_model(cfg).double()
+    emb = model.stem(torch.randint(0, 10, (1, 81))).detach()
+    jac = torch.func.jacrev(lambda e: model.core.run(e).x.sum(-1))(emb)
+    ref = torch.autograd.functional.jacobian(lambda e: model.core.run(e).x.sum(-1), emb)
+    torch.testing.assert_close(jac, ref, rtol=1e-10, atol=1e-12)
+    e = emb.clone().requires_grad_()
+    with fused.written_out():
+        (g,) = torch.autograd.grad(model.readout(model.core.run(e).x).pow(2).mean(), e, create_graph=True)
+        g.pow(2).sum().backward()
+    assert e.grad is not None and bool(e.grad.abs().sum() > 0)
 
 
 def _peer_model(dead_time_network: bool) -> torch.nn.Module:

@@ -1,7 +1,7 @@
 """The Hyper-SET layer, step sizes, depth-wise LoRA and the baseline layers, checked against their energies.
 
 Without the sphere constraint the layer's updates are exact (negative) gradients of E_ATTN and E_FF; with it
-they are the paper's "normalization first" operators (eq. 8 and 10), which are not exact gradients. Gradient
+they are the paper's "normalization first" operators (eq. 9 and 11), which are not exact gradients. Gradient
 checks run in float64.
 """
 
@@ -95,7 +95,7 @@ def test_unconstrained_feedforward_update_equals_minus_autograd_gradient_of_E_FF
 
 @pytest.mark.parametrize("kind", ["bisoftmax", "sigmoid", "linear"])
 def test_normalization_first_attention_plugs_sphere_points_into_the_gradient_formula(kind):
-    """Eq. (8): the gradient of E w.r.t. Z evaluated at RMSNorm(Z), back-projected through W (no derivative
+    """Eq. (9): the gradient of E w.r.t. Z evaluated at RMSNorm(Z), back-projected through W (no derivative
     of the norm). It is NOT the autograd gradient of the normalised energy (the paper's choice)."""
     layer = _layer(attention=kind, w_scale=0.3)
     X = _randn(2, 7, 16, seed=3)

@@ -108,3 +108,19 @@ def test_save_pretrained_checks_everything_before_it_writes(tmp_path: Path) -> N
             model.save_pretrained(str(tmp_path / folder))
     assert (tmp_path / "bert" / "config.json").read_text() == '{"model_type": "bert"}'
     assert (tmp_path / "weights-only" / "model.safetensors").read_bytes() == b"not ours"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_a_torch_device_is_checked_like_its_name() -> None:
+    for device in ("cuda", torch.device("cuda")):
+        with pytest.raises(ValueError, match="no CUDA device"):
+            hyperset.load_pretrained("sudoku", device=device)
+    assert next(hyperset.load_pretrained("sudoku", device=torch.device("cpu")).parameters()).device.type == "cpu"
+
+
+def test_the_shipped_tokenizer_is_named_with_its_own_loader() -> None:
+    with pytest.raises(CheckpointError, match="load_tokenizer"):
+        hyperset.load_pretrained("mim-tokenizer")
+    from hyperset.vision.reconstruct import load_tokenizer
+
+    assert load_tokenizer(pretrained_dir("mim-tokenizer")) is not None

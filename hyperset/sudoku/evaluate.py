@@ -152,7 +152,7 @@ def iteration_curve(solver: Solver, boards: Boards, iters: int, batch_size: int 
                     geometry_boards: int = 0, progress: bool | None = False) -> IterationCurve:
     """One pass of ``iters`` iterations over ``boards``, read out after every iteration.
 
-    ``geometry_boards`` > 0 also records the effective rank and average angle per head (the paper's eqs. 13-14)
+    ``geometry_boards`` > 0 also records the effective rank and average angle per head (the paper's eqs. 17-18)
     on that many boards of the first batch. ``progress``: a bar on standard error (None: on a terminal)."""
     from ..energies import average_angle, effective_rank
 
