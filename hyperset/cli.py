@@ -183,6 +183,15 @@ def plot_energy(path: str, results: list[Any], trained: int) -> None:
     atomic_write_bytes(path, image.getvalue())
 
 
+def _has_energies(model: Any) -> bool:
+    """Whether the model's layers define energies (Hyper-SET, Energy Transformer; not Transformer or CRATE)."""
+    import torch
+
+    x = torch.zeros(1, 1, model.cfg.dim, device=next(model.parameters()).device)
+    with torch.no_grad():
+        return any(bool(layer.energy(x, 1)) for layer in model.core.layers)
+
+
 def _load_puzzles(files: tuple[str, ...]) -> list[Puzzle]:
     puzzles: list[Puzzle] = []
     for f in files:
@@ -225,11 +234,11 @@ def solve_main(files: tuple[str, ...], iters: str | None, strategy: str, passes:
                as_json: bool, quiet: bool, trace: bool, plot: str | None, color: bool | None) -> None:
     """Solve the Sudoku puzzles in FILES ('-' reads standard input).
 
-    Formats: 81-character lines ('0' or '.' for blanks), 9x9 grids (separators allowed), many puzzles per file,
-    and the RRN CSV 'puzzle,solution'. Results are printed as their batch finishes, with a progress bar on a
-    terminal for several puzzles. Exit code 0 when every board is solved validly, 1 when some are not, 2 on bad
-    input (or output that cannot be written), 130 when interrupted (Ctrl-C; the boards solved so far are
-    printed, and the summary says how many).
+    Formats: 81-character lines ('0', '.', '_', '*' or 'x' for blanks), 9x9 grids (separators allowed), many puzzles per
+    file, and the RRN CSV 'puzzle,solution'. Results are printed as their batch finishes, with a progress bar on a
+    terminal for several puzzles. Exit code 0 when every board is solved validly, 1 when some are not, 2 on bad input
+    (or output that cannot be written), 130 when interrupted (Ctrl-C; the boards solved so far are printed, and the
+    summary says how many).
     """
     try:
         _solve(files, iters, strategy, passes, checkpoint, device, backend, onnx_model, batch_size, threads, as_json,
@@ -255,6 +264,9 @@ def _solve(files: tuple[str, ...], iters: str | None, strategy: str, passes: int
         if backend != "torch" and check_device_name(device)[0] == "mps":
             raise ValueError(f"--device {device}: --backend {backend} runs on auto, cpu or cuda")
         solver = Solver.load(checkpoint, device if backend == "torch" else "cpu")
+        if plot is not None and not _has_energies(solver.model):
+            raise ValueError(f"--plot: this model's layer ({solver.model.cfg.layer}) defines no energy; nothing "
+                             "to plot (--trace and the JSON report none either)")
         if backend != "torch":
             solver = solver.with_backend(make_backend(backend, solver, onnx_model, device, n_threads))
         solver.check_iters(n_iters)
@@ -383,7 +395,7 @@ def _print_result(p: Puzzle, r: Any, trained: int, color: bool, trace: bool) -> 
         if cells:
             click.echo(f"  conflicts at {', '.join(cell_name(c) for c in cells[:10])}{more}")
         click.echo(f"  reason: {r.reason}")
-    click.echo(f"  {_energy_summary(r.energy, trained)}")
+    click.echo("  energy: no pass ran" if r.iterations == 0 else f"  {_energy_summary(r.energy, trained)}")
     if trace and r.energy:  # a layer without energies (Transformer, CRATE): the summary line says so, no table
         attn, ff = r.energy.get("attn", []), r.energy.get("ff", [])
         lengths = getattr(r, "pass_lengths", None) or [len(attn)]

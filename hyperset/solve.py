@@ -30,7 +30,7 @@ from .device import pick_device
 from .models import HyperSETModel
 from .pretrained import PRETRAINED, weights_root
 from .strategies import STRATEGIES, BoardResult, SolveFrame, commit_cells, single, stream
-from .sudoku.board import PuzzleError, parse_puzzles, validate
+from .sudoku.board import Puzzle, PuzzleError, parse_puzzles, validate
 
 __all__ = ["DEFAULT_PASSES", "DEFAULT_STRATEGY", "STRATEGIES", "SolveResult", "SolveSummary", "Solver",
            "commit_cells", "result_of", "summarize", "timed_solve"]
@@ -64,13 +64,15 @@ class SolveResult:
     correct: bool | None = None
     passes: int = 1
     pass_lengths: list[int] = field(default_factory=list)  # iterations of each pass, in the order of `energy`
+    warnings: list[str] = field(default_factory=list)  # the parser's (no solution, several, too few givens)
 
     def to_json(self) -> dict[str, Any]:
         out = {"puzzle": self.puzzle, "prediction": self.prediction, "valid": self.valid, "reason": self.reason,
                "conflicting_cells": self.conflicting_cells, "iterations": self.iterations, "passes": self.passes,
                "pass_lengths": self.pass_lengths or [self.iterations],
                "confidence": _finite(round(self.confidence, 6)),
-               "energy": {k: [_finite(e) for e in v] for k, v in self.energy.items()}}
+               "energy": {k: [_finite(e) for e in v] for k, v in self.energy.items()},
+               "warnings": list(self.warnings)}
         if self.solution is not None:
             out["solution"], out["correct"] = self.solution, self.correct
         return out
@@ -86,9 +88,15 @@ def _board_tensor(puzzles: Sequence[str], device: torch.device | str) -> torch.T
 
 
 def checked_puzzles(puzzles: Sequence[str]) -> list[str]:
-    """The puzzles as 81 digits (0 = blank), read as a puzzle file's lines are (``.``, ``_`` or ``*`` for blanks,
-    spaces and ``|`` ignored): a puzzle that is not 81 cells, or whose givens clash, is a PuzzleError (a
+    """The puzzles as 81 digits (0 = blank), read as a puzzle file's lines are (``.``, ``_``, ``*`` or ``x`` for
+    blanks, spaces and ``|`` ignored): a puzzle that is not 81 cells, or whose givens clash, is a PuzzleError (a
     ValueError) that names it, ``puzzles[i]``."""
+    return [p.givens for p in parsed_puzzles(puzzles)]
+
+
+def parsed_puzzles(puzzles: Sequence[str]) -> list[Puzzle]:
+    """`checked_puzzles` as :class:`~hyperset.sudoku.board.Puzzle` objects: with the parser's warnings, and the
+    solution of a ``puzzle,solution`` line."""
     if isinstance(puzzles, str):
         raise TypeError("puzzles must be a list of puzzle strings, got one string (wrap it: [puzzle])")
     out = []
@@ -98,8 +106,14 @@ def checked_puzzles(puzzles: Sequence[str]) -> list[str]:
         parsed = parse_puzzles(p, f"puzzles[{i}]")
         if len(parsed) != 1:
             raise PuzzleError(f"puzzles[{i}]", None, f"holds {len(parsed)} puzzles, not one")
-        out.append(parsed[0].givens)
+        out.append(parsed[0])
     return out
+
+
+def unsolvable_result(puzzle: Puzzle) -> SolveResult:
+    """The answer for givens the parser showed to have no solution: no pass runs, the board is the givens."""
+    return SolveResult(puzzle.givens, puzzle.givens, False, str(puzzle.no_solution), [], 0, {}, 0.0, passes=0,
+                       pass_lengths=[], warnings=list(puzzle.warnings))
 
 
 class Solver:
@@ -244,8 +258,11 @@ class Solver:
         strategy, n_iters, max_iters = self._run_settings(iters, strategy, passes, max_iters, patience, False)
         batch_size = self.default_batch_size if batch_size is None else batch_size
         batch_size = whole_number("batch size", batch_size, 1)
-        puzzles = checked_puzzles(puzzles)
-        if solutions is not None:
+        parsed = parsed_puzzles(puzzles)
+        puzzles = [p.givens for p in parsed]
+        if solutions is None:
+            solutions = [p.solution for p in parsed]
+        else:
             if len(solutions) != len(puzzles):
                 raise ValueError(f"solutions: {len(solutions)} given for {len(puzzles)} puzzles")
             for k, sol in enumerate(solutions):
@@ -253,13 +270,17 @@ class Solver:
                                         or "0" in sol):
                     raise ValueError(f"solutions[{k}]: expected 81 digits 1-9 (or None), got {sol!r}")
         for i in range(0, len(puzzles), batch_size):
-            chunk = list(puzzles[i: i + batch_size])
+            chunk = parsed[i: i + batch_size]
+            run = [k for k, p in enumerate(chunk) if p.no_solution is None]  # the others are answered at once
             done: dict[int, BoardResult] = {}
-            for frame in self._stream(chunk, strategy, n_iters, passes, max_iters, patience, False):  # read above
-                done.update(frame.done)
+            if run:
+                boards = [chunk[k].givens for k in run]
+                for frame in self._stream(boards, strategy, n_iters, passes, max_iters, patience, False):
+                    done.update({run[j]: board for j, board in frame.done.items()})
             for k, p in enumerate(chunk):
-                r = result_of(p, done[k])
-                sol = solutions[i + k] if solutions is not None else None
+                r = result_of(p.givens, done[k]) if k in done else unsolvable_result(p)
+                r.warnings = list(p.warnings)
+                sol = solutions[i + k]
                 if sol:
                     r.solution, r.correct = sol, r.prediction == sol
                 yield r

@@ -428,7 +428,7 @@ def test_solve_iterations_of_a_checkpoint_set_the_default_depth_per_pass(tmp_pat
     (ck / "config.json").write_text(json.dumps({**meta, "solve_iterations": 5}))
     solver = Solver.load(ck, "cpu")
     assert (solver.trained_iters, solver.default_iters) == (3, 5)
-    puzzle = "000014200500070300000590004058400001000000006003080090870060000012000700900200005"
+    puzzle = "000014200500070300000590004058400001000000006003080090870060000420805017009047000"
     assert solver.solve([puzzle], strategy="single")[0].iterations == 5
     assert solver.solve([puzzle], iters=2, strategy="single")[0].iterations == 2
     assert all(n == 5 for n in solver.solve([puzzle], passes=2)[0].pass_lengths)
@@ -502,3 +502,45 @@ def test_givens_that_leave_no_solution_are_named_before_solving(tiny_checkpoint:
     code, out, _ = run(["-", "--checkpoint", str(tiny_checkpoint), "--iters", "1", "--passes", "1", "--json"],
                        stdin=puzzle + "\n")
     assert json.loads(out)["results"][0]["warnings"][0].startswith("no solution: r1c9")
+
+
+def test_givens_without_a_solution_are_answered_at_once_and_several_solutions_are_named(tiny_checkpoint: Path
+                                                                                        ) -> None:
+    """No pass runs on givens the parser showed to have no solution (their reason is the verdict, in the CLI, its
+    JSON and the Python API); a puzzle with two solutions is solved with a warning that says so."""
+    from hyperset.solve import Solver
+
+    none = "12345678." + "........9" + "." * 63
+    two = "087000200010000080060500100008420700090050800003006000070001400020030917009240650"
+    code, out, err = run(["-", "--checkpoint", str(tiny_checkpoint), "--json"], stdin=f"{none}\n{two}\n")
+    first, second = json.loads(out)["results"]
+    assert code == 1
+    assert (first["valid"], first["iterations"], first["passes"], first["energy"]) == (False, 0, 0, {})
+    assert first["reason"] == "no solution: r1c9 can hold no digit: its row, column and box hold all nine"
+    assert second["iterations"] > 0
+    assert second["warnings"] == ["several solutions: a valid board is one of them, not the puzzle's answer"]
+    solver = Solver.load(tiny_checkpoint, "cpu")
+    r_none, r_two = solver.solve([none, two], iters=2)
+    assert r_none.iterations == 0 and r_none.reason == first["reason"] and r_none.warnings == first["warnings"]
+    assert r_two.warnings == second["warnings"]
+    # the Python API keeps the solution of a "puzzle,solution" string, as the CLI does
+    medium = "000014200500070300000590004058400001000000006003080090870060000420805017009047000"
+    answer = "987314265514672389362598174658429731291753846743186592875961423426835917139247658"
+    (r,) = solver.solve([f"{medium},{answer}"], iters=2)
+    assert r.solution == answer and r.correct == (r.prediction == answer)
+
+
+def test_plot_is_refused_before_solving_for_a_layer_without_energies(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    from hyperset.checkpoint import load_checkpoint, save_checkpoint
+    from hyperset.models import build_model
+
+    model, info = load_checkpoint(tiny_checkpoint)
+    transformer = build_model(model.cfg.replace(layer="transformer"))
+    save_checkpoint(tmp_path / "t", transformer, {k: v for k, v in info.items()
+                                                   if k not in ("format", "format_version", "kind", "model",
+                                                                "parameters")})
+    medium = "000014200500070300000590004058400001000000006003080090870060000420805017009047000"
+    code, _, err = run(["-", "--checkpoint", str(tmp_path / "t"), "--plot", str(tmp_path / "e.png")],
+                       stdin=medium + "\n")
+    assert code == 2 and "--plot: this model's layer (transformer) defines no energy" in err
+    assert not (tmp_path / "e.png").exists()

@@ -183,9 +183,9 @@ def test_parse_rejects_long_line_with_line_number() -> None:
 
 def test_parse_rejects_bad_character_naming_it_and_its_column() -> None:
     with pytest.raises(PuzzleError) as info:
-        parse_puzzles("\n" + with_cell(EASY, 4, "x"))
+        parse_puzzles("\n" + with_cell(EASY, 4, "y"))
     assert info.value.line == 2
-    assert info.value.reason == "unexpected character 'x' at column 5"
+    assert info.value.reason == "unexpected character 'y' at column 5"
 
 
 def test_parse_rejects_grid_row_of_wrong_length() -> None:
@@ -448,6 +448,31 @@ def test_what_spreadsheets_write_is_read() -> None:
 def test_lines_end_only_at_newlines_so_line_numbers_hold() -> None:
     """A form feed or another Unicode line separator inside a line neither splits it nor shifts later lines."""
     for odd in ("\x0c", "\x0b", "\x1c", "\x85", "\u2028"):
-        with pytest.raises(PuzzleError, match=r"^f\.txt, line 3: unexpected character 'x' at column 82$"):
-            parse_puzzles(f"# page{odd}break\n{EASY}\n{EASY}x\n", "f.txt")
+        with pytest.raises(PuzzleError, match=r"^f\.txt, line 3: unexpected character 'y' at column 82$"):
+            parse_puzzles(f"# page{odd}break\n{EASY}\n{EASY}y\n", "f.txt")
     assert len(parse_puzzles(f"{EASY}\r\n{EASY}\r{EASY}\n")) == 3
+
+
+def test_formats_from_the_wild_read_x_blanks_euler_titles_and_a_quoted_one_column_csv() -> None:
+    xs = EASY.replace("0", "x")
+    assert [p.givens for p in parse_puzzles(f"{xs}\n{xs.upper()}\n")] == [EASY, EASY]
+    euler = "Grid 01\n" + "\n".join(rows_of(EASY)) + "\nGrid 02\n" + "\n".join(rows_of(EASY)) + "\n"
+    assert [p.givens for p in parse_puzzles(euler)] == [EASY, EASY]
+    assert [p.givens for p in parse_puzzles(f'"quizzes"\n"{EASY}"\n')] == [EASY]
+
+
+def test_several_solutions_and_no_solution_found_only_by_search_are_warnings() -> None:
+    two = "087000200010000080060500100008420700090050800003006000070001400020030917009240650"
+    (p,) = parse_puzzles(two)
+    assert p.no_solution is None
+    assert p.warnings == ("several solutions: a valid board is one of them, not the puzzle's answer",)
+    (p,) = parse_puzzles(f"{EASY},{EASY_SOLUTION}")
+    assert p.warnings == () and p.no_solution is None  # a puzzle given with its solution is not searched
+    none = "12345678." + "........9" + "." * 63
+    (p,) = parse_puzzles(none)
+    why = "no solution: r1c9 can hold no digit: its row, column and box hold all nine"
+    assert p.no_solution == p.warnings[0] == why
+    # a wrong given that constraint propagation does not catch: the exact search does
+    hidden = "000009084073000029000000000002500600086007000400002800900230000000000047000060005"
+    (p,) = parse_puzzles(hidden)
+    assert p.no_solution == "no solution: a search finds no way to fill the blanks that keeps every given"

@@ -40,7 +40,7 @@ __all__ = [
 Board = str | np.ndarray | Sequence[int]
 
 #: Characters accepted for a blank cell in text input.
-BLANK_CHARS = "0._*"
+BLANK_CHARS = "0._*xX"
 #: No sudoku with fewer givens has a unique solution (McGuire et al., 2012).
 MIN_UNIQUE_GIVENS = 17
 
@@ -58,6 +58,7 @@ UNITS: tuple[tuple[int, ...], ...] = _ROWS + _COLS + _BOXES
 _ROW_NOISE = set(" \t|+:;") | {chr(c) for c in range(0x2500, 0x2580)}
 # A line made only of these (and at least one of them) is a grid separator line.
 _SEPARATOR_CHARS = set(" \t-+|=:") | {chr(c) for c in range(0x2500, 0x2580)}
+_GRID_TITLE = re.compile(r"grid\s+\d+", re.IGNORECASE)
 _PUZZLE_HEADER_NAMES = {"puzzle", "puzzles", "quiz", "quizzes", "givens", "problem", "problems", "question"}
 _SOLUTION_HEADER_NAMES = {"solution", "solutions", "answer", "answers"}
 
@@ -90,6 +91,8 @@ class Puzzle:
     line: int
     index: int
     warnings: tuple[str, ...] = field(default=())
+    #: why the givens have no solution, when the parser could tell (then also the first of ``warnings``)
+    no_solution: str | None = None
 
     @property
     def n_givens(self) -> int:
@@ -363,15 +366,24 @@ class _Parser:
         n = 81 - givens.count("0")
         warnings: tuple[str, ...] = ()
         why = None
+        several = False
         if solution is None:  # a puzzle that comes with its solution has one; others are checked
-            from .exact import contradiction
+            from .exact import contradiction, count_solutions
 
-            why = contradiction(givens)
+            why = contradiction(givens)  # constraint propagation, with the reason in a sentence
+            if why is None:
+                found = count_solutions(givens, 2)  # the exact search: a fraction of a millisecond a puzzle
+                if found == 0:
+                    why = "a search finds no way to fill the blanks that keeps every given"
+                several = found > 1
         if why is not None:
             warnings = (f"no solution: {why}",)
         elif n < MIN_UNIQUE_GIVENS:
             warnings = (f"only {n} given{'s' if n != 1 else ''}: cannot have a unique solution",)
-        self.puzzles.append(Puzzle(givens, solution, self.source, line, len(self.puzzles), warnings))
+        elif several:
+            warnings = ("several solutions: a valid board is one of them, not the puzzle's answer",)
+        self.puzzles.append(Puzzle(givens, solution, self.source, line, len(self.puzzles), warnings,
+                                   None if why is None else f"no solution: {why}"))
 
     def end_grid(self, reason_line: int | None = None) -> None:
         if not self.rows:
@@ -433,6 +445,9 @@ class _Parser:
             return
         if stripped.startswith("#"):
             return
+        if _GRID_TITLE.fullmatch(stripped):  # Project Euler 96's "Grid 01" before each grid
+            self.end_grid(line)
+            return
         if _is_separator(stripped):
             self.seen_content = True
             return
@@ -451,7 +466,8 @@ class _Parser:
             self.seen_content = True
             return
         self.seen_content = True
-        cells = _cells_of(raw, self.source, line)
+        unquoted = _unquote(stripped)  # a one-column CSV's quoted rows
+        cells = _cells_of(raw if unquoted == stripped else unquoted, self.source, line)
         self.cells_line(cells, line)
 
     def cells_line(self, cells: str, line: int) -> None:
