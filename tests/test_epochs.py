@@ -43,3 +43,22 @@ def test_epoch_counts_round_up_exactly():
         epochs_to_steps({"epochs": "x"}, 100)
     untouched = {"steps": 7, "batch_size": 3}
     assert epochs_to_steps(untouched, 100) == (None, 34) and untouched == {"steps": 7, "batch_size": 3}
+
+
+def test_a_set_length_in_steps_replaces_the_recipes_length_in_epochs_and_the_other_way_round():
+    """The paper recipes are given in epochs; --set train.steps / warmup_steps / eval_every overrides them (and
+    --set train.epochs a recipe in steps), as any recipe value can be."""
+    from hyperset.training.recipes import apply_overrides, load_recipe
+
+    _, recipe = load_recipe("cifar100-paper")
+    assert {"epochs", "warmup_epochs", "eval_every_epochs"} <= set(recipe["train"])
+    apply_overrides(recipe, ["train.steps=50", "train.warmup_steps=0", "train.eval_every=20"])
+    train = recipe["train"]
+    assert not {"epochs", "warmup_epochs", "eval_every_epochs"} & set(train)
+    assert epochs_to_steps(train, 1000)[0] is None
+    assert (train["steps"], train["warmup_steps"], train["eval_every"]) == (50, 0, 20)
+    # a length in steps alone keeps the recipe's evaluation once an epoch
+    train = apply_overrides({"train": {"epochs": 3, "batch_size": 10}}, ["train.steps=7"])["train"]
+    assert epochs_to_steps(train, 100) == (None, 10) and train == {"steps": 7, "batch_size": 10, "eval_every": 10}
+    train = apply_overrides({"train": {"steps": 9, "batch_size": 10}}, ["train.epochs=2"])["train"]
+    assert epochs_to_steps(train, 100) == (2, 10) and train["steps"] == 20

@@ -152,3 +152,40 @@ def test_compile_mode_reaches_torch_compile_and_cuda_graphs_are_said_to_need_cud
         TrainConfig(compile_mode="reduce-overhead")
     with pytest.raises(ValueError, match="train.compile_mode must be one of default, reduce-overhead"):
         TrainConfig(compile=True, compile_mode="fast")
+
+
+
+def test_an_evaluation_that_fails_keeps_the_steps_trained_before_it_and_resume_goes_on(tmp_path: Path):
+    """An unreadable validation file (a ValueError or OSError in evaluate) ends the run in one message, with the
+    state of that step in last/; once the cause is fixed, --resume ends where an unbroken run ends."""
+    from conftest import write_sudoku_csvs
+
+    from hyperset.checkpoint import load_checkpoint
+    from hyperset.config import preset_config
+    from hyperset.training.sudoku_task import SudokuData, SudokuTask
+
+    (tmp_path / "data").mkdir()
+    data = write_sudoku_csvs(tmp_path / "data", 32, 10, seed=3)
+    model = preset_config("sudoku-cpu", dim=16, heads=2, ff_hidden=32, time_dim=16, iters=2)
+
+    def task():
+        return SudokuTask(model=model, data=SudokuData(data_dir=str(data), n_train=0, n_val=5, n_select=5))
+
+    class BadValidation(SudokuTask):
+        def evaluate(self, model, device, autocast):
+            raise OSError("val/cat/7.png: not a readable image (truncated)")
+
+    cfg = TrainConfig(steps=6, batch_size=4, lr=3e-3, warmup_steps=0, amp="off", eval_every=3, log_every=2,
+                      save_every_seconds=1e9, threads=1)
+    bad = BadValidation(model=model, data=SudokuData(data_dir=str(data), n_train=0, n_val=5, n_select=5))
+    with pytest.raises(ValueError, match=r"evaluation at step 3 failed: val/cat/7\.png: not a readable image "
+                                         r"\(truncated\); the state at step 3 is in .*last: fix the cause and "
+                                         r"continue with --resume"):
+        Trainer(bad, cfg, tmp_path / "run", device="cpu", quiet=True).fit()
+    assert json.loads((tmp_path / "run" / "last" / "trainer.json").read_text())["step"] == 3
+    resumed = Trainer(task(), cfg, tmp_path / "run", device="cpu", quiet=True, resume=True).fit()
+    unbroken = Trainer(task(), cfg, tmp_path / "ref", device="cpu", quiet=True).fit()
+    assert resumed["finished"] and resumed["step"] == unbroken["step"] == 6
+    a, _ = load_checkpoint(tmp_path / "run" / "last")
+    b, _ = load_checkpoint(tmp_path / "ref" / "last")
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))

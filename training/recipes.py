@@ -127,8 +127,25 @@ def apply_overrides(recipe: dict[str, Any], overrides: list[str]) -> dict[str, A
             raise ValueError(f"--set {item!r}: unknown section {section!r} (one of {', '.join(TABLES)})")
         table = recipe.setdefault(section, {})
         require_table(table, section)
+        if section == "train":
+            _replace_counterpart(table, name)
         table[name] = parse_value(value)
     return recipe
+
+
+def _replace_counterpart(train: dict[str, Any], name: str) -> None:
+    """A --set of a [train] length in steps replaces the recipe's length in epochs, and the other way round
+    (train.steps for train.epochs, warmup_steps for warmup_epochs, eval_every for eval_every_epochs). A run
+    given in epochs evaluated once an epoch by default: that stays so when its epochs give way to steps."""
+    from .epochs import EPOCH_KEYS
+
+    pairs = {**{k: v for k, (v, _) in EPOCH_KEYS.items()}, **{v: k for k, (v, _) in EPOCH_KEYS.items()}}
+    other = pairs.get(name)
+    if other is None or other not in train:
+        return
+    del train[other]
+    if other == "epochs" and "eval_every" not in train and "eval_every_epochs" not in train:
+        train["eval_every_epochs"] = 1
 
 
 def locate(error: TableError, name_or_path: str, overrides: list[str] | tuple[str, ...]) -> str:

@@ -587,7 +587,14 @@ class Trainer:
         """Evaluate (main process); a new best goes to best/, the state to last/."""
         pending = self._pending(run)  # every process takes part in its sum
         if run.env.is_main:
-            metrics = self.task.evaluate(run.model, run.device, run.autocast)
+            try:
+                metrics = self.task.evaluate(run.model, run.device, run.autocast)
+            except Exception as e:  # e.g. an unreadable validation image: the steps trained so far are kept
+                self._save_last(run, pending)
+                if not isinstance(e, (ValueError, OSError)):
+                    raise
+                raise ValueError(f"evaluation at step {run.step} failed: {e}; the state at step {run.step} is in "
+                                 f"{self.out / 'last'}: fix the cause and continue with --resume") from None
             self._log({"step": run.step, "time": round(run.elapsed, 3), "eval": metrics})
             self._say(f"step {run.step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
             score = metrics[self.task.select_metric]
