@@ -248,7 +248,7 @@ def test_eval_command_json_beyond_the_trained_depth(cifar10: Path, checkpoint: P
     run = CliRunner().invoke(classify_command, [str(checkpoint), "--data", str(cifar10), "--json", "--iters", "5"])
     assert run.exit_code == 0, run.output
     report = json.loads(run.output)
-    assert set(report) == {"checkpoint", "dataset", "split", "images", "device", "seconds", "results"}
+    assert set(report) == {"checkpoint", "dataset", "split", "images", "device", "precision", "seconds", "results"}
     assert report["images"] == 30 and report["dataset"] == "cifar10" and report["split"] == "test"
     (record,) = report["results"]
     assert record["iters"] == 5 and 0.0 <= record["top1"] <= 1.0
@@ -427,3 +427,60 @@ def test_train_download_fetches_cifar_into_data_then_trains(cifar10: Path, tmp_p
     assert (tmp_path / "run" / "last" / "trainer.json").is_file()
     imagenet = CliRunner().invoke(train_main, args + ["--out", str(tmp_path / "run2"), "--dataset", "imagenet100"])
     assert imagenet.exit_code == 2 and "image-net.org" in imagenet.stderr
+
+
+def test_eval_command_reports_the_precision_it_used(cifar10: Path, checkpoint: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    args = [str(checkpoint), "--data", str(cifar10), "--limit", "4", "--device", "cpu"]
+    fp32 = CliRunner().invoke(classify_command, [*args, "--precision", "fp32", "--json"])
+    assert fp32.exit_code == 0 and json.loads(fp32.stdout)["precision"] == "fp32", fp32.output
+    monkeypatch.setattr(eval_classify, "autocast_dtype", lambda device: torch.bfloat16)  # a CPU with native bf16
+    auto = CliRunner().invoke(classify_command, [*args, "--json"])
+    assert auto.exit_code == 0 and json.loads(auto.stdout)["precision"] == "bf16 autocast", auto.output
+    text = CliRunner().invoke(classify_command, args)
+    assert text.exit_code == 0 and ", bf16 autocast, " in text.stdout, text.output
+
+
+def test_eval_command_refuses_an_empty_split(cifar10: Path, checkpoint: Path, tmp_path: Path) -> None:
+    import shutil
+
+    shutil.copytree(cifar10, tmp_path / "data")
+    with open(tmp_path / "data" / "cifar-10-batches-py" / "test_batch", "wb") as f:
+        pickle.dump({b"data": np.zeros((0, 3072), dtype=np.uint8), b"labels": []}, f, protocol=4)
+    run = CliRunner().invoke(classify_command, [str(checkpoint), "--data", str(tmp_path / "data"), "--json"])
+    assert run.exit_code == 2 and "test split holds no images" in run.stderr, run.output
+    assert run.stdout == "" and "Traceback" not in run.output
+
+
+def test_eval_command_refuses_a_dataset_with_another_class_count(cifar10: Path, cifar100: Path,
+                                                                  tmp_path: Path) -> None:
+    task = _task(cifar100, "cifar100")
+    torch.manual_seed(0)
+    save_checkpoint(tmp_path / "c100", HyperSETModel(task.model), {"task": "classify", "data": task.describe()})
+    run = CliRunner().invoke(classify_command, [str(tmp_path / "c100"), "--data", str(cifar10),
+                                                "--dataset", "cifar10"])
+    assert run.exit_code == 2 and "the model has 100 classes but cifar10 has 10" in run.stderr, run.output
+
+
+def test_eval_command_names_an_unreadable_image(imagefolder: Path, tmp_path: Path) -> None:
+    import shutil
+
+    data = tmp_path / "in100"
+    shutil.copytree(imagefolder, data)
+    (data / "val" / WNIDS[1] / "1.png").write_bytes(b"garbage, not a png")
+    task = _task(imagefolder, "imagenet100", image_size=32, classes=WNIDS)
+    save_checkpoint(tmp_path / "ckpt", HyperSETModel(task.model), {"task": "classify", "data": task.describe()})
+    run = CliRunner().invoke(classify_command, [str(tmp_path / "ckpt"), "--data", str(data), "--json"])
+    assert run.exit_code == 2 and "1.png: not a readable image" in run.stderr, run.output
+    assert "Traceback" not in run.output and run.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize("objective, message", [
+    ({"eval_batch": 0}, "objective.eval_batch must be a whole number >= 1"),
+    ({"eval_iters": [-3]}, "objective.eval_iters must hold iteration counts in [1, 10000]"),
+    ({"eval_iters": [2, 20000]}, "objective.eval_iters must hold iteration counts in [1, 10000]")])
+def test_bad_objective_values_are_refused_before_training(cifar10: Path, objective: dict, message: str) -> None:
+    recipe = {**_recipe(), "objective": objective}
+    with pytest.raises(ValueError) as err:
+        build_classify_task(preset_config(recipe["preset"], **TINY), recipe, str(cifar10))
+    assert message in str(err.value)

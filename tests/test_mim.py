@@ -445,3 +445,102 @@ def test_segment_weights_weigh_the_depths(cifar: Path, tokenizer_run: Path):
         recipe["objective"]["segment_weights"] = bad
         with pytest.raises(ValueError, match="segment_weights"):
             build_mim_task(preset_config("mim-cpu", **TINY_MODEL), recipe, str(cifar))
+
+
+def test_training_records_the_tokenizers_absolute_path(cifar: Path, tokenizer_run: Path,
+                                                      monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.chdir(tokenizer_run)
+    recipe = _tokens_recipe(Path("best"))  # as typed on a command line: relative to the working directory
+    task = build_mim_task(preset_config("mim-cpu", **TINY_MODEL), recipe, str(cifar))
+    assert task.describe()["tokenizer"] == str((tokenizer_run / "best").resolve())
+
+
+def test_a_missing_recorded_tokenizer_is_an_error_not_the_shipped_one(tokens_run: Path, tokenizer_run: Path,
+                                                                       tmp_path: Path, cifar: Path):
+    import shutil
+
+    from hyperset.checkpoint import CheckpointError
+
+    model = tmp_path / "model"
+    shutil.copytree(tokens_run / "best", model)
+    meta = json.loads((model / "config.json").read_text())
+    meta["data"]["tokenizer"] = "runs/gone/best"
+    (model / "config.json").write_text(json.dumps(meta))
+    with pytest.raises(CheckpointError, match=r"runs/gone/best, which does not exist here; pass it with --tokenizer"):
+        reconstruct.load_mim(model)
+    out = CliRunner().invoke(mim_command, [str(model), "--data", str(cifar), "--images", "2", "--json"])
+    assert out.exit_code == 2 and "--tokenizer PATH" in out.stderr and "Traceback" not in out.output, out.output
+    pipe = reconstruct.load_mim(model, tokenizer=tokenizer_run / "best")
+    assert pipe.tokenizer.source == str((tokenizer_run / "best").resolve())
+
+
+def test_eval_command_json_names_the_tokenizer_device_and_precision(cifar: Path, tokenizer_run: Path,
+                                                                    tokens_run: Path):
+    args = [str(tokens_run / "best"), "--data", str(cifar), "--images", "2", "--batch-size", "2", "--device", "cpu"]
+    out = CliRunner().invoke(mim_command, [*args, "--json"])
+    assert out.exit_code == 0, out.output
+    result = json.loads(out.stdout)
+    assert result["tokenizer"] == str((tokenizer_run / "best").resolve())  # the one recorded at training
+    assert result["device"].startswith("cpu (") and result["precision"] == "fp32"
+    table = CliRunner().invoke(mim_command, args)
+    assert table.exit_code == 0 and f"tokenizer: {result['tokenizer']}; cpu (" in table.stdout, table.output
+
+
+def test_eval_command_refuses_an_empty_split(cifar: Path, tokenizer_run: Path, tokens_run: Path, tmp_path: Path):
+    import shutil
+
+    shutil.copytree(cifar, tmp_path / "data")
+    with open(tmp_path / "data" / "cifar-10-batches-py" / "test_batch", "wb") as f:
+        pickle.dump({b"data": np.zeros((0, 3072), dtype=np.uint8), b"labels": []}, f, protocol=4)
+    out = CliRunner().invoke(mim_command, [str(tokens_run / "best"), "--data", str(tmp_path / "data"), "--json"])
+    assert out.exit_code == 2 and "the test split holds no images" in out.stderr, out.output
+    assert "Traceback" not in out.output and out.stdout == ""
+
+
+def test_eval_command_names_an_unreadable_image(tokenizer_run: Path, tokens_run: Path, tmp_path: Path):
+    from PIL import Image
+
+    folder = tmp_path / "tree" / "val" / "cls"
+    folder.mkdir(parents=True)
+    Image.fromarray(_images(1, np.random.default_rng(0))[0].transpose(1, 2, 0)).save(folder / "a.png")
+    (folder / "b.png").write_bytes(b"garbage, not a png")
+    out = CliRunner().invoke(mim_command, [str(tokens_run / "best"), "--data", str(tmp_path / "tree"),
+                                           "--decode-steps", "2"])
+    assert out.exit_code == 2 and "b.png: not a readable image" in out.stderr, out.output
+    assert "Traceback" not in out.output and out.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize("section, key, value, message", [
+    ("data", "eval_images", -1, "data.eval_images must be a whole number >= 0"),
+    ("data", "n_train", -3, "data.n_train must be a whole number >= 0"),
+    ("data", "n_train", 10**6, "data.n_train = 1000000 but"),
+    ("data", "encode_batch", 0, "data.encode_batch must be a whole number >= 1"),
+    ("objective", "label_smoothing", 2, "objective.label_smoothing must be a number in [0, 1)"),
+    ("objective", "decode_steps", 0, "objective.decode_steps must be a whole number >= 1"),
+    ("objective", "eval_ratio", 1.5, "objective.eval_ratio must be a number in (0, 1]"),
+    ("objective", "eval_iters", [20000], "objective.eval_iters must hold iteration counts in [1, 10000]"),
+    ("objective", "schedule", "spiral", "objective.schedule"),
+])
+def test_bad_recipe_values_are_refused_before_training(cifar: Path, section: str, key: str, value: object,
+                                                       message: str):
+    recipe = {"preset": "mim-cpu", "objective": {"stage": "tokens"}, "data": {"n_val": 16}}
+    recipe[section][key] = value
+    with pytest.raises(ValueError) as err:
+        build_mim_task(preset_config("mim-cpu"), recipe, str(cifar))
+    assert message in str(err.value)
+
+
+def test_tokenizer_stage_refuses_a_zero_eval_batch(cifar: Path):
+    recipe = {"preset": "mim-cpu", "objective": {"stage": "tokenizer", "eval_batch": 0}, "data": {"n_val": 16}}
+    with pytest.raises(ValueError, match="objective.eval_batch must be a whole number >= 1"):
+        build_mim_task(preset_config("mim-cpu"), recipe, str(cifar))
+
+
+def test_train_command_reports_a_bad_recipe_value_in_one_line(cifar: Path, tmp_path: Path):
+    from hyperset.training.cli import main as train_main
+
+    result = CliRunner().invoke(train_main, ["mim", "--recipe", "mim-cpu", "--data", str(cifar), "--out",
+                                             str(tmp_path / "run"), "--steps", "1", "--set", "data.n_val=16",
+                                             "--set", "data.eval_images=-1"])
+    assert result.exit_code == 2 and "data.eval_images must be a whole number >= 0" in result.stderr, result.output
+    assert "Traceback" not in result.output and result.stderr.count("\n") == 1 and not (tmp_path / "run").exists()

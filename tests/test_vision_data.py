@@ -417,3 +417,80 @@ def test_load_imagenet100_splits_and_transforms(tmp_path: Path) -> None:
     assert sub_names == sorted(wnids[:2]) and len(sub) == 4
     with pytest.raises(FileNotFoundError, match=r"100 of 100 classes"):
         vd.load_classification("imagenet100", tmp_path, "train")  # the real class list is not in this tree
+
+
+# ----------------------------------------------------------------------------------------------------
+# Damaged and unusual files
+
+
+class _HugeArray:
+    """Pickles as numpy's reconstruction of an array far larger than any memory."""
+
+    def __reduce__(self) -> tuple:
+        return np._core.multiarray._reconstruct, (np.ndarray, (10**14,), b"b")
+
+
+def test_a_cifar_array_too_large_for_memory_is_a_value_error_naming_the_file(tmp_path: Path) -> None:
+    write_cifar10(tmp_path, per_batch=1)
+    _dump(tmp_path / "cifar-10-batches-py" / "test_batch", {b"data": _HugeArray(), b"labels": [0]}, 4)
+    with pytest.raises(ValueError, match=r"test_batch: .*would not fit in memory"):
+        vd.read_cifar("cifar10", tmp_path, "test")
+
+
+@pytest.mark.parametrize("labels", [["a", "b"], [1.7, 2.0], [[1], [2]]])
+def test_cifar_labels_must_be_integers(tmp_path: Path, labels: list) -> None:
+    write_cifar10(tmp_path, per_batch=1)
+    _dump(tmp_path / "cifar-10-batches-py" / "test_batch", {b"data": _cifar_images(2, 1), b"labels": labels})
+    with pytest.raises(ValueError, match=r"test_batch: 'labels' must be a list of integer labels"):
+        vd.read_cifar("cifar10", tmp_path, "test")
+
+
+def test_an_empty_cifar_batch_reads_as_no_images(tmp_path: Path) -> None:
+    write_cifar10(tmp_path, per_batch=1)
+    _dump(tmp_path / "cifar-10-batches-py" / "test_batch",
+          {b"data": np.zeros((0, 3072), dtype=np.uint8), b"labels": []}, 4)
+    test = vd.read_cifar("cifar10", tmp_path, "test")
+    assert test.images.shape == (0, 32, 32, 3) and test.labels.dtype == np.int64
+
+
+@pytest.mark.parametrize("content", [b"garbage, not an image", "truncated"])
+def test_an_unreadable_image_file_is_a_value_error_naming_it(tmp_path: Path, content: bytes | str) -> None:
+    path = tmp_path / "cls" / "bad.png"
+    _save_image(path, (64, 64))
+    path.write_bytes(path.read_bytes()[:150] if content == "truncated" else content)
+    with pytest.raises(vd.ImageDecodeError, match=rf"{path}: not a readable image \(") as err:
+        vd.decode_image(path)
+    assert isinstance(err.value, ValueError) and "\n" not in str(err.value)
+    with pytest.raises(ValueError, match="bad.png: not a readable image"):
+        vd.ImageSource.folder(tmp_path).raw(0)
+
+
+def test_hidden_files_such_as_appledouble_are_not_images(tmp_path: Path) -> None:
+    _save_image(tmp_path / "cls" / "x.png", (8, 8))
+    (tmp_path / "cls" / "._x.png").write_bytes(b"\x00\x05\x16\x07 AppleDouble")
+    _save_image(tmp_path / "cls" / ".thumbs" / "y.png", (8, 8))
+    samples, _ = vd.list_image_folder(tmp_path)
+    assert [p.name for p, _ in samples] == ["x.png"]
+
+
+@pytest.mark.parametrize("mode", ["I;16", "I;16B", "I"])
+def test_16_bit_images_are_scaled_to_8_bits(tmp_path: Path, mode: str) -> None:
+    values = np.array([[0, 257, 32896], [65535, 1000, 51400]], dtype=np.uint16)
+    if mode == "I":
+        img = Image.fromarray(values.astype(np.int32), "I")
+    else:
+        img = Image.frombytes(mode, (3, 2), values.astype(">u2" if mode == "I;16B" else "<u2").tobytes())
+    if mode == "I;16":
+        img.save(tmp_path / "deep.png")  # a 16-bit PNG opens as I;16
+        img = Image.open(tmp_path / "deep.png")
+        assert img.mode == "I;16"
+    x = vd.decode_image(img)
+    expected = torch.tensor([[0, 1, 128], [255, 4, 200]], dtype=torch.uint8)
+    assert x.dtype == torch.uint8 and x.shape == (3, 2, 3)
+    assert all(torch.equal(x[c], expected) for c in range(3))
+
+
+def test_32_bit_integer_images_within_8_bits_are_taken_as_they_are() -> None:
+    values = np.array([[0, 17, 255]], dtype=np.int32)
+    x = vd.decode_image(Image.fromarray(values, "I"))
+    assert x[0].tolist() == [[0, 17, 255]]

@@ -180,8 +180,31 @@ def test_missing_file_is_reported(tmp_path):
 def test_a_file_that_is_not_a_checkpoint_is_reported(tmp_path):
     path = tmp_path / "notes.ckpt"
     path.write_text("hello world")
-    with raises(CheckpointError, match="not a readable torch checkpoint"):
+    with raises(CheckpointError, match="not a PyTorch checkpoint"):
         load_vqgan(path, SMALL)
+
+
+def test_a_garbage_ckpt_is_not_reported_as_holding_python_objects(tmp_path):
+    path = tmp_path / "garbage.ckpt"
+    path.write_bytes(b"garbage, not a checkpoint at all")
+    with raises(CheckpointError) as err:
+        load_vqgan(path, SMALL)
+    msg = str(err.value)
+    assert f"{path} is not a PyTorch checkpoint" in msg and "\n" not in msg
+    assert "Python objects" not in msg and "weights_only=False" not in msg
+
+
+def test_vqgan_tokenizer_at_another_image_size_keeps_the_models_factor(tmp_path, monkeypatch):
+    import hyperset.vision.vqgan as vqgan_module
+    from hyperset.vision.reconstruct import load_tokenizer
+
+    path = tmp_path / "small.ckpt"
+    torch.save({"state_dict": _small_state()}, path)
+    monkeypatch.setattr(vqgan_module, "VQGAN", lambda cfg=None: VQGAN(SMALL))  # load_tokenizer's default config
+    tok = load_tokenizer(path, image_size=64)
+    assert SMALL.resolution // SMALL.grid == 4 and tok.grid == 16
+    assert tuple(tok.encode(torch.rand(1, 3, 64, 64)).shape) == (1, 16, 16)
+    assert tok.source == str(path.resolve())
 
 
 def test_an_unreadable_safetensors_file_is_reported(tmp_path):

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from hyperset.config import ModelConfig, check_choice, check_table
+from hyperset.config import MAX_ITERS, ModelConfig, check_choice, check_table
 from hyperset.models import HyperSETModel
 from hyperset.vision.data import (
     DATASETS,
@@ -277,6 +277,11 @@ class ClassifyTask(Task):
     def __post_init__(self) -> None:
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ValueError(f"objective.label_smoothing must be in [0, 1), got {self.label_smoothing}")
+        if isinstance(self.eval_batch, bool) or not isinstance(self.eval_batch, int) or self.eval_batch < 1:
+            raise ValueError(f"objective.eval_batch must be a whole number >= 1, got {self.eval_batch!r}")
+        if any(isinstance(i, bool) or not isinstance(i, int) or not 1 <= i <= MAX_ITERS for i in self.eval_iters):
+            raise ValueError(f"objective.eval_iters must hold iteration counts in [1, {MAX_ITERS}], "
+                             f"got {self.eval_iters}")
         self.train = load_split(self.data, "train")
         if self.data.n_train:
             if self.data.n_train > len(self.train):

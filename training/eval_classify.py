@@ -32,8 +32,9 @@ from hyperset.cli_options import (
 from hyperset.config import MAX_ITERS
 from hyperset.device import autocast_dtype, describe, pick_device, set_cpu_threads
 
-from .classify_task import ClassifyData, ImageSplit, load_split, sample, top1
+from .classify_task import ClassifyData, ImageSplit, dataset_classes, load_split, sample, top1
 
+DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 TRAIN_HINT = ("train one with `hyperset-train classify --recipe cifar10-cpu --data DIR --out runs/cifar10-cpu` "
               "and pass runs/cifar10-cpu/best as CHECKPOINT")
 
@@ -80,8 +81,9 @@ def run_eval(checkpoint: str | None, data_dir: str, split: str, iters: Sequence[
              device_name: str, dataset: str | None = None, precision: str = "auto", limit: int = 0
              ) -> dict[str, Any]:
     """Evaluate a classifier at each number of iterations in ``iters`` (default: its trained depth), in one pass
-    where the core allows it; returns the --json document: what was evaluated, and ``results`` with one
-    {"iters", "top1"} per depth in the order asked. Raises EvalError for user mistakes."""
+    where the core allows it; returns the --json document: what was evaluated (with the ``device`` and the
+    ``precision`` used: "fp32" or e.g. "bf16 autocast"), and ``results`` with one {"iters", "top1"} per depth in
+    the order asked. Raises EvalError for user mistakes (an empty split, a dataset with another class count)."""
     path = resolve_checkpoint(checkpoint)
     if not Path(data_dir).is_dir():
         raise EvalError(f"data folder {data_dir} does not exist (expected e.g. DIR/cifar-10-batches-py/)")
@@ -91,20 +93,27 @@ def run_eval(checkpoint: str | None, data_dir: str, split: str, iters: Sequence[
     if data.size != model.cfg.img_size:
         raise EvalError(f"{path}: the model takes {model.cfg.img_size} px images, {data.dataset} here has "
                         f"{data.size} px")
+    n_classes = dataset_classes(data)
+    if n_classes != model.cfg.num_classes:
+        raise EvalError(f"{path}: the model has {model.cfg.num_classes} classes but {data.dataset} has {n_classes}; "
+                        "pass the dataset it was trained on (--dataset)")
     split_data: ImageSplit = load_split(data, split)
+    if len(split_data) == 0:
+        raise EvalError(f"{data_dir}: the {data.dataset} {split} split holds no images")
     split_data = sample(split_data, limit)
-    labels_max = int(split_data.labels.max()) if len(split_data) else -1
+    labels_max = int(split_data.labels.max())
     if labels_max >= model.cfg.num_classes:
         raise EvalError(f"{path}: the model has {model.cfg.num_classes} classes but {data.dataset} has label "
                         f"{labels_max}; pass the dataset it was trained on")
     dtype = autocast_dtype(device) if precision == "auto" else None
     autocast = (lambda: torch.autocast(device.type, dtype=dtype)) if dtype is not None else contextlib.nullcontext
+    used = "fp32" if dtype is None else f"{DTYPE_NAMES.get(dtype, str(dtype))} autocast"
     depths = list(dict.fromkeys(iters or [model.cfg.iters]))
     start = time.time()
     accuracy, images = top1(model, split_data, depths, device, autocast, batch_size, progress=True)
     seconds = round(time.time() - start, 3)
     return {"checkpoint": str(path), "dataset": data.dataset, "split": split, "images": images,
-            "device": describe(device), "seconds": seconds,
+            "device": describe(device), "precision": used, "seconds": seconds,
             "results": [{"iters": d, "top1": accuracy[d]} for d in depths]}
 
 
@@ -150,4 +159,4 @@ def classify_command(checkpoint: str | None, data_dir: str, split: str, iters: t
     for result in report["results"]:
         click.echo(f"{report['dataset']} {split}: top-1 {100 * result['top1']:.2f}% on {report['images']} images "
                    f"at {result['iters']} iterations ({report['checkpoint']}, {report['device']}, "
-                   f"{report['seconds']:.1f} s)")
+                   f"{report['precision']}, {report['seconds']:.1f} s)")

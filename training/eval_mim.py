@@ -4,7 +4,8 @@ Masks exactly R of the tokens of each image (uniformly random positions, seeded)
 decodes with the tokenizer and compares with the original images: PSNR, SSIM, MS-SSIM, LPIPS and FID. LPIPS and FID
 are torchmetrics' (the 'metrics' extra) on pretrained networks that are never downloaded: without the extra or the
 local weight files (--lpips-weights, --fid-weights, or the torch hub cache) they are reported as null with the
-reason. The tokenizer's own reconstruction (no masking) is reported as the ceiling.
+reason. The tokenizer's own reconstruction (no masking) is reported as the ceiling. The JSON and the table name the
+tokenizer used (its absolute path, or "shipped"), the device and the precision.
 
 Decoding (the JSON's ``decode`` and the table say which was used):
 
@@ -42,7 +43,7 @@ from hyperset.cli_options import (
     write_json_out,
 )
 from hyperset.config import MAX_ITERS
-from hyperset.device import pick_device, set_cpu_threads
+from hyperset.device import describe, pick_device, set_cpu_threads
 from hyperset.vision.maskgit import mask_by_ratio
 from hyperset.vision.metrics import compute_fid, compute_lpips, mean_score, ms_ssim, ms_ssim_config, psnr, ssim
 from hyperset.vision.reconstruct import (
@@ -96,6 +97,8 @@ def evaluate_reconstruction(
         raise ValueError("give a pipeline (token model) or a tokenizer with fill_code")
     device = next(tok.parameters()).device
     n, g = len(images), tok.grid
+    if n == 0:
+        raise ValueError(f"{images.source}: no images to evaluate")
     mask = mask_by_ratio((n, g, g), mask_ratio, generator=torch.Generator().manual_seed(seed))
     sampler = torch.Generator().manual_seed(seed + 1)
     originals, recons, ceilings = [], [], []
@@ -135,6 +138,13 @@ def evaluate_reconstruction(
         "masked_tokens": int(mask[0].sum()),
         "tokens": g * g,
     }
+
+
+def precision_of(*modules: torch.nn.Module) -> str:
+    """The floating-point types the modules' weights run in ("fp32"; no autocast is used here)."""
+    names = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.float64: "fp64"}
+    found = {p.dtype for m in modules for p in m.parameters() if p.is_floating_point()}
+    return " + ".join(sorted(names.get(d, str(d)) for d in found)) or "fp32"
 
 
 def _fmt(value: float | None, digits: int = 3) -> str:
@@ -179,6 +189,7 @@ def print_table(result: dict[str, Any]) -> None:
         click.echo(f"baseline: every masked token set to code {result['most_frequent_code']} (the most frequent "
                    "code of the training images)")
     click.echo(result["ms_ssim_config"])
+    click.echo(f"tokenizer: {result['tokenizer']}; {result['device']}, {result['precision']}")
     for key in ("lpips_reason", "fid_reason"):
         if result.get(key):
             click.echo(result[key])
@@ -272,7 +283,10 @@ def mim_command(checkpoint: str | None, data: Path, split: str, mask_ratio: floa
         click.echo(f"hyperset-eval mim: error: {e}", err=True)
         sys.exit(2)
     name, config = model_row(pipeline, iters)
+    modules = [tok] if pipeline is None else [tok, pipeline.model]
     result.update({
+        "tokenizer": tok.source or "shipped", "device": describe(torch.device(device)),
+        "precision": precision_of(*modules),
         "model": name, "model_config": config, "baseline": baseline, "most_frequent_code": fill,
         "iters": (iters or pipeline.model.cfg.iters) if pipeline is not None else 0,
         "decode": decode if pipeline is not None else None,

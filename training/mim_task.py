@@ -28,10 +28,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from hyperset.checkpoint import save_module
-from hyperset.config import ModelConfig, check_choice, check_table
+from hyperset.config import MAX_ITERS, ModelConfig, check_choice, check_table
 from hyperset.vision.data import ImageSource, cifar_dir, train_val_split
+from hyperset.vision.maskgit import MODES, mask_by_ratio, random_token_mask
 from hyperset.vision.maskgit import decode as maskgit_decode
-from hyperset.vision.maskgit import mask_by_ratio, random_token_mask
 from hyperset.vision.metrics import psnr, ssim
 from hyperset.vision.reconstruct import (
     DECODINGS,
@@ -84,7 +84,7 @@ def load_images(root: str | Path, split: str, image_size: int = 32) -> ImageSet:
     """The "train" or "test" images of CIFAR-10 (python layout) or of an ImageFolder tree under ``root``.
 
     ImageFolder: "train" reads ``root/train`` (or ``root`` when it has no train/ folder); "test" reads
-    ``root/val`` (or ``root/test``). CIFAR images must be used at 32 px.
+    ``root/val`` (or ``root/test``). CIFAR images must be used at 32 px. A split without images is a ValueError.
     """
     if split not in ("train", "test"):
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
@@ -100,7 +100,7 @@ def load_images(root: str | Path, split: str, image_size: int = 32) -> ImageSet:
     if is_cifar:
         if image_size != 32:
             raise ValueError(f"CIFAR-10 images are 32x32; image_size {image_size} is not supported for them")
-        return ImageSet(ImageSource.cifar("cifar10", root, split), size=32)
+        return _nonempty(ImageSet(ImageSource.cifar("cifar10", root, split), size=32), split)
     if split == "train":
         folder = root / "train" if (root / "train").is_dir() else root
     else:
@@ -108,7 +108,13 @@ def load_images(root: str | Path, split: str, image_size: int = 32) -> ImageSet:
         if folder is None:
             raise FileNotFoundError(f"{root} is neither CIFAR-10 (cifar-10-batches-py/) nor an ImageFolder tree "
                                     "with a val/ (or test/) folder for the test split")
-    return ImageSet(ImageSource.folder(folder), size=image_size)
+    return _nonempty(ImageSet(ImageSource.folder(folder), size=image_size), split)
+
+
+def _nonempty(images: ImageSet, split: str) -> ImageSet:
+    if len(images) == 0:
+        raise ValueError(f"{images.source}: the {split} split holds no images")
+    return images
 
 
 def _generator(*keys: int) -> torch.Generator:
@@ -142,6 +148,26 @@ class MIMData:
     encode_batch: int = 500
     seed: int = 0
 
+    def __post_init__(self) -> None:
+        for key, least in (("image_size", 1), ("n_val", 1), ("n_train", 0), ("eval_images", 0),
+                           ("eval_tokens", 1), ("encode_batch", 1)):
+            _count("data", key, getattr(self, key), least)
+
+
+def _count(section: str, key: str, value: Any, least: int) -> None:
+    """A recipe count: a whole number >= ``least``, else a ValueError naming ``section.key``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ValueError(f"{section}.{key} must be a whole number >= {least}, got {value!r}")
+
+
+def _fraction(section: str, key: str, value: Any, low: float, high: float, low_open: bool, high_open: bool) -> None:
+    """A recipe number in [low, high] (ends open as asked), else a ValueError naming ``section.key``."""
+    ok = (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+          and (value > low if low_open else value >= low) and (value < high if high_open else value <= high))
+    if not ok:
+        span = f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+        raise ValueError(f"{section}.{key} must be a number in {span}, got {value!r}")
+
 
 def _split(data: MIMData) -> tuple[ImageSet, ImageSet]:
     images = load_images(data.data_dir, "train", data.image_size)
@@ -149,6 +175,9 @@ def _split(data: MIMData) -> tuple[ImageSet, ImageSet]:
         raise ValueError(f"n_val {data.n_val} leaves no training images out of {len(images)}")
     train_idx, val_idx = train_val_split(len(images), data.n_val / len(images), data.seed)
     if data.n_train:
+        if data.n_train > len(train_idx):
+            raise ValueError(f"data.n_train = {data.n_train} but {images.source} holds only {len(train_idx)} "
+                             f"training images besides the {len(val_idx)} held out (data.n_val)")
         train_idx = train_idx[: data.n_train]
     return images.subset(train_idx), images.subset(val_idx)
 
@@ -168,6 +197,7 @@ class TokenizerTask(Task):
     select_metric: str = "val/psnr"
 
     def __post_init__(self) -> None:
+        _count("objective", "eval_batch", self.eval_batch, 1)
         self.train, self.val = _split(self.data)
 
     def model_config(self) -> VQConfig:
@@ -277,22 +307,12 @@ class TokensTask(Task):
     select_metric: str = field(default="", init=False)
 
     def __post_init__(self) -> None:
+        self._check_objective()
         if not self.data.tokenizer and self.data.image_size != 32:
             raise ValueError(f"image_size {self.data.image_size}: the shipped tokenizer is for 32x32 CIFAR images; "
                              "set [data] tokenizer (--set data.tokenizer=PATH) to a VQGAN checkpoint file "
                              "(e.g. the Taming vqgan_imagenet_f16_1024 last.ckpt) or a trained tokenizer folder")
         self.tokenizer = load_tokenizer(self.data.tokenizer or None, image_size=self.data.image_size)
-        if self.segments < 1:
-            raise ValueError(f"objective.segments must be >= 1, got {self.segments}")
-        if self.segment_weights and (len(self.segment_weights) != self.segments or sum(self.segment_weights) <= 0
-                                     or any(not (math.isfinite(w) and w >= 0) for w in self.segment_weights)):
-            raise ValueError(f"objective.segment_weights must hold one finite weight >= 0 per segment "
-                             f"({self.segments}), not all zero; got {self.segment_weights}")
-        if not (math.isfinite(self.latent_weight) and self.latent_weight >= 0):
-            raise ValueError(f"objective.latent_weight must be a finite number >= 0, got {self.latent_weight}")
-        if any(int(i) < 1 for i in self.eval_iters):
-            raise ValueError(f"objective.eval_iters must hold positive iteration counts, got {self.eval_iters}")
-        check_choice("objective", "decode", self.decode, DECODINGS)
         check_compatible(self.tokenizer, _ProbeModel(self.model))
         self.train, self.val = _split(self.data)
         pct = round(100 * self.eval_ratio)
@@ -300,6 +320,28 @@ class TokensTask(Task):
         self._codes: Tensor | None = None
         self._val_codes: Tensor | None = None
         self._device: torch.device | None = None
+
+    def _check_objective(self) -> None:
+        """Every ``[objective]`` value, before anything is loaded or trained: a ValueError naming its key."""
+        for key in ("decode_steps", "eval_batch", "segments"):
+            _count("objective", key, getattr(self, key), 1)
+        _fraction("objective", "max_mask_ratio", self.max_mask_ratio, 0, 1, True, False)
+        _fraction("objective", "eval_ratio", self.eval_ratio, 0, 1, True, False)
+        _fraction("objective", "label_smoothing", self.label_smoothing, 0, 1, False, True)
+        for key in ("temperature", "randomize_temp", "latent_weight"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value)
+                                                                                      and value >= 0):
+                raise ValueError(f"objective.{key} must be a finite number >= 0, got {value!r}")
+        check_choice("objective", "schedule", self.schedule, MODES)
+        check_choice("objective", "decode", self.decode, DECODINGS)
+        if self.segment_weights and (len(self.segment_weights) != self.segments or sum(self.segment_weights) <= 0
+                                     or any(not (math.isfinite(w) and w >= 0) for w in self.segment_weights)):
+            raise ValueError(f"objective.segment_weights must hold one finite weight >= 0 per segment "
+                             f"({self.segments}), not all zero; got {self.segment_weights}")
+        if any(isinstance(i, bool) or not isinstance(i, int) or not 1 <= i <= MAX_ITERS for i in self.eval_iters):
+            raise ValueError(f"objective.eval_iters must hold iteration counts in [1, {MAX_ITERS}], "
+                             f"got {self.eval_iters}")
 
     @property
     def mask_id(self) -> int:
@@ -315,7 +357,8 @@ class TokensTask(Task):
     def describe(self) -> dict[str, Any]:
         return {"stage": "tokens", "source": self.train.source, "train_images": len(self.train),
                 "val_images": len(self.val), "image_size": self.data.image_size, "flip": self.data.flip,
-                "tokenizer": str(self.data.tokenizer or "shipped: hyperset/weights/mim/tokenizer"),
+                "tokenizer": self.tokenizer.source if self.data.tokenizer
+                else "shipped: hyperset/weights/mim/tokenizer",
                 "tokenizer_kind": self.tokenizer.kind, "codebook_size": self.tokenizer.num_codes,
                 "grid": self.tokenizer.grid, "mask_id": self.mask_id,
                 "masking": f"each token masked with p = {self.max_mask_ratio} * U(0, 1) per sample",

@@ -23,6 +23,7 @@ import os
 import pickle
 import re
 import shutil
+import struct
 import tarfile
 import tempfile
 import urllib.error
@@ -152,6 +153,8 @@ def _read_pickle_dict(path: Path) -> dict[str, Any]:
             raise CifarFileError(f"{path}: {e}") from e
         except (EOFError, ValueError, TypeError, AttributeError, IndexError) as e:
             raise ValueError(f"{path} is not a readable CIFAR pickle ({type(e).__name__}: {e})") from e
+        except MemoryError as e:
+            raise ValueError(f"{path}: an array in this CIFAR file would not fit in memory ({e})") from None
     if not isinstance(obj, dict):
         raise ValueError(f"{path}: expected a dict, found {type(obj).__name__}")
     return {_text(k): v for k, v in obj.items()}
@@ -226,6 +229,20 @@ def cifar_dir(name: str, root: str | os.PathLike) -> Path:
     return folder
 
 
+def _integer_labels(path: Path, key: str, value: Any) -> np.ndarray:
+    """The labels of a CIFAR batch as int64 (N,): integers only, else a ValueError naming the file."""
+    try:
+        y = np.asarray(value)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{path}: {key!r} is not a list of integer labels ({e})") from None
+    if y.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    if y.dtype.kind not in "iu" or y.ndim != 1:
+        shown = ", ".join(repr(v) for v in y.reshape(-1)[:3].tolist())
+        raise ValueError(f"{path}: {key!r} must be a list of integer labels, found {y.dtype} {y.shape} ({shown} ...)")
+    return y.astype(np.int64)
+
+
 def read_cifar(name: str, root: str | os.PathLike, split: str, label_mode: str = "fine") -> ImageArrays:
     """Read a CIFAR split ("train" or "test") into uint8 images (N, 32, 32, 3) HWC and int64 labels.
 
@@ -262,7 +279,7 @@ def read_cifar(name: str, root: str | os.PathLike, split: str, label_mode: str =
             raise ValueError(
                 f"{path}: 'data' must be uint8 of shape (N, 3072), found {data.dtype} {data.shape}"
             )
-        y = np.asarray(batch[labels_key], dtype=np.int64).reshape(-1)
+        y = _integer_labels(path, labels_key, batch[labels_key])
         if len(y) != len(data):
             raise ValueError(f"{path}: {len(data)} images but {len(y)} labels")
         if len(y) and (y.min() < 0 or y.max() >= num_classes):
@@ -412,7 +429,8 @@ def list_image_folder(
 ) -> tuple[list[tuple[Path, int]], list[str]]:
     """(path, class index) pairs of an ImageFolder tree, and the class names (sorted folder names).
 
-    ``classes`` keeps only those folders (all must exist); indices follow their sorted order.
+    ``classes`` keeps only those folders (all must exist); indices follow their sorted order. Hidden files and
+    folders (names starting with '.', such as macOS' ``._x.png`` AppleDouble files) are not images.
     """
     root = Path(root)
     if not root.is_dir():
@@ -432,7 +450,9 @@ def list_image_folder(
     samples: list[tuple[Path, int]] = []
     for index, name in enumerate(names):
         files = sorted(
-            p for p in (root / name).rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file()
+            p for p in (root / name).rglob("*")
+            if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file()
+            and not any(part.startswith(".") for part in p.relative_to(root / name).parts)
         )
         if not files:
             raise FileNotFoundError(
@@ -490,13 +510,41 @@ def random_crop_flip(
 # Decoding, and the one resize-and-crop of every image path (training, evaluation, reconstruction, the app)
 
 
+class ImageDecodeError(ValueError):
+    """An image file that cannot be decoded (missing, truncated, not an image, too large): "PATH: not a readable
+    image (reason)"."""
+
+
+_DECODE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, struct.error, Image.DecompressionBombError)
+
+
+def _pil_to_rgb_array(img: Image.Image) -> np.ndarray:
+    """A PIL image -> uint8 (H, W, 3). 16-bit grayscale (I;16*) is scaled to 8 bits (value / 257, rounded); 32-bit
+    integer images ('I') likewise when any value exceeds 255, else taken as they are."""
+    if img.mode.startswith("I;16") or img.mode == "I":
+        values = np.asarray(img).astype(np.float64)
+        if img.mode != "I" or (values.size and values.max() > 255):
+            values = values / 257.0
+        gray = np.rint(values).clip(0, 255).astype(np.uint8)
+        return np.repeat(gray[..., None], 3, axis=2)
+    return np.array(img.convert("RGB"), dtype=np.uint8)  # a writable copy
+
+
 def decode_image(source: str | os.PathLike | Image.Image | np.ndarray) -> torch.Tensor:
-    """An image file, a PIL image or an (H, W[, C]) uint8 array -> uint8 RGB tensor (3, H, W)."""
+    """An image file, a PIL image or an (H, W[, C]) uint8 array -> uint8 RGB tensor (3, H, W).
+
+    A file that cannot be decoded is an ``ImageDecodeError`` (a ValueError) naming it. 16-bit images are scaled
+    to 8 bits.
+    """
     if isinstance(source, (str, os.PathLike)):
-        with Image.open(source) as img:
-            return decode_image(img)
+        try:
+            with Image.open(source) as img:
+                return torch.from_numpy(_pil_to_rgb_array(img)).permute(2, 0, 1)
+        except _DECODE_ERRORS as e:
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ImageDecodeError(f"{source}: not a readable image ({reason})") from None
     if isinstance(source, Image.Image):
-        source = np.array(source.convert("RGB"), dtype=np.uint8)  # a writable copy
+        source = _pil_to_rgb_array(source)
     arr = np.asarray(source)
     if arr.ndim == 2:
         arr = np.repeat(arr[..., None], 3, axis=2)

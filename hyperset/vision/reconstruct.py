@@ -58,17 +58,21 @@ class MIMWeightsMissing(FileNotFoundError):
 class Tokenizer(nn.Module):
     """One interface over the CIFAR VQ tokenizer and the Taming VQGAN: images [0, 1] <-> codes (B, h, w).
 
-    Attributes: ``num_codes`` (K; the mask id is K), ``image_size`` (side of the images it was trained on),
-    ``grid`` (side of the code grid), ``kind`` ("vq-tokenizer" or "vqgan") and ``info`` (its config.json).
+    Attributes: ``num_codes`` (K; the mask id is K), ``image_size`` (side of the images it is used at),
+    ``grid`` (side of the code grid), ``kind`` ("vq-tokenizer" or "vqgan"), ``info`` (its config.json) and
+    ``source`` (where it was loaded from: its absolute path, or "shipped"; "" when built in memory).
     """
 
-    def __init__(self, model: nn.Module, kind: str, image_size: int, info: dict[str, Any] | None = None) -> None:
+    def __init__(self, model: nn.Module, kind: str, image_size: int, info: dict[str, Any] | None = None,
+                 source: str = "") -> None:
         super().__init__()
         self.model = model.eval()
         self.kind = kind
         self.image_size = int(image_size)
         self.info = info or {}
-        downsample = 2 ** model.cfg.num_downsamples if kind == TOKENIZER_KIND else image_size // model.cfg.grid
+        self.source = source
+        cfg = model.cfg
+        downsample = 2 ** cfg.num_downsamples if kind == TOKENIZER_KIND else cfg.resolution // cfg.grid
         if self.image_size % downsample:
             raise ValueError(f"image size {image_size} is not a multiple of the tokenizer's factor {downsample}")
         self.grid = self.image_size // downsample
@@ -127,14 +131,17 @@ def load_tokenizer(path: str | Path | None = None, device: str | torch.device = 
     """A tokenizer from a ``vq-tokenizer`` checkpoint folder (default: the shipped one) or a VQGAN file.
 
     A file ending in .ckpt/.pth/.pt/.safetensors is read as a Taming VQGAN checkpoint (``load_vqgan``), the
-    paper's tokenizer, used at 256 px unless ``image_size`` says otherwise.
+    paper's tokenizer, used at 256 px unless ``image_size`` says otherwise. The tokenizer's ``source`` is the
+    absolute path it was read from, or "shipped".
     """
+    source = "shipped" if path is None else str(Path(path).resolve())
     path = _shipped(default_tokenizer_dir(), "tokenizer") if path is None else Path(path)
     if path.is_file() and path.suffix in VQGAN_SUFFIXES and path.name != "model.safetensors":
         from .vqgan import load_vqgan
 
         vqgan = load_vqgan(path)
-        return Tokenizer(vqgan, "vqgan", image_size or vqgan.cfg.resolution, {"path": str(path)}).to(device)
+        return Tokenizer(vqgan, "vqgan", image_size or vqgan.cfg.resolution, {"path": str(path)},
+                         source=source).to(device)
     path = checkpoint_dir(path)
     meta = read_config(path, kind=TOKENIZER_KIND)
     try:
@@ -144,7 +151,7 @@ def load_tokenizer(path: str | Path | None = None, device: str | torch.device = 
     model = VQTokenizer(cfg)
     load_weights_into(model, path, "weights of a VQ tokenizer")
     size = image_size or int(meta.get("data", {}).get("image_size", 32))
-    return Tokenizer(model, TOKENIZER_KIND, size, meta).to(device)
+    return Tokenizer(model, TOKENIZER_KIND, size, meta, source=source).to(device)
 
 
 def check_compatible(tokenizer: Tokenizer, model: HyperSETModel) -> None:
@@ -459,7 +466,9 @@ def load_mim(directory: str | Path | None = None, tokenizer: str | Path | None =
              device: str | torch.device = "cpu") -> MIMPipeline:
     """Tokenizer + token model. ``directory`` is a token-model checkpoint folder (default: the shipped
     ``hyperset/weights/mim/model``); the tokenizer is ``tokenizer``, else the one named in the model's
-    config.json (``data.tokenizer``) when that folder exists, else the shipped ``weights/mim/tokenizer``.
+    config.json (``data.tokenizer``), else (nothing recorded, or "shipped: ...") the shipped
+    ``weights/mim/tokenizer``. A recorded tokenizer that does not exist here is a CheckpointError saying to pass
+    it (``--tokenizer PATH``): the model's codes mean nothing to another tokenizer.
     ``device`` is a name the commands take ("auto", "cpu", "cuda", ...; one that cannot be had is a ValueError)
     or a torch.device."""
     if isinstance(device, str):
@@ -469,8 +478,13 @@ def load_mim(directory: str | Path | None = None, tokenizer: str | Path | None =
     model_dir = _shipped(default_model_dir(), "token model") if directory is None else Path(directory)
     model, info = load_checkpoint(model_dir, task="mim", map_location=device)
     if tokenizer is None:
-        named = info.get("data", {}).get("tokenizer")
-        if directory is not None and named and Path(named).exists():
+        data = info.get("data")
+        named = str(data.get("tokenizer") or "") if isinstance(data, dict) else ""
+        if named and not named.startswith("shipped"):
+            if not Path(named).exists():
+                raise CheckpointError(
+                    f"{model_dir / 'config.json'}: the token model was trained with the tokenizer {named}, which "
+                    "does not exist here; pass it with --tokenizer PATH (load_mim(..., tokenizer=PATH))")
             tokenizer = named
     tok = load_tokenizer(tokenizer, device=device)
     return MIMPipeline(tok, model, info)
@@ -502,6 +516,7 @@ def most_frequent_fill(codes: Tensor, mask: Tensor, code: int) -> Tensor:
 def describe_tokenizer(tokenizer: Tokenizer) -> dict[str, Any]:
     """A few facts about a tokenizer for reports."""
     cfg = tokenizer.model.cfg
-    return {"kind": tokenizer.kind, "codebook_size": tokenizer.num_codes, "grid": tokenizer.grid,
+    return {"kind": tokenizer.kind, "source": tokenizer.source, "codebook_size": tokenizer.num_codes,
+            "grid": tokenizer.grid,
             "image_size": tokenizer.image_size, "bits_per_image": round(tokenizer.grid**2 * math.log2(
                 tokenizer.num_codes), 1), "config": dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else {}}

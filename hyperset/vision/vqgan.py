@@ -287,19 +287,29 @@ def _read_state_dict(path: Path) -> dict[str, Tensor]:
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
-        if "weights only" not in str(err).lower():
-            raise CheckpointError(f"{path} is not a readable torch checkpoint ({_first_line(err)})") from err
+        if "unsupported global" not in str(err).lower():  # not the refusal of a Python object: a damaged file
+            raise CheckpointError(f"{path} is not a PyTorch checkpoint ({_unpickling_reason(err)})") from err
         raise CheckpointError(
             f"{path} holds Python objects besides tensors and would need full unpickling, which can run "
             f"arbitrary code; refusing. To use it, {_CONVERT_HINT}"
         ) from err
     except Exception as err:  # truncated or foreign files fail in many ways inside torch.load
-        raise CheckpointError(f"{path} is not a readable torch checkpoint ({_first_line(err)})") from err
+        raise CheckpointError(f"{path} is not a PyTorch checkpoint ({_first_line(err)})") from err
     if isinstance(obj, dict) and isinstance(obj.get("state_dict"), dict):
         obj = obj["state_dict"]
     if not isinstance(obj, dict) or not all(isinstance(v, Tensor) for v in obj.values()):
         raise CheckpointError(f"{path} is not a VQGAN state dict (tensors, optionally under 'state_dict')")
     return obj
+
+
+def _unpickling_reason(err: Exception) -> str:
+    """What torch's weights-only unpickler objected to (its message wraps that in advice about weights_only)."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    for i, line in enumerate(lines):
+        if "WeightsUnpickler error" in line:
+            rest = line.split("WeightsUnpickler error:", 1)[-1].strip()
+            return rest or (lines[i + 1] if i + 1 < len(lines) else "unreadable")
+    return _first_line(err) if lines and "weights only" not in lines[0].lower() else "unreadable"
 
 
 def _first_line(err: Exception) -> str:
