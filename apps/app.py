@@ -7,19 +7,19 @@ without a server, which is how the tests exercise them.
 
 Sudoku tab
     Enter digits in the 9x9 grid or paste text (an 81-character line, a 9-line grid or ``puzzle,solution``
-    CSV) and press "Put text in the grid". The iteration slider goes from 1 to 4x the trained depth; the
-    strategy is ``commit`` (the default, MaskGIT-style: N iterations, commit the most confident clash-free
-    digits as new givens and run again until the board is valid, up to 16 passes), ``single`` (one pass of N
-    iterations) or ``auto`` (stop when the board is valid or has not changed for 4 iterations; the slider is
-    the maximum). Solve streams the board after every iteration: givens bold, predicted digits shaded by the
-    model's confidence, conflicting cells red, and the energies E_ATTN and E_FF per iteration with a dashed
-    line at the trained depth.
+    CSV) and press "Put text in the grid". The iteration slider goes from 1 to 4x the trained depth (at most
+    ``hyperset.config.MAX_ITERS``); the strategy is ``commit`` (the default, MaskGIT-style: N iterations, commit
+    the most confident clash-free digits as new givens and run again until the board is valid, up to 16 passes),
+    ``single`` (one pass of N iterations) or ``auto`` (stop when the board is valid or has not changed for 4
+    iterations; the slider is the maximum). Solve streams the board after every iteration: givens bold,
+    predicted digits shaded by the model's confidence, conflicting cells red, and the energies E_ATTN and E_FF
+    per iteration with a dashed line at the trained depth. Stop cancels it and says so in the verdict; givens
+    with no solution are noted with the parser's warning, as ``hyperset-solve`` prints it.
 
-    ONNX backend (``hyperset-app --backend onnx``): the exported Loop graph returns only the final logits (and
-    the energy trace), not the board after each iteration. The frames shown while solving therefore come from
-    the torch model; for ``single`` and ``commit`` the final board, the verdict and the energy plot come from
-    ONNX Runtime, and the details say whether both agree. ``auto`` decides when to stop from the per-iteration
-    boards, so it runs on torch only.
+    ONNX backend (``hyperset-app --backend onnx``): every frame comes from ONNX Runtime, the per-iteration
+    boards and energies from the exported step graphs (stem -> step x N -> head; exported into the cache with the
+    Loop graph, or read next to an ``--onnx-model`` file), so the board, the verdict and the energy plot are all
+    ONNX Runtime's; the details say so (``backend.frames``). A graph without step graphs is refused at start-up.
 
 Reconstruction tab
     A sample image (the default: the cat, the sample closest to the CIFAR-10 images the shipped models were
@@ -50,9 +50,10 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from hyperset.config import MAX_ITERS
 from hyperset.solve import DEFAULT_PASSES, DEFAULT_STRATEGY, result_of
 from hyperset.strategies import BoardResult
-from hyperset.sudoku.board import PuzzleError, cell_name, conflicts, parse_puzzles, validate
+from hyperset.sudoku.board import Puzzle, PuzzleError, cell_name, conflicts, parse_puzzles, validate
 
 from .energy_plot import energy_svg
 from .limits import MAX_IMAGE_PIXELS, MAX_UPLOAD_BYTES, RequestLimits, RunGuard, limit_pixels, pixel_problem
@@ -67,6 +68,7 @@ __all__ = [
     "grid_to_puzzle",
     "mim_training_note",
     "puzzle_to_grid",
+    "read_grid",
     "render_board",
 ]
 
@@ -74,7 +76,7 @@ __all__ = [
 # limits
 
 MAX_TEXT_CHARS = 20_000  # pasted puzzle text (request and image limits: hyperset.apps.limits)
-MAX_ITER_FACTOR = 4  # iteration sliders go up to 4x the trained depth
+MAX_ITER_FACTOR = 4  # iteration sliders go up to 4x the trained depth (and at most MAX_ITERS)
 MAX_DECODE_STEPS = 64
 QUEUE_SIZE = 16  # requests waiting in the queue beyond the one running
 MODEL_QUEUE = "models"  # solve and reconstruct share one slot: one model computation at a time
@@ -165,6 +167,12 @@ def _cell_text(value: Any, index: int) -> str:
 def grid_to_puzzle(grid: Any) -> str:
     """The editable grid's value (rows of strings/numbers, a DataFrame, or the API's {"data": ...}) -> an
     81-character puzzle. Raises :class:`InputError` for a wrong shape, a bad cell or contradictory givens."""
+    return read_grid(grid).givens
+
+
+def read_grid(grid: Any) -> Puzzle:
+    """The editable grid's value as :func:`grid_to_puzzle` reads it -> the parsed puzzle, with the parser's
+    warnings (givens that leave a cell no digit, too few givens for a unique solution)."""
     if grid is None:
         raise InputError("enter a puzzle in the grid (or paste one and press 'Put text in the grid')")
     if isinstance(grid, dict):
@@ -183,10 +191,9 @@ def grid_to_puzzle(grid: Any) -> str:
     if puzzle == "0" * 81:
         raise InputError(EMPTY_PUZZLE)
     try:
-        parse_puzzles(puzzle, "grid")
+        return parse_puzzles(puzzle, "grid")[0]
     except PuzzleError as err:  # contradictory givens, with the unit and the cells
         raise InputError(f"the givens contradict each other: {err.reason}") from None
-    return puzzle
 
 
 def render_board(board: str, givens: str, confidence: Sequence[float] | None = None,
@@ -388,6 +395,10 @@ def _error_md(message: str) -> str:
     return f"**Input problem:** {message}"
 
 
+SOLVING = "**Solving...**"  # how the verdict starts while a streamed solve runs
+STOPPED = "**Stopped.** The board shows the last iteration drawn; press **Solve** to run again."
+
+
 EMPTY_PUZZLE = "the puzzle is empty: enter some givens or load an example"
 
 
@@ -408,8 +419,9 @@ def read_puzzles(text: str, source: str) -> list[Any]:
 
 def _lenient(component: Any) -> Any:
     """Hand the event's function the client's raw value when Gradio's own conversion fails on it (an API client's
-    null grid, an infinite or text iteration count): the function's checks then say what is wrong, where Gradio's
-    exception reached the client as an empty error."""
+    null grid or plain list of rows, an infinite or text iteration count, a text mask ratio): the function's
+    checks then say what is wrong, where Gradio's exception reached the client as an empty error. A component
+    with a data model (the grid) also passes on a value its model does not validate."""
     convert = component.preprocess
 
     def preprocess(payload: Any) -> Any:
@@ -419,7 +431,42 @@ def _lenient(component: Any) -> Any:
             return payload
 
     component.preprocess = preprocess
+    model = getattr(component, "data_model", None)
+    if model is not None:
+        component.data_model = _lenient_model(model)
     return component
+
+
+def _lenient_model(model: Any) -> Any:
+    """A subclass of a Gradio data model whose ``model_validate`` returns a value it cannot validate unchanged
+    (Gradio validates an input with it before the component's ``preprocess``)."""
+
+    def model_validate(cls: Any, obj: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super(lenient, cls).model_validate(obj, *args, **kwargs)
+        except (TypeError, ValueError):  # pydantic's ValidationError is a ValueError
+            return obj
+
+    lenient = type(model.__name__, (model,), {"__module__": model.__module__,
+                                               "model_validate": classmethod(model_validate)})
+    return lenient
+
+
+def _default_missing_inputs(demo: gr.Blocks, required: dict[str, int]) -> None:
+    """Let an API call to an endpoint of ``required`` (api name -> inputs it needs) leave out its optional
+    trailing inputs: they reach the function as None, which it reads as its default (Gradio refused the call
+    with an empty error)."""
+    validate = getattr(demo, "validate_inputs", None)
+    if validate is None:  # a Gradio 6 release without this hook: the arguments stay required
+        return
+
+    def validate_inputs(block_fn: Any, inputs: list[Any]) -> None:
+        need = required.get(getattr(block_fn, "api_name", None) or "")
+        if need is not None and need <= len(inputs) < len(block_fn.inputs):
+            inputs.extend([None] * (len(block_fn.inputs) - len(inputs)))
+        validate(block_fn, inputs)
+
+    demo.validate_inputs = validate_inputs
 
 
 def _int_in(value: Any, low: int, high: int, name: str) -> int:
@@ -442,6 +489,16 @@ def _float_in(value: Any, low: float, high: float, name: str) -> float:
     if not (low <= v <= high):  # also rejects NaN
         raise InputError(f"{name} must be from {low} to {high} (got {v})")
     return v
+
+
+def _json_number(x: float) -> float | None:
+    """JSON has no NaN or infinity: a diverged value becomes null."""
+    return x if math.isfinite(x) else None
+
+
+def _up_to(trained: int) -> str:
+    """The iteration sliders' limit in words: 4x the trained depth, or the cap when that is lower."""
+    return f"up to {MAX_ITER_FACTOR}x" if MAX_ITER_FACTOR * trained <= MAX_ITERS else f"up to {MAX_ITERS:,}"
 
 
 def _cells_list(cells: Iterable[int], limit: int = 24) -> str:
@@ -522,7 +579,8 @@ class HyperSETApp:
 
     @property
     def max_iters(self) -> int:
-        return MAX_ITER_FACTOR * self.trained_iters
+        """The most iterations per pass: 4x the trained depth, at most ``MAX_ITERS``."""
+        return min(MAX_ITER_FACTOR * self.trained_iters, MAX_ITERS)
 
     def load_text(self, text: str | None) -> tuple[Any, Any, str]:
         """Pasted text -> (grid value, board preview, message). Errors leave the grid alone."""
@@ -551,26 +609,35 @@ class HyperSETApp:
         return puzzle_to_grid(p.givens), render_board(p.givens, p.givens), " ".join(notes)
 
     def preview(self, grid: Any) -> tuple[Any, str]:
-        """The grid was edited: show its givens on the board (or what is wrong with it)."""
+        """The grid was edited: show its givens on the board (or what is wrong with it, and the parser's
+        warnings: givens with no solution)."""
         try:
-            puzzle = grid_to_puzzle(grid)
+            p = read_grid(grid)
         except InputError as err:
             return gr.skip(), _error_md(str(err))
-        return render_board(puzzle, puzzle), f"{81 - puzzle.count('0')} givens. Press **Solve**."
+        notes = [f"{p.n_givens} givens. Press **Solve**.", *(f"Note: {w}." for w in p.warnings)]
+        return render_board(p.givens, p.givens), " ".join(notes)
+
+    def stopped(self, verdict: Any) -> Any:
+        """The Stop button: a verdict that says a solve was running becomes a stopped message (else unchanged)."""
+        if isinstance(verdict, str) and verdict.startswith(SOLVING):
+            return STOPPED
+        return gr.skip()
 
     def clear(self) -> tuple[list[list[str]], str, str, str, None, None]:
         blank = "0" * 81
         return empty_grid(), render_board(blank, blank), "", "", None, None
 
-    def _frames(self, puzzle: str, iters: int, strategy: str) -> Iterator[_Frame]:
+    def _frames(self, puzzle: str, iters: int, strategy: str, per_iteration: bool = True) -> Iterator[_Frame]:
         """One frame per iteration of the solver's own strategy stream (hyperset.strategies, as the CLI runs it):
-        the backend's numbers, nothing run twice. The last frame carries the finished board in ``result``."""
+        the backend's numbers, nothing run twice; with ``per_iteration`` False, one frame per pass. The last frame
+        carries the finished board in ``result``."""
         passes: list[dict[str, list[float]]] = []
         stream = self.solver.frames([puzzle], iters, strategy, max_iters=iters, patience=AUTO_PATIENCE,
-                                    passes=DEFAULT_PASSES, per_iteration=True)
+                                    passes=DEFAULT_PASSES, per_iteration=per_iteration)
         last: _Frame | None = None
         for f in stream:
-            if f.kind == "pass":  # the end of a pass: the finished board, if it is
+            if f.kind == "pass" and per_iteration:  # the end of a pass: the finished board, if it is
                 if last is not None and 0 in f.done:
                     last.result = f.done[0]
                 continue
@@ -579,8 +646,8 @@ class HyperSETApp:
             if f.pass_index == len(passes):
                 passes.append({})
             trace = passes[f.pass_index]
-            for k, v in f.energies.items():
-                trace.setdefault(k, []).append(float(v.reshape(-1)[0]))
+            for k, v in f.energies.items():  # one board: (1,) after an iteration, (t, 1) after a pass
+                trace.setdefault(k, []).extend(float(e) for e in v.reshape(-1).tolist())
             last = _Frame(f.step, f.pass_index, f.t, "".join(map(str, f.digits[0].tolist())),
                           f.confidence[0].tolist(), passes, f.source, f.done.get(0))
         if last is not None:
@@ -599,8 +666,10 @@ class HyperSETApp:
         try:
             if self.solver is None:
                 raise InputError(f"no Sudoku model is loaded. {self.sudoku_note}".strip())
-            puzzle = grid_to_puzzle(grid)
+            given = read_grid(grid)
+            puzzle = given.givens
             iters, strategy = self._settings(iterations, strategy)
+            self._check_backend(iters, strategy, per_iteration=True)
         except InputError as err:
             _toast(str(err))
             yield gr.skip(), gr.skip(), _error_md(str(err)), {"error": str(err)}
@@ -622,7 +691,7 @@ class HyperSETApp:
                         plot_cost = time.perf_counter() - now
                         drawing += plot_cost
                     where = f"pass {pending.pass_index + 1}, " if strategy == "commit" else ""
-                    verdict = f"**Solving...** {where}iteration {pending.t} ({label}; {strategy}). Stop cancels."
+                    verdict = f"{SOLVING} {where}iteration {pending.t} ({label}; {strategy}). Stop cancels."
                     update = self._board(pending, puzzle), plot, verdict, gr.skip()
                     sent = time.perf_counter()
                     yield update
@@ -636,7 +705,7 @@ class HyperSETApp:
                 break
         if pending is None:
             pending = _Frame(0, 0, 0, puzzle, [1.0] * 81, [], self.solver.engine.source)
-        yield self._final(puzzle, pending, iters, strategy, t0, stopped)
+        yield self._final(puzzle, pending, iters, strategy, t0, stopped, given.warnings)
 
     def _settings(self, iterations: Any, strategy: Any) -> tuple[int, str]:
         iters = _int_in(self.default_iters if iterations is None else iterations, 1, self.max_iters, "iterations")
@@ -645,12 +714,25 @@ class HyperSETApp:
             raise InputError(f"strategy must be one of {', '.join(STRATEGIES)} (got {strategy!r})")
         return iters, strategy
 
+    def _check_backend(self, iters: int, strategy: str, per_iteration: bool) -> None:
+        """Raise :class:`InputError` when the solver's backend cannot run these settings (an ONNX graph unrolled
+        for another depth, or without the step graphs that read the board after every iteration)."""
+        try:
+            self.solver.check_iters("auto" if strategy == "auto" else iters, per_iteration=per_iteration)
+        except ValueError as err:
+            raise InputError(f"the {self.solver.backend_name} backend cannot run this: {err}") from None
+
     def api_solve(self, puzzle_text: str, iterations: Any = None,
                   strategy: Any = DEFAULT_STRATEGY) -> tuple[str, str, dict[str, Any]]:
         """The ``/solve`` API: puzzle text (81 characters, a 9-line grid or ``puzzle,solution`` CSV: the first
         puzzle) -> (board: 81 digits, verdict: "solved" or "not solved: <reason>", energies: {"attn": [...],
-        "ff": [...] over every iteration, "pass_lengths": [...], "iterations": n, "passes": k}). The same solve as
-        ``hyperset-solve`` (no frames drawn). Bad input raises ``gr.Error`` with the reason."""
+        "ff": [...] over every iteration, "pass_lengths": [...], "iterations": n, "passes": k, "warnings": [...]}).
+        The same solve as ``hyperset-solve`` (no frames drawn); the parser's warnings (givens with no solution)
+        are in ``warnings`` and follow a "not solved" verdict. Bad input raises ``gr.Error`` with the reason.
+
+        As the streamed solve, it stops after ``SOLVE_TIME_LIMIT`` seconds, or when no client has asked for its
+        result, with the board so far: the verdict then ends with "(stopped at ...)" and ``stopped`` says why."""
+        guard = RunGuard.for_request(SOLVE_TIME_LIMIT)
         try:
             if self.solver is None:
                 raise InputError(f"no Sudoku model is loaded. {self.sudoku_note}".strip())
@@ -658,23 +740,54 @@ class HyperSETApp:
             if len(text) > MAX_TEXT_CHARS:
                 raise InputError(f"the text is too long ({len(text):,} characters; at most {MAX_TEXT_CHARS:,})")
             try:
-                puzzle = read_puzzles(text, "puzzle_text")[0].givens
+                given = read_puzzles(text, "puzzle_text")[0]
             except PuzzleError as err:
                 where = f"line {err.line}: " if err.line is not None else ""
                 raise InputError(f"could not read the puzzle ({where}{err.reason})") from None
             except IndexError:
                 raise InputError("no puzzle in the text") from None
+            puzzle = given.givens
             if puzzle == "0" * 81:
                 raise InputError(EMPTY_PUZZLE)
             iters, strategy = self._settings(iterations, strategy)
+            try:  # per iteration where the backend can, so that the limits are checked between iterations
+                self._check_backend(iters, strategy, per_iteration=True)
+                per_iteration = True
+            except InputError:
+                self._check_backend(iters, strategy, per_iteration=False)
+                per_iteration = False
         except InputError as err:
-            raise gr.Error(str(err)) from None
-        kw = {"max_iters": iters, "patience": AUTO_PATIENCE} if strategy == "auto" else {}
-        r = self.solver.solve([puzzle], iters=iters, strategy=strategy, passes=DEFAULT_PASSES, **kw)[0]
-        verdict = "solved" if r.valid else f"not solved: {r.reason}"
-        energies = {**r.to_json()["energy"], "pass_lengths": r.pass_lengths, "iterations": r.iterations,
-                    "passes": r.passes}
-        return r.prediction, verdict, energies
+            raise gr.Error(str(err), print_exception=False) from None
+        last: _Frame | None = None
+        stopped = ""
+        for frame in self._frames(puzzle, iters, strategy, per_iteration):
+            last = frame
+            if guard.abandoned():
+                stopped = "no client listening for the result"
+                break
+            if guard.over_time():
+                stopped = f"the time limit of {SOLVE_TIME_LIMIT} s"
+                break
+        warnings = list(given.warnings)
+        if last is not None and last.result is not None and not stopped:
+            r = result_of(puzzle, last.result)
+            prediction, valid, reason = r.prediction, r.valid, r.reason
+            energy, pass_lengths, n_iters, n_passes = r.to_json()["energy"], r.pass_lengths, r.iterations, r.passes
+        else:
+            passes = last.passes if last is not None else []
+            prediction = last.digits if last is not None else puzzle
+            check = validate(prediction, puzzle)
+            valid, reason = check.valid, check.reason
+            energy = {k: [_json_number(e) for p in passes for e in p.get(k, [])] for k in (passes[0] if passes else {})}
+            pass_lengths = [len(next(iter(p.values()), [])) for p in passes]
+            n_iters, n_passes = (last.step if last is not None else 0), len(passes)
+        verdict = "solved" if valid else "; ".join([f"not solved: {reason}", *warnings])
+        energies: dict[str, Any] = {**energy, "pass_lengths": pass_lengths, "iterations": n_iters,
+                                    "passes": n_passes, "warnings": warnings}
+        if stopped:
+            verdict += f" (stopped at {stopped}, after {n_iters} iteration{'s' if n_iters != 1 else ''})"
+            energies["stopped"] = stopped
+        return prediction, verdict, energies
 
     def _board(self, frame: _Frame, puzzle: str, caption: str = "") -> str:
         bad = sorted({c for pair in conflicts(frame.digits) for c in pair})
@@ -684,9 +797,9 @@ class HyperSETApp:
         return energy_svg(passes, self.trained_iters, x_max=iters)
 
     def _final(self, puzzle: str, frame: _Frame, iters: int, strategy: str, t0: float,
-               stopped: str = "") -> tuple[Any, ...]:
+               stopped: str = "", warnings: Sequence[str] = ()) -> tuple[Any, ...]:
         """The last update of a solve: the finished board of the strategy stream, or when ``stopped`` names what
-        cut it short, the last frame's board."""
+        cut it short, the last frame's board; ``warnings`` are the parser's about the givens (no solution)."""
         solver = self.solver
         passes = frame.passes
         if frame.result is not None and not stopped:
@@ -718,6 +831,8 @@ class HyperSETApp:
             cells = (f"\n\nConflicting cells: {_cells_list(verdict.conflicting_cells)}"
                      if verdict.conflicting_cells else "")
             text = f"### ✗ Verdict: not solved\n{verdict.reason}.{cells}\n\n{tail}"
+        if warnings:
+            text += "\n\n" + " ".join(f"**Note:** {w}." for w in warnings)
         if stopped:
             text += f"\n\nStopped at {stopped}: this is the board after the last iteration run."
         if frame.source != "torch":
@@ -731,7 +846,7 @@ class HyperSETApp:
             "iterations": n_iters, "iterations_per_pass": iters, "passes": n_passes,
             "trained_depth": self.trained_iters, "confidence": round(mean_conf, 4), "seconds": round(seconds, 3),
             "energy": energy, "pass_lengths": [len(next(iter(p.values()), [])) for p in passes] if energy else [],
-            "backend": backend,
+            "backend": backend, "warnings": list(warnings),
         }
         if stopped:
             details["stopped"] = stopped
@@ -744,6 +859,11 @@ class HyperSETApp:
     @property
     def mim_trained_iters(self) -> int:
         return int(self.mim.trained_iters) if self.mim is not None else 12
+
+    @property
+    def mim_max_iters(self) -> int:
+        """The most token-model iterations: 4x its trained depth, at most ``MAX_ITERS``."""
+        return min(MAX_ITER_FACTOR * self.mim_trained_iters, MAX_ITERS)
 
     def editor_value(self, image: torch.Tensor) -> dict[str, Any]:
         """(3, s, s) in [0, 1] -> an ImageEditor value with the upscaled image as background and no paint."""
@@ -861,8 +981,7 @@ class HyperSETApp:
             if self.mim is None:
                 raise InputError(f"no reconstruction model is loaded. {self.mim_note}".strip())
             trained = self.mim_trained_iters
-            iters = _int_in(trained if iterations is None else iterations, 1, MAX_ITER_FACTOR * trained,
-                            "iterations")
+            iters = _int_in(trained if iterations is None else iterations, 1, self.mim_max_iters, "iterations")
             n_steps = _int_in(steps, 1, MAX_DECODE_STEPS, "decoding steps")
             temp = _float_in(temperature, 0.0, 5.0, "temperature")
             decode = DEFAULT_DECODING if decoding is None else str(decoding).lower()
@@ -952,6 +1071,7 @@ class HyperSETApp:
                 with gr.Tab("Reconstruction", id="reconstruction", elem_id="tab-reconstruction"):
                     self._reconstruction_tab()
         demo.queue(default_concurrency_limit=1, max_size=QUEUE_SIZE)
+        _default_missing_inputs(demo, {"solve": 1})  # /solve(puzzle_text): iterations and strategy optional
         return demo
 
     def _sudoku_tab(self) -> None:
@@ -975,7 +1095,7 @@ class HyperSETApp:
                     load_btn = gr.Button("Put text in the grid", size="sm")
                     clear_btn = gr.Button("Clear", size="sm")
                 iters = gr.Slider(1, self.max_iters, value=self.default_iters, step=1, elem_id="sudoku-iters",
-                                  label=f"Iterations per pass (trained depth {trained}; up to {MAX_ITER_FACTOR}x)",
+                                  label=f"Iterations per pass (trained depth {trained}; {_up_to(trained)})",
                                   info="'auto' stops earlier when the board is valid or settled")
                 strategy = gr.Radio(list(STRATEGIES), value=DEFAULT_STRATEGY, label="Strategy",
                                     elem_id="sudoku-strategy",
@@ -1007,7 +1127,8 @@ class HyperSETApp:
         solve_ev = solve_btn.click(self.solve, [grid, iters, strategy], [board, plot, verdict, details],
                                    api_name="solve_stream", show_progress="minimal",
                                    concurrency_id=MODEL_QUEUE)
-        stop_btn.click(None, None, None, cancels=[solve_ev], api_visibility="private")
+        stop_btn.click(self.stopped, [verdict], [verdict], cancels=[solve_ev], api_visibility="private",
+                       concurrency_limit=None, show_progress="hidden")
         self._solve_api()
 
     def _solve_api(self) -> None:
@@ -1058,8 +1179,8 @@ class HyperSETApp:
                 paste_back = gr.Checkbox(value=True, elem_id="mim-paste-back",
                                          label="Paste the unmasked pixels back into the model's output (then only "
                                                "the masked tokens' pixels are the model's)")
-                iters = gr.Slider(1, MAX_ITER_FACTOR * trained, value=trained, step=1,
-                                  label=f"Token-model iterations (trained depth {trained}; up to {MAX_ITER_FACTOR}x)")
+                iters = gr.Slider(1, self.mim_max_iters, value=trained, step=1,
+                                  label=f"Token-model iterations (trained depth {trained}; {_up_to(trained)})")
                 decoding = gr.Radio(DECODING_CHOICES, value=DEFAULT_DECODING, label="Decoding",
                                     elem_id="mim-decoding",
                                     info="MaskGIT sampling: the paper's, one code drawn per token over the decoding "
@@ -1090,6 +1211,8 @@ class HyperSETApp:
                     details = gr.JSON(label="Last result")
         sample.change(self.sample_editor, [sample], [editor], api_name="sample", concurrency_limit=None)
         upload.upload(self.upload_image, [upload], [editor, metrics], api_name="upload", concurrency_limit=None)
+        for component in (mask_mode, ratio, seed, iters, steps, temperature, paste_back, decoding):
+            _lenient(component)
         recon_btn.click(self.reconstruct,
                         [editor, mask_mode, ratio, seed, iters, steps, temperature, paste_back, decoding],
                         [original, masked, tokenizer, recon, metrics, plot, note, details], api_name="reconstruct",

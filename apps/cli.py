@@ -12,6 +12,7 @@ Request bodies, image sizes and the time per solve are capped, and a solve nobod
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import ipaddress
 import socket
@@ -24,7 +25,7 @@ import click
 
 from hyperset.cli_options import OneLineCommand, usage_error_line
 
-__all__ = ["cli", "listen_problem", "main", "options"]
+__all__ = ["cli", "listen_problem", "main", "options", "server_name"]
 
 
 def _version() -> str:
@@ -36,7 +37,7 @@ def _version() -> str:
 @click.command(cls=OneLineCommand, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(_version(), "--version", "-V", prog_name="hyperset-app", message="%(prog)s %(version)s")
 @click.option("--host", default="127.0.0.1", show_default=True,
-              help="interface to listen on (127.0.0.1: this machine only; 0.0.0.0 for all)")
+              help="interface to listen on (127.0.0.1 or ::1: this machine only; 0.0.0.0 or :: for all)")
 @click.option("--port", type=int, default=None, help="port [default: the first free one from 7860]")
 @click.option("--checkpoint", metavar="DIR", default=None,
               help="Sudoku checkpoint folder [default: the model shipped in the package]")
@@ -72,6 +73,20 @@ def _is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def _bare_host(host: str) -> str:
+    """``host`` without the brackets a URL puts around an IPv6 address (``[::1]`` -> ``::1``)."""
+    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
+
+
+def server_name(host: str) -> str:
+    """``host`` as Gradio's ``server_name`` takes it: an IPv6 address in brackets (Gradio writes the name into the
+    server's URL as given, and reads a bracketed name as the address inside)."""
+    try:
+        return f"[{host}]" if ipaddress.ip_address(host).version == 6 else host
+    except ValueError:
+        return host
 
 
 def listen_problem(host: str, port: int | None) -> str | None:
@@ -148,6 +163,10 @@ def load_models(args: Any) -> tuple[Any, Any, str, str]:
                                                         device=args.device, threads=threads))
         except Exception as err:
             raise SystemExit(_fail(f"cannot start the ONNX backend: {type(err).__name__}: {err}")) from None
+        try:  # the app draws every iteration: the backend must read the board after each one
+            solver.check_iters(solver.default_iters, per_iteration=True)
+        except ValueError as err:
+            raise SystemExit(_fail(f"cannot start the ONNX backend: {err}")) from None
     elif args.onnx_model and args.backend != "onnx":
         raise SystemExit(_fail("--onnx-model needs --backend onnx"))
     try:
@@ -189,6 +208,7 @@ def serve(args: Any) -> int:
         return _fail(f"--threads: threads must be at least 1, got {args.threads}")
     if args.port is not None and not 0 < args.port < 65536:
         return _fail(f"--port must be 1-65535 (got {args.port})")
+    args.host = _bare_host(args.host)
     if problem := listen_problem(args.host, args.port):
         return _fail(problem)
     for name in ("checkpoint", "mim_checkpoint", "onnx_model"):
@@ -225,10 +245,13 @@ def serve(args: Any) -> int:
     if args.share:
         print("Note: --share creates a public link that anyone with the address can use.")
     try:
-        demo.launch(server_name=args.host, server_port=args.port, share=args.share, prevent_thread_lock=True,
-                    quiet=True, **launch_kwargs())
-    except OSError as err:  # the port was taken meanwhile, or no free port from 7860
-        return _fail(f"cannot start the server: {err}")
+        demo.launch(server_name=server_name(args.host), server_port=args.port, share=args.share,
+                    prevent_thread_lock=True, quiet=True, **launch_kwargs())
+    except Exception as err:  # the port was taken meanwhile, no free port from 7860, an address Gradio refuses
+        with contextlib.suppress(Exception):
+            demo.close()
+        reason = str(err) if isinstance(err, OSError) else f"{type(err).__name__}: {err}"
+        return _fail(f"cannot start the server: {' '.join(reason.split())}")
     print(f"Running on {demo.local_url}", flush=True)
     if args.share and getattr(demo, "share_url", None):
         print(f"Public link: {demo.share_url}", flush=True)

@@ -10,6 +10,7 @@ import urllib.request
 import warnings
 from pathlib import Path
 
+import gradio as gr
 import numpy as np
 import pytest
 import torch
@@ -32,7 +33,7 @@ from hyperset.apps.app import (
     render_board,
 )
 from hyperset.checkpoint import save_checkpoint
-from hyperset.config import preset_config
+from hyperset.config import MAX_ITERS, preset_config
 from hyperset.models import HyperSETModel
 from hyperset.solve import Solver
 from hyperset.vision.reconstruct import MIMPipeline, Tokenizer, default_model_dir
@@ -40,6 +41,7 @@ from hyperset.vision.vq import VQConfig, VQTokenizer
 
 TRAINED = 3
 EASY = "063092051749160820510738694106309207384276019097051346430510962975624108601983475"
+NO_SOLUTION = "123456780000000009" + "0" * 63  # no digit repeats, but r1c9 can hold none
 TINY_VQ = {"hidden": 32, "num_res_blocks": 1, "codebook_size": 64, "code_dim": 16, "restart_after": 5}
 TINY_TOKENS = {"dim": 32, "heads": 2, "ff_hidden": 32, "iters": 2, "time_dim": 32, "vocab_size": 65,
                "num_classes": 64, "seq_len": 64}
@@ -181,7 +183,7 @@ def test_solve_bad_input_is_a_message(app: HyperSETApp, grid, iters, strategy, w
 @pytest.mark.parametrize("text, words", [
     ("123", "expected 9 cells"),
     ("1" * 81, "appears twice"),
-    ("0" * 80 + "x", "unexpected character"),
+    ("0" * 80 + "y", "unexpected character"),
     ("0" * (MAX_TEXT_CHARS + 1), "too long"),
     ("   ", "paste a puzzle"),
 ])
@@ -195,6 +197,55 @@ def test_load_text_examples(app: HyperSETApp):
         grid, board, message = app.load_text(text)
         assert len(grid) == 9 and "givens" in message, name
         assert grid_to_puzzle(grid) != "0" * 81
+
+
+def test_iteration_range_is_capped_at_max_iters(app: HyperSETApp):
+    """A checkpoint trained deeper than MAX_ITERS / 4 offers at most MAX_ITERS iterations, not 4x its depth."""
+    deep = HyperSETApp(Solver(app.solver.model, app.solver.device, {"trained_iterations": 3000}), None)
+    assert deep.max_iters == MAX_ITERS
+    with pytest.raises(gr.Error, match=f"iterations must be from 1 to {MAX_ITERS} \\(got 12000\\)"):
+        deep.api_solve(EASY, 12_000, "single")
+    updates = list(deep.solve(puzzle_to_grid(EASY), 12_000, "single"))
+    assert len(updates) == 1 and f"iterations must be from 1 to {MAX_ITERS}" in updates[0][2]
+    slider = next(b for b in deep.build().blocks.values() if getattr(b, "elem_id", None) == "sudoku-iters")
+    assert slider.maximum == MAX_ITERS and f"up to {MAX_ITERS:,}" in slider.label
+
+
+def test_givens_without_a_solution_are_reported_as_the_cli_does(app: HyperSETApp):
+    """No digit repeats, but r1c9 can hold none: the preview, the streamed solve and /solve say so, with the
+    parser's warning that hyperset-solve prints."""
+    from hyperset.sudoku.board import parse_puzzles
+
+    warning = parse_puzzles(NO_SOLUTION)[0].warnings[0]
+    assert warning.startswith("no solution: r1c9 can hold no digit")
+    grid = puzzle_to_grid(NO_SOLUTION)
+    _, message = app.preview(grid)
+    assert f"Note: {warning}." in message
+    *_, verdict, details = list(app.solve(grid, 2, "single"))[-1]
+    assert "Verdict: not solved" in verdict and warning in verdict and details["warnings"] == [warning]
+    board, verdict, energies = app.api_solve(NO_SOLUTION, 2, "single")
+    assert verdict.startswith("not solved: ") and verdict.endswith(f"; {warning}")
+    assert energies["warnings"] == [warning] and app.api_solve(EASY, 2, "single")[2]["warnings"] == []
+
+
+def test_stop_replaces_the_solving_message(app: HyperSETApp):
+    """The Stop button ends a streamed solve's "Solving..." verdict with a stopped message; a finished verdict
+    stays."""
+    demo = app.build()
+    by_id = {getattr(b, "elem_id", None): b for b in demo.blocks.values()}
+    on_stop = [f for f in demo.fns.values() if any(t[0] == by_id["stop-btn"]._id for t in f.targets)]
+    assert any(f.cancels for f in on_stop)  # cancels the solve...
+    stop = next(f for f in on_stop if f.fn is not None)  # ...and says so
+    assert [b._id for b in stop.inputs] == [b._id for b in stop.outputs] == [by_id["verdict"]._id]
+    updates = list(app.solve(puzzle_to_grid(EASY), 2, "single"))
+    assert "Stopped." in stop.fn(updates[0][2]) and "Verdict:" not in stop.fn(updates[0][2])
+    assert not isinstance(stop.fn(updates[-1][2]), str)  # gr.skip(): the finished verdict stays
+
+
+def test_api_solve_bad_input_logs_no_traceback(app: HyperSETApp):
+    with pytest.raises(gr.Error, match="appears twice") as err:
+        app.api_solve("55" + "0" * 79, 2, "single")
+    assert err.value.print_exception is False
 
 
 # ---- reconstruction handlers ----------------------------------------------------------------------------------
@@ -455,6 +506,41 @@ def test_client_values_gradio_cannot_convert_get_the_apps_message(served, tmp_pa
         client.predict(value, "random", 0.5, 1, 4, 8, 1.0, True, api_name="/reconstruct")
 
 
+def _raw_call(url: str, api: str, data: list) -> tuple[str, object]:
+    """POST an API call as a program other than gradio_client would, and read its event stream: (last event name,
+    its data)."""
+    post = urllib.request.Request(f"{url}gradio_api/call/{api}", data=json.dumps({"data": data}).encode(),
+                                  headers={"Content-Type": "application/json"})
+    event = json.loads(urllib.request.urlopen(post, timeout=30).read())["event_id"]
+    answer = urllib.request.urlopen(f"{url}gradio_api/call/{api}/{event}", timeout=120).read().decode()
+    events = [line.split(": ", 1)[1] for line in answer.splitlines() if line.startswith("event: ")]
+    payloads = [line.split(": ", 1)[1] for line in answer.splitlines() if line.startswith("data: ")]
+    return events[-1], json.loads(payloads[-1])
+
+
+def test_client_plain_grids_text_settings_and_left_out_arguments(served):
+    """A grid sent as a plain list of rows is solved, a grid of another kind and a text mask ratio or seed get the
+    app's message, and /solve with the puzzle alone runs with the default iterations and strategy (each of these
+    was Gradio's empty error)."""
+    demo, client = served
+    event, (_, _, verdict, details) = _raw_call(demo.local_url, "solve_stream", [puzzle_to_grid(EASY), 2, "single"])
+    assert event == "complete" and details["iterations"] == 2 and details["puzzle"] == EASY
+    event, (_, _, verdict, details) = _raw_call(demo.local_url, "solve_stream", ["no grid", 2, "single"])
+    assert event == "complete" and "9 rows of 9 cells" in verdict and "error" in details
+    event, (board, verdict, energies) = _raw_call(demo.local_url, "solve", [EASY])
+    ref = demo_solver(demo).solve([EASY])[0]  # the solver's default depth and strategy
+    assert event == "complete" and board == ref.prediction and energies["iterations"] == ref.iterations
+    from gradio_client import handle_file
+
+    editor = client.predict("coffee", api_name="/sample")
+    value = {"background": handle_file(editor["background"]), "layers": [],
+             "composite": handle_file(editor["composite"])}
+    for args, words in ((("abc", 1, 4), "mask ratio must be a number"), ((0.5, "x", 4), "seed must be a whole"),
+                        ((0.5, 1, "many"), "iterations must be a whole number")):
+        *_, metrics, _, _, details = client.predict(value, "random", *args, 8, 1.0, True, api_name="/reconstruct")
+        assert words in metrics and "error" in details
+
+
 def demo_solver(demo):
     return SOLVERS[id(demo)]
 
@@ -560,3 +646,42 @@ def test_onnx_backend_leaves_the_device_to_onnx_runtime(tmp_path: Path, monkeypa
                  ["--backend", "onnx", "--device", "xpu"]):
         with pytest.raises(SystemExit):
             load_models(options(["--checkpoint", str(tmp_path / "sudoku"), *argv]))
+
+
+def test_onnx_graph_without_step_graphs_is_refused_and_its_limits_are_messages(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys):
+    """An unrolled graph without step graphs cannot give the app's frames: the app refuses it at start-up in one
+    line (it started, and every streamed solve failed with an empty error); given to the app anyway, the settings
+    it cannot run are messages, and /solve runs it at its own depth."""
+    pytest.importorskip("onnxruntime")
+    import hyperset.apps.app as app_module
+    from hyperset.apps.cli import load_models, options
+    from hyperset.exports.export import export_unrolled
+    from hyperset.exports.solver_backend import create_backend
+
+    monkeypatch.setenv("HYPERSET_CACHE_DIR", str(tmp_path / "cache"))
+    solver = tiny_solver(tmp_path / "sudoku")
+    path = tmp_path / "u.onnx"
+    export_unrolled(solver.model, TRAINED, path, info=solver.info)
+    args = options(["--checkpoint", str(tmp_path / "sudoku"), "--backend", "onnx", "--onnx-model", str(path),
+                    "--device", "cpu", "--threads", "1"])
+    with pytest.raises(SystemExit) as stop:
+        load_models(args)
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.count("\n") == 1 and "needs the step graphs next to u.onnx" in err
+    assert err.startswith("hyperset-app: error: cannot start the ONNX backend: ")
+    onnx_app = HyperSETApp(solver.with_backend(create_backend(solver.model, info=solver.info, path=path,
+                                                              device="cpu", threads=1)), None)
+    for strategy in ("single", "auto"):
+        updates = list(onnx_app.solve(puzzle_to_grid(EASY), TRAINED, strategy))
+        assert len(updates) == 1 and "step graphs" in updates[0][2] and "error" in updates[0][3]
+    for iters, strategy, words in ((TRAINED + 1, "single", f"unrolled for {TRAINED} iterations"),
+                                   (TRAINED, "auto", "step graphs")):
+        with pytest.raises(gr.Error, match=words):
+            onnx_app.api_solve(EASY, iters, strategy)
+    board, verdict, energies = onnx_app.api_solve(EASY, TRAINED, "commit")  # whole passes at the graph's depth
+    ref = solver.solve([EASY], iters=TRAINED, strategy="commit")[0]
+    assert board == ref.prediction and energies["iterations"] == ref.iterations
+    assert energies["pass_lengths"] == ref.pass_lengths
+    np.testing.assert_allclose(energies["attn"], ref.energy["attn"], rtol=1e-4)
+    assert "every frame comes from ONNX Runtime" in " ".join(app_module.__doc__.split())  # as docs/app.md says

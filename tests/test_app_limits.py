@@ -1,7 +1,7 @@
 """The app's limits: request bodies, image sizes, time per solve, abandoned jobs, temp files, start-up errors.
 
-Every server here listens on 127.0.0.1 and gets a bounded number of requests. The load test runs the app in its own
-process so its resident memory can be read from /proc."""
+Every server here listens on the loopback interface (127.0.0.1 or ::1) and gets a bounded number of requests. The
+load test runs the app in its own process so its resident memory can be read from /proc."""
 
 from __future__ import annotations
 
@@ -122,6 +122,17 @@ def test_solve_stops_at_the_time_limit_with_the_board_so_far(tmp_path: Path, mon
     assert len(details["prediction"]) == 81 and board.count("<td") == 81
 
 
+def test_api_solve_stops_at_the_time_limit_with_the_board_so_far(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """/solve has the streamed solve's time limit: it answers with the board after the last iteration run."""
+    app = HyperSETApp(tiny_solver(tmp_path))
+    monkeypatch.setattr(app_module, "SOLVE_TIME_LIMIT", 0)
+    board, verdict, energies = app.api_solve(EASY, 4 * TRAINED, "commit")
+    assert energies["stopped"] == "the time limit of 0 s" and energies["iterations"] == 1
+    assert verdict.endswith("(stopped at the time limit of 0 s, after 1 iteration)")
+    assert verdict.startswith(("solved", "not solved: "))
+    assert len(board) == 81 and len(energies["attn"]) == 1 and energies["pass_lengths"] == [1]
+
+
 def test_a_job_nobody_listens_to_is_abandoned_after_the_grace(monkeypatch: pytest.MonkeyPatch):
     streams = StreamWatch(capacity=3)
     monkeypatch.setattr(limits, "LISTEN_GRACE", 0.0)
@@ -151,6 +162,12 @@ class SlowBackend:
             time.sleep(self.delay)
             self.iterations += 1
             yield frame
+
+    def run(self, boards, iters: int):
+        for _ in range(iters):
+            time.sleep(self.delay)
+            self.iterations += 1
+        return self._backend.run(boards, iters)
 
 
 def SlowSolver(solver, delay: float) -> SlowBackend:  # noqa: N802
@@ -198,6 +215,21 @@ def test_abandoned_solve_stops_and_frees_the_slot(served):
     assert served.solver.iterations == stopped_at < 16 * 4 * TRAINED  # it stopped before its 16 passes
     event, (board, plot, verdict, details) = _call(served.client, "solve_stream", [grid, 2, "single"])
     assert event == "complete" and details["iterations"] == 2
+
+
+def test_abandoned_api_solve_stops_and_frees_the_slot(served, monkeypatch: pytest.MonkeyPatch):
+    """/solve stops as the streamed solve does when nobody asks for its result (it held the model slot until
+    done)."""
+    monkeypatch.setattr(served.solver, "delay", 0.5)  # 12 iterations: 6 s, well past the 1 s grace
+    posted = served.client.post("/gradio_api/call/solve", json={"data": [EASY, 4 * TRAINED, "single"]})
+    assert posted.status_code == 200  # ...and its result is never asked for
+    time.sleep(limits.LISTEN_GRACE + 1.5)
+    stopped_at = served.solver.iterations
+    time.sleep(1.0)
+    assert served.solver.iterations == stopped_at
+    monkeypatch.setattr(served.solver, "delay", 0.05)
+    event, (board, verdict, energies) = _call(served.client, "solve", [EASY, 2, "single"])
+    assert event == "complete" and energies["iterations"] == 2 and "stopped" not in energies
 
 
 def test_solves_that_clients_listen_to_run_past_the_grace(served, monkeypatch: pytest.MonkeyPatch):
@@ -342,3 +374,58 @@ def test_cli_port_in_use_and_bad_host_are_one_line_errors(args: list[str], words
     assert done.returncode == 2 and "Traceback" not in done.stderr + done.stdout
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("hyperset-app: error: ") and words in lines[0]
+
+
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def quick_serve(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list:
+    """``hyperset-app`` in this process with a tiny solver and no reconstruction model, returning after it
+    starts serving; the demos it built, closed afterwards."""
+    import hyperset.apps.cli as cli_module
+
+    demos: list = []
+    build = app_module.build_demo
+    monkeypatch.setattr(app_module, "build_demo", lambda *a: demos.append(build(*a)) or demos[-1])
+    monkeypatch.setattr(cli_module, "load_models", lambda args: (tiny_solver(tmp_path), None, "", "not loaded"))
+    monkeypatch.setattr(gr.Blocks, "block_thread", lambda self: None)
+    yield demos
+    for demo in demos:
+        demo.close()
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="no IPv6 loopback here")
+@pytest.mark.parametrize("host", ["::1", "[::1]"])
+def test_cli_serves_on_ipv6_addresses(host: str, quick_serve: list, capsys):
+    """An IPv6 --host is served (Gradio needs it in brackets; given bare, the launch failed with a traceback)."""
+    from hyperset.apps.cli import main
+
+    with socket.socket(socket.AF_INET6) as s:
+        s.bind(("::1", 0))
+        port = s.getsockname()[1]
+    assert main(["--host", host, "--port", str(port), "--threads", "1", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    bare = host.strip("[]")
+    assert f"Running on http://[{bare}]:{port}/" in out
+    assert httpx.get(f"http://[::1]:{port}/", timeout=30).status_code == 200
+
+
+def test_cli_launch_failure_is_a_one_line_error(quick_serve: list, monkeypatch: pytest.MonkeyPatch, capsys):
+    """Any exception from Gradio's launch is the one-line error (exit 2), not a traceback."""
+    from hyperset.apps.cli import main
+
+    def refuse(self, **kw):
+        raise ValueError("When localhost is not accessible, a shareable link must be created.\nCheck the proxy.")
+
+    monkeypatch.setattr(gr.Blocks, "launch", refuse)
+    assert main(["--port", str(_free_port()), "--threads", "1", "--device", "cpu"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == ["hyperset-app: error: cannot start the server: ValueError: When localhost is not accessible, "
+                     "a shareable link must be created. Check the proxy."]
