@@ -14,6 +14,11 @@ import pytest
 
 try:
     import tomllib
+except ImportError:  # Python 3.10
+    import tomli as tomllib
+
+try:
+    import tomllib
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
@@ -153,3 +158,28 @@ def test_library_imports_no_room_and_each_module_exists_once(tmp_path: Path) -> 
 def test_recipes_resolve_through_the_installed_name() -> None:
     recipes = importlib.import_module("hyperset.training.recipes")
     assert "sudoku-cpu" in recipes.recipe_names()
+
+
+def test_the_onnx_extra_picks_exactly_one_onnx_runtime_per_platform() -> None:
+    """onnxruntime-gpu where CUDA builds exist (Linux x86_64, 64-bit Windows, which reports AMD64), onnxruntime
+    elsewhere; never both, never neither (the two packages install into one module)."""
+    from packaging.markers import Marker
+    from packaging.requirements import Requirement
+
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["onnx"]
+    runtimes = {Requirement(r).name: Requirement(r).marker or Marker("python_version > '0'") for r in extra
+                if Requirement(r).name.startswith("onnxruntime")}
+    assert set(runtimes) == {"onnxruntime", "onnxruntime-gpu"}
+    for machine, platform, gpu in [("x86_64", "linux", True), ("AMD64", "win32", True), ("aarch64", "linux", False),
+                                   ("arm64", "darwin", False), ("x86_64", "darwin", False), ("ARM64", "win32", False)]:
+        env = {"platform_machine": machine, "sys_platform": platform}
+        assert runtimes["onnxruntime-gpu"].evaluate(env) is gpu, env
+        assert runtimes["onnxruntime"].evaluate(env) is not gpu, env
+
+
+def test_every_package_data_pattern_ships_a_file() -> None:
+    setup = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    folders = {"hyperset": ROOT / "hyperset", **{k: ROOT / v for k, v in setup["package-dir"].items()}}
+    for package, patterns in setup["package-data"].items():
+        for pattern in patterns:
+            assert any((folders[package]).glob(pattern)), f"{package}: {pattern} matches no file"
