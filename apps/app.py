@@ -1071,7 +1071,7 @@ class HyperSETApp:
                 with gr.Tab("Reconstruction", id="reconstruction", elem_id="tab-reconstruction"):
                     self._reconstruction_tab()
         demo.queue(default_concurrency_limit=1, max_size=QUEUE_SIZE)
-        _default_missing_inputs(demo, {"solve": 1})  # /solve(puzzle_text): iterations and strategy optional
+        _default_missing_inputs(demo, {"solve": 0})  # /solve(puzzle_text): every argument may be left out
         return demo
 
     def _sudoku_tab(self) -> None:

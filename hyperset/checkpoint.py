@@ -283,8 +283,14 @@ def solve_iterations(cfg: ModelConfig, info: dict[str, Any] | None) -> int:
 
 
 def load_checkpoint(directory: str | os.PathLike, task: str | None = None,
-                    map_location: str | torch.device = "cpu") -> tuple[HyperSETModel, dict[str, Any]]:
-    """Load a checkpoint folder (or its config.json / model.safetensors path). Returns (model in eval mode, info)."""
+                    map_location: str | torch.device = "cpu", dtype: torch.dtype | str | None = None
+                    ) -> tuple[HyperSETModel, dict[str, Any]]:
+    """Load a checkpoint folder (or its config.json / model.safetensors path). Returns (model in eval mode, info).
+
+    The weights load in float32 (what every command runs), whatever they were saved in; ``dtype="saved"`` keeps
+    the floating dtype they were saved in (a float64 or bfloat16 model stays one), a torch.dtype casts to it."""
+    if dtype is not None and dtype != "saved" and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise ValueError(f"dtype = {dtype!r}: expected None (float32), 'saved' or a floating torch.dtype")
     directory = checkpoint_dir(directory)
     meta = read_config(directory, kind="hyperset")
     try:
@@ -305,9 +311,9 @@ def load_checkpoint(directory: str | os.PathLike, task: str | None = None,
         raise CheckpointError(f"{e}; config.json lacks the model keys {', '.join(absent)} (defaults were "
                               "assumed)") from None
     model = HyperSETModel(cfg)
-    dtype = stored_float_dtype(directory)
-    if dtype is not None:  # the weights as they were saved: a float64 or bfloat16 model stays one
-        model.to(dtype)
+    cast = stored_float_dtype(directory) if dtype == "saved" else dtype
+    if cast is not None:
+        model.to(cast)
     load_weights_into(model, directory, what)
     model.to(map_location).eval()
     return model, meta

@@ -290,7 +290,9 @@ def _solve(files: tuple[str, ...], iters: str | None, strategy: str, passes: int
         _print_results(puzzles, results, summary, "auto" if n_iters == "auto" else strategy, as_json, quiet)
     except OSError as e:
         _output_failed(e)
-    if plot and results:
+    if plot and not any(r.energy for r in results):
+        click.echo(f"--plot: no board ran an iteration (givens without a solution): {plot} not written", err=True)
+    elif plot:
         try:
             plot_energy(plot, results, solver.trained_iters)
         except OSError as e:
@@ -322,7 +324,7 @@ def _stream(solver: Any, puzzles: list[Puzzle], show: Any, **kw: Any) -> tuple[l
     results: list[Any] = []
     interrupted = False
     try:
-        for r in solver.solve_iter([p.givens for p in puzzles], solutions=[p.solution for p in puzzles], **kw):
+        for r in solver.solve_iter(puzzles, solutions=[p.solution for p in puzzles], **kw):
             results.append(r)
             if show is not None:
                 bar.clear()

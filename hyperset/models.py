@@ -236,11 +236,12 @@ class HyperSETModel(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     @classmethod
-    def from_pretrained(cls, name_or_path: str, device: Any = "cpu") -> HyperSETModel:
-        """A shipped model by name ("sudoku", "classifier", "mim"), a checkpoint folder, or a Hub repository id."""
+    def from_pretrained(cls, name_or_path: str, device: Any = "cpu", dtype: Any = None) -> HyperSETModel:
+        """A shipped model by name ("sudoku", "classifier", "mim"), a checkpoint folder, or a Hub repository id;
+        ``dtype`` as for :func:`hyperset.load_pretrained` (float32 unless "saved" or a torch.dtype)."""
         from .pretrained import load_pretrained
 
-        return load_pretrained(name_or_path, device)
+        return load_pretrained(name_or_path, device, dtype)
 
     def save_pretrained(self, directory: str, info: dict[str, Any] | None = None) -> None:
         """Write model.safetensors + config.json (the checkpoint format every loader reads)."""

@@ -68,14 +68,16 @@ def _from_hub(repo_id: str) -> Path:
                               f"({type(e).__name__}{': ' + reason if reason else ''})") from None
 
 
-def load_pretrained(name_or_path: str | os.PathLike, device: Any = "cpu") -> Any:
+def load_pretrained(name_or_path: str | os.PathLike, device: Any = "cpu", dtype: torch.dtype | str | None = None
+                    ) -> Any:
     """A Hyper-SET model (eval mode) by shipped name ("sudoku", "classifier", "mim"), folder or Hub id, on `device`
-    ("auto", "cpu", "cuda", "cuda:N", "mps" or a torch.device; one that cannot be had is a ValueError)."""
+    ("auto", "cpu", "cuda", "cuda:N", "mps" or a torch.device; one that cannot be had is a ValueError), in float32
+    (``dtype="saved"``: the dtype its weights were saved in; a torch.dtype: that one)."""
     from .device import pick_device
 
     if name_or_path == "mim-tokenizer":
         raise CheckpointError("'mim-tokenizer' is the MIM model's VQ tokenizer, not a Hyper-SET model: load it with "
                               "hyperset.vision.reconstruct.load_tokenizer()")
     device = pick_device(str(device)) if isinstance(device, (str, torch.device)) else device
-    model, _ = load_checkpoint(resolve(name_or_path), map_location=device)
+    model, _ = load_checkpoint(resolve(name_or_path), map_location=device, dtype=dtype)
     return model

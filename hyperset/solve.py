@@ -94,16 +94,20 @@ def checked_puzzles(puzzles: Sequence[str]) -> list[str]:
     return [p.givens for p in parsed_puzzles(puzzles)]
 
 
-def parsed_puzzles(puzzles: Sequence[str]) -> list[Puzzle]:
+def parsed_puzzles(puzzles: Sequence[str | Puzzle], search: bool = True) -> list[Puzzle]:
     """`checked_puzzles` as :class:`~hyperset.sudoku.board.Puzzle` objects: with the parser's warnings, and the
-    solution of a ``puzzle,solution`` line."""
+    solution of a ``puzzle,solution`` line. Puzzles already parsed are taken as they are; ``search``: see
+    ``parse_puzzles``."""
     if isinstance(puzzles, str):
         raise TypeError("puzzles must be a list of puzzle strings, got one string (wrap it: [puzzle])")
     out = []
     for i, p in enumerate(puzzles):
+        if isinstance(p, Puzzle):
+            out.append(p)
+            continue
         if not isinstance(p, str):
             raise TypeError(f"puzzles[{i}] must be a string of 81 cells, got {type(p).__name__}")
-        parsed = parse_puzzles(p, f"puzzles[{i}]")
+        parsed = parse_puzzles(p, f"puzzles[{i}]", search)
         if len(parsed) != 1:
             raise PuzzleError(f"puzzles[{i}]", None, f"holds {len(parsed)} puzzles, not one")
         out.append(parsed[0])
@@ -243,22 +247,24 @@ class Solver:
         return stream(self.engine, _board_tensor(puzzles, self.device), strategy, n_iters, passes=passes,
                       max_iters=max_iters, patience=patience, per_iteration=per_iteration)
 
-    def solve(self, puzzles: Sequence[str], iters: int | str | None = None, strategy: str = DEFAULT_STRATEGY,
+    def solve(self, puzzles: Sequence[str | Puzzle], iters: int | str | None = None, strategy: str = DEFAULT_STRATEGY,
               batch_size: int | None = None, solutions: Sequence[str | None] | None = None,
               max_iters: int | None = None, patience: int = 4, passes: int = DEFAULT_PASSES) -> list[SolveResult]:
         """Solve 81-character puzzles. `iters` defaults to `default_iters`; "auto" settles per board;
         `passes` is the most passes of the commit strategy; `batch_size` defaults to `default_batch_size`."""
         return list(self.solve_iter(puzzles, iters, strategy, batch_size, solutions, max_iters, patience, passes))
 
-    def solve_iter(self, puzzles: Sequence[str], iters: int | str | None = None, strategy: str = DEFAULT_STRATEGY,
-                   batch_size: int | None = None, solutions: Sequence[str | None] | None = None,
+    def solve_iter(self, puzzles: Sequence[str | Puzzle], iters: int | str | None = None,
+                   strategy: str = DEFAULT_STRATEGY, batch_size: int | None = None,
+                   solutions: Sequence[str | None] | None = None,
                    max_iters: int | None = None, patience: int = 4, passes: int = DEFAULT_PASSES
                    ) -> Iterator[SolveResult]:
         """`solve` one result at a time, in the order of `puzzles`, as each batch of boards is done."""
         strategy, n_iters, max_iters = self._run_settings(iters, strategy, passes, max_iters, patience, False)
         batch_size = self.default_batch_size if batch_size is None else batch_size
         batch_size = whole_number("batch size", batch_size, 1)
-        parsed = parsed_puzzles(puzzles)
+        # with the solutions given, the puzzles need no search for how many they have
+        parsed = parsed_puzzles(puzzles, search=solutions is None)
         puzzles = [p.givens for p in parsed]
         if solutions is None:
             solutions = [p.solution for p in parsed]

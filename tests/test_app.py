@@ -530,6 +530,8 @@ def test_client_plain_grids_text_settings_and_left_out_arguments(served):
     event, (board, verdict, energies) = _raw_call(demo.local_url, "solve", [EASY])
     ref = demo_solver(demo).solve([EASY])[0]  # the solver's default depth and strategy
     assert event == "complete" and board == ref.prediction and energies["iterations"] == ref.iterations
+    event, data = _raw_call(demo.local_url, "solve", [])  # nothing at all: the app's message, not an empty error
+    assert event == "error" and "puzzle" in str(data).lower(), (event, data)
     from gradio_client import handle_file
 
     editor = client.predict("coffee", api_name="/sample")

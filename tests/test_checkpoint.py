@@ -354,15 +354,20 @@ def test_a_compiled_model_saves_under_its_own_weight_names(tmp_path):
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
-def test_a_model_loads_in_the_dtype_it_was_saved_in(tmp_path, dtype):
+def test_a_model_loads_in_float32_or_in_the_dtype_it_was_saved_in(tmp_path, dtype):
+    """float32 by default (what the commands and exports run); dtype="saved" gives back the model as saved."""
     torch.manual_seed(0)
     model = build_model(_cfg()).to(dtype).eval()
     save_checkpoint(tmp_path / "c", model)
-    loaded, _ = load_checkpoint(tmp_path / "c")
+    assert {p.dtype for p in load_checkpoint(tmp_path / "c")[0].parameters()} == {torch.float32}
+    loaded, _ = load_checkpoint(tmp_path / "c", dtype="saved")
     assert {p.dtype for p in loaded.parameters()} == {dtype}
     x = _inputs(model.cfg)
     with torch.no_grad():
         assert torch.equal(model(x), loaded(x))
+    assert {p.dtype for p in HyperSETModel.from_pretrained(str(tmp_path / "c"), dtype="saved").parameters()} == {dtype}
+    with pytest.raises(ValueError, match="expected None"):
+        load_checkpoint(tmp_path / "c", dtype="float16")
 
 
 def test_integer_weights_where_floats_belong_are_refused(tmp_path):

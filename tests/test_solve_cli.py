@@ -544,3 +544,34 @@ def test_plot_is_refused_before_solving_for_a_layer_without_energies(tiny_checkp
                        stdin=medium + "\n")
     assert code == 2 and "--plot: this model's layer (transformer) defines no energy" in err
     assert not (tmp_path / "e.png").exists()
+
+
+def test_puzzles_are_searched_once_and_not_at_all_with_their_solutions(tiny_checkpoint: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CLI hands the solver the puzzles it parsed (one search each), and the solver given the solutions
+    (evaluations, benchmarks) runs none: its timing is the model's."""
+    import hyperset.sudoku.exact as exact
+    from hyperset.solve import Solver
+    from hyperset.sudoku.board import parse_puzzles
+
+    calls = []
+    counting = exact.count_solutions_within
+    monkeypatch.setattr(exact, "count_solutions_within", lambda *a, **k: calls.append(1) or counting(*a, **k))
+    medium = "000014200500070300000590004058400001000000006003080090870060000420805017009047000"
+    answer = "987314265514672389362598174658429731291753846743186592875961423426835917139247658"
+    solver = Solver.load(tiny_checkpoint, "cpu")
+    puzzles = parse_puzzles(f"{medium}\n{medium}\n")
+    assert len(calls) == 2
+    solver.solve(puzzles, iters=1, strategy="single")
+    assert len(calls) == 2
+    solver.solve([medium, medium], iters=1, strategy="single", solutions=[answer, answer])
+    assert len(calls) == 2
+    solver.solve([medium], iters=1, strategy="single")
+    assert len(calls) == 3
+
+
+def test_plot_is_not_written_when_no_board_ran(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    none = "12345678." + "........9" + "." * 63
+    code, _, err = run(["-", "--checkpoint", str(tiny_checkpoint), "--plot", str(tmp_path / "e.png")],
+                       stdin=none + "\n")
+    assert code == 1 and "--plot: no board ran an iteration" in err and not (tmp_path / "e.png").exists()

@@ -476,3 +476,16 @@ def test_several_solutions_and_no_solution_found_only_by_search_are_warnings() -
     hidden = "000009084073000029000000000002500600086007000400002800900230000000000047000060005"
     (p,) = parse_puzzles(hidden)
     assert p.no_solution == "no solution: a search finds no way to fill the blanks that keeps every given"
+
+
+def test_the_parsers_search_is_bounded_and_an_untold_puzzle_gets_no_warning() -> None:
+    """Norvig's 17-given puzzle with no solution takes a plain search minutes; the parser's search stops after
+    SEARCH_NODES nodes and says nothing rather than hold the caller (the app parses on every edit)."""
+    from hyperset.sudoku.board import SEARCH_NODES
+    from hyperset.sudoku.exact import count_solutions_within
+
+    norvig = ".....5.8....6.1.43..........1.5........1.6...3.......553.....61........4........."
+    assert count_solutions_within(norvig.replace(".", "0"), 2, SEARCH_NODES) is None
+    (p,) = parse_puzzles(norvig)
+    assert p.warnings == () and p.no_solution is None
+    assert count_solutions_within(EASY, 2, 10) == 1 and count_solutions_within("0" * 81, 2, 100) == 2

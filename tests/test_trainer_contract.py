@@ -186,6 +186,17 @@ def test_an_evaluation_that_fails_keeps_the_steps_trained_before_it_and_resume_g
     resumed = Trainer(task(), cfg, tmp_path / "run", device="cpu", quiet=True, resume=True).fit()
     unbroken = Trainer(task(), cfg, tmp_path / "ref", device="cpu", quiet=True).fit()
     assert resumed["finished"] and resumed["step"] == unbroken["step"] == 6
-    a, _ = load_checkpoint(tmp_path / "run" / "last")
-    b, _ = load_checkpoint(tmp_path / "ref" / "last")
-    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+    assert resumed["best"] == unbroken["best"]  # the failed evaluation of step 3 ran first on resuming
+    evals = lambda run: [x["step"] for x in map(json.loads, (tmp_path / run / "metrics.jsonl").read_text()  # noqa: E731
+                                                .splitlines()) if "eval" in x]
+    assert evals("run") == evals("ref") == [3, 6]
+    for folder in ("last", "best"):
+        a, _ = load_checkpoint(tmp_path / "run" / folder)
+        b, _ = load_checkpoint(tmp_path / "ref" / folder)
+        assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+    # the same at the last step: the resumed run only evaluates, and writes best/
+    final = TrainConfig(**{**cfg.__dict__, "steps": 3})
+    with pytest.raises(ValueError, match="evaluation at step 3 failed"):
+        Trainer(bad, final, tmp_path / "end", device="cpu", quiet=True).fit()
+    done = Trainer(task(), final, tmp_path / "end", device="cpu", quiet=True, resume=True).fit()
+    assert done["finished"] and done["best"] is not None and (tmp_path / "end" / "best").is_dir()

@@ -291,6 +291,7 @@ class _Run:
     # over steps; an all-reduce at the log adds the other processes' shares), the gradient norms, the steps
     sums: dict[str, torch.Tensor] = field(default_factory=dict)
     count: int = 0
+    eval_pending: bool = False  # last/ was saved when the evaluation of its step failed: evaluate it first
 
     @property
     def device(self) -> torch.device:
@@ -371,6 +372,8 @@ class Trainer:
         bar = tqdm(total=cfg.steps, initial=run.step, disable=self.quiet, dynamic_ncols=True,
                    mininterval=1.0 if sys.stderr.isatty() else 60.0, desc=self.task.name)
         try:
+            if run.eval_pending:  # the evaluation that failed at the step last/ holds
+                self._evaluate_and_checkpoint(run)
             while run.step < cfg.steps and not self._agreed(run, self._stop):
                 self._train_step(run)
                 bar.update(1)
@@ -443,6 +446,7 @@ class Trainer:
                    last_save=time.time())
         if progress.get("pending") is not None:
             self._restore_pending(run, progress["pending"])
+        run.eval_pending = bool(progress.get("eval_pending"))
         self._say(f"training {self.task.name} on {describe(device)} x {env.world} process(es): "
                   f"{sum(p.numel() for p in model.parameters()):,} parameters, {cfg.steps} steps, global batch "
                   f"{cfg.batch_size} ({cfg.batch_size // micro} per process and micro-step, {cfg.accum_steps} "
@@ -590,11 +594,13 @@ class Trainer:
             try:
                 metrics = self.task.evaluate(run.model, run.device, run.autocast)
             except Exception as e:  # e.g. an unreadable validation image: the steps trained so far are kept
+                run.eval_pending = True  # a resumed run evaluates this step first
                 self._save_last(run, pending)
                 if not isinstance(e, (ValueError, OSError)):
                     raise
                 raise ValueError(f"evaluation at step {run.step} failed: {e}; the state at step {run.step} is in "
                                  f"{self.out / 'last'}: fix the cause and continue with --resume") from None
+            run.eval_pending = False
             self._log({"step": run.step, "time": round(run.elapsed, 3), "eval": metrics})
             self._say(f"step {run.step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
             score = metrics[self.task.select_metric]
@@ -643,6 +649,8 @@ class Trainer:
             progress["command"] = self.command
         if pending:
             progress["pending"] = pending
+        if run.eval_pending:
+            progress["eval_pending"] = True
         with self._writing(self.out / "last", run.step):
             save_training_state(self.out / "last", run.model, run.opt, progress,
                                 self._info(run.device, run.step, run.best_metrics), self._save)

@@ -78,8 +78,18 @@ def _propagate(cands: list[int], queue: list[int], hidden: bool = True) -> bool:
             return True
 
 
-def _search(cands: list[int], queue: list[int], limit: int, found: list[list[int]], rng=None) -> None:
-    """Depth-first search on the cell with the fewest candidates; appends solved masks to ``found``."""
+class _OutOfNodes(Exception):
+    """The search visited the number of nodes it was allowed."""
+
+
+def _search(cands: list[int], queue: list[int], limit: int, found: list[list[int]], rng=None,
+            nodes: list[int] | None = None) -> None:
+    """Depth-first search on the cell with the fewest candidates; appends solved masks to ``found``. ``nodes``
+    (one count, decremented at every node) bounds the search: _OutOfNodes when it reaches 0."""
+    if nodes is not None:
+        nodes[0] -= 1
+        if nodes[0] < 0:
+            raise _OutOfNodes
     if not _propagate(cands, queue):
         return
     best, best_n = -1, 10
@@ -104,7 +114,7 @@ def _search(cands: list[int], queue: list[int], limit: int, found: list[list[int
     for b in bits:
         child = cands[:]
         child[best] = b
-        _search(child, [best], limit, found, rng)
+        _search(child, [best], limit, found, rng, nodes)
         if len(found) >= limit:
             return
 
@@ -177,6 +187,20 @@ def count_solutions(givens: Board, limit: int = 2) -> int:
     cands, queue = _initial(to_string(givens))
     found: list[list[int]] = []
     _search(cands, queue, limit, found)
+    return len(found)
+
+
+def count_solutions_within(givens: Board, limit: int = 2, nodes: int = 2000) -> int | None:
+    """`count_solutions` with at most ``nodes`` search nodes (each one constraint propagation): None when that was
+    not enough to tell. The parser's check of every puzzle uses it, so that no puzzle holds it for long."""
+    if limit < 1:
+        raise ValueError(f"limit must be at least 1, got {limit}")
+    cands, queue = _initial(to_string(givens))
+    found: list[list[int]] = []
+    try:
+        _search(cands, queue, limit, found, nodes=[nodes])
+    except _OutOfNodes:
+        return None
     return len(found)
 
 
