@@ -45,6 +45,11 @@ def _fmt_parity(p: dict[str, Any]) -> str:
             f"max rel |denergy| {p['max_rel_energy']:.1e} -> {'OK' if p['ok'] else 'MISMATCH'}")
 
 
+def parity_depths(n: int, loop: bool) -> list[int]:
+    """The iteration counts --parity checks: n, and with --loop also 2n, at most MAX_ITERS (once where equal)."""
+    return list(dict.fromkeys([n, min(2 * n, MAX_ITERS)] if loop else [n]))
+
+
 def _export(model: Any, info: dict[str, Any], out: str, n: int, loop: bool, opset: int, check: bool) -> Any:
     """Write the graph; a failed write names OUT, not the temporary file next to it."""
     from . import export as E
@@ -70,7 +75,8 @@ def _export(model: Any, info: dict[str, Any], out: str, n: int, loop: bool, opse
 @click.option("--check/--no-check", default=True, show_default=True,
               help="onnx.checker full check, and a load in ONNX Runtime (CPU), before the file is written")
 @click.option("--parity", is_flag=True,
-              help="compare with PyTorch in ONNX Runtime (at --iters; with --loop also at 2x --iters)")
+              help="compare with PyTorch in ONNX Runtime (at --iters; with --loop also at 2x --iters, at most "
+                   f"{MAX_ITERS:,})")
 @click.option("--parity-batch", type=click.IntRange(min=1), default=4, show_default=True)
 @device_option(help="auto | cpu | cuda: the ONNX Runtime device for --parity")
 @threads_option()
@@ -117,7 +123,7 @@ def main(checkpoint: str, iters: int | None, out: str, loop: bool, opset: int, c
             from .runtime import OrtSession
 
             session = OrtSession(result.path, device, intra_op_threads=n_threads)
-            for k in ([n, 2 * n] if loop else [n]):
+            for k in parity_depths(n, loop):
                 reports.append(E.parity(model, result.path, k, batch=parity_batch, session=session).to_json())
     except (CheckpointError, OnnxModelError, ProviderError, OSError, ValueError) as e:
         _fail(str(e))

@@ -33,10 +33,12 @@ folds these itself when it loads the model. Traced graphs also lose every ``Mul`
 from __future__ import annotations
 
 import copy
+import errno
 import functools
 import hashlib
 import io
 import json
+import os
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -61,10 +63,10 @@ from . import MAX_OPSET, MIN_OPSET
 from .loop import wrap_in_loop
 
 __all__ = [
-    "DEFAULT_OPSET", "EXPORTER", "ExportResult", "NOISE_FACTOR", "ParityReport", "check_model", "compare",
-    "energy_names", "example_inputs", "export_head", "export_loop", "export_stem", "export_step", "export_unrolled",
-    "human_size", "input_name", "iterate_steps", "loop_proto", "model_fingerprint", "onnx_outputs", "parity",
-    "parity_inputs", "read_metadata", "step_paths", "step_proto", "torch_outputs", "trained_iterations",
+    "DEFAULT_OPSET", "EXPORTER", "ExportResult", "NOISE_FACTOR", "ParityReport", "check_model", "check_output_paths",
+    "compare", "energy_names", "example_inputs", "export_head", "export_loop", "export_stem", "export_step",
+    "export_unrolled", "human_size", "input_name", "iterate_steps", "loop_proto", "model_fingerprint", "onnx_outputs",
+    "parity", "parity_inputs", "read_metadata", "step_paths", "step_proto", "torch_outputs", "trained_iterations",
     "unrolled_proto",
 ]
 
@@ -373,7 +375,9 @@ def _ensure_inputs(proto: onnx.ModelProto, module: nn.Module, args: tuple[Tensor
 
 
 def _metadata(model: HyperSETModel, kind: str, opset: int, info: Mapping[str, Any] | None,
-              **extra: Any) -> dict[str, str]:
+              graph_inputs: Sequence[onnx.ValueInfoProto] | None = None, **extra: Any) -> dict[str, str]:
+    """The metadata props of a graph. `graph_inputs` (a stem, step or head graph's declared inputs): ``input``
+    and ``input_format`` describe those inputs instead of the model input of the unrolled and Loop graphs."""
     cfg = model.cfg
     meta = {
         "task": cfg.task,
@@ -393,12 +397,41 @@ def _metadata(model: HyperSETModel, kind: str, opset: int, info: Mapping[str, An
     recipe = (info or {}).get("recipe")
     if recipe:
         meta["recipe"] = str(recipe)
-    preset = (info or {}).get("preset") or _matching_preset(cfg)
+    preset = _built_from_preset(cfg, info)
     if preset:
-        meta["preset"] = str(preset)
-    meta.update(_input_contract(cfg, info))
+        meta["preset"] = preset
+    contract = _input_contract(cfg, info)
+    if graph_inputs is not None:
+        if meta["input"] not in [vi.name for vi in graph_inputs]:  # the model input's details do not apply
+            contract = {}
+        contract.update(_graph_input_contract(graph_inputs, cfg, info))
+    meta.update(contract)
     meta.update({k: str(v) for k, v in extra.items()})
     return meta
+
+
+SIDE_INPUT_MEANINGS = {"x": "the state: the stem's x0 or a step's x_next",
+                       "x0": "the stem output (what the step sizes are conditioned on)",
+                       "t": "the iteration, 1-based (it may exceed the trained depth)"}
+
+
+def _graph_input_contract(graph_inputs: Sequence[onnx.ValueInfoProto], cfg: Any,
+                          info: Mapping[str, Any] | None) -> dict[str, str]:
+    """``input`` (the graph's input names, comma-separated) and ``input_format`` (``name: type [shape] meaning``
+    per input, separated by ``; ``) of a stem, step or head graph, read from its declared inputs."""
+    model_input = input_name(cfg.task)
+    parts = []
+    for vi in graph_inputs:
+        if vi.name == model_input:
+            parts.append(f"{vi.name}: {_input_contract(cfg, info)['input_format']}")
+            continue
+        tensor = vi.type.tensor_type
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.elem_type)).name
+        dims = [d.dim_param or str(d.dim_value) for d in tensor.shape.dim]
+        shape = f"[{', '.join(dims)}]" if dims else "scalar"
+        meaning = SIDE_INPUT_MEANINGS.get(vi.name)
+        parts.append(f"{vi.name}: {dtype} {shape}" + (f", {meaning}" if meaning else ""))
+    return {"input": ",".join(vi.name for vi in graph_inputs), "input_format": "; ".join(parts)}
 
 
 def _input_contract(cfg: Any, info: Mapping[str, Any] | None) -> dict[str, str]:
@@ -425,6 +458,47 @@ def _matching_preset(cfg: Any) -> str | None:
     from hyperset.config import get_preset, list_presets
 
     return next((name for name in list_presets() if get_preset(name).config == cfg), None)
+
+
+def _recipe_preset(recipe: Any, task: str) -> str | None:
+    """The preset a shipped recipe (by name) builds its model from, where it is a preset of `task`'s recipe."""
+    from hyperset.config import list_presets
+    from hyperset.training.recipes import load_recipe, recipe_names
+
+    if not isinstance(recipe, str) or recipe not in recipe_names():
+        return None
+    try:
+        _, data = load_recipe(recipe)
+    except ValueError:
+        return None
+    preset = data.get("preset")
+    if not isinstance(preset, str) or preset not in list_presets() or data.get("task", task) != task:
+        return None
+    return preset
+
+
+def _built_from_preset(cfg: Any, info: Mapping[str, Any] | None) -> str | None:
+    """The preset the model was built from: the checkpoint's ``preset``, else the one its recorded recipe names
+    (a shipped recipe; its model overrides may make the config differ from the preset's), else the preset whose
+    config equals the model's; None where nothing names one."""
+    info = info or {}
+    if info.get("preset"):
+        return str(info["preset"])
+    return _recipe_preset(info.get("recipe"), cfg.task) or _matching_preset(cfg)
+
+
+def check_output_paths(paths: Sequence[str | Path]) -> None:
+    """Refuse (OSError naming the file) any path that cannot be written: a folder, or a file whose folder is
+    missing or not writable. Run on every file of an export before anything is traced or written."""
+    for p in map(Path, paths):
+        if p.is_dir():
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(p))
+        folder = p.parent
+        if not folder.is_dir():
+            why = f"{folder} is a file, not a folder" if folder.exists() else f"folder {folder} does not exist"
+            raise OSError(errno.ENOENT, why, str(p))
+        if not os.access(folder, os.W_OK):
+            raise PermissionError(errno.EACCES, f"folder {folder} is not writable", str(p))
 
 
 def _finish(proto: onnx.ModelProto, meta: Mapping[str, str], doc: str) -> onnx.ModelProto:
@@ -539,7 +613,8 @@ def stem_proto(model: HyperSETModel, opset: int = DEFAULT_OPSET,
     with _eval_mode(model):
         x = example_inputs(model.cfg, batch=2).to(_model_device(model))
         proto = _trace(_Stem(model), (x,), [name], ["x0"], {name: {0: "batch"}, "x0": {0: "batch"}}, opset)
-    return _finish(proto, _metadata(model, "stem", opset, info), "Hyper-SET stem: input -> x0")
+    meta = _metadata(model, "stem", opset, info, graph_inputs=proto.graph.input)
+    return _finish(proto, meta, "Hyper-SET stem: input -> x0")
 
 
 @_traced_on_cpu
@@ -550,7 +625,8 @@ def head_proto(model: HyperSETModel, opset: int = DEFAULT_OPSET,
         dev = _model_device(model)
         x = model.stem(example_inputs(model.cfg, batch=2).to(dev))
         proto = _trace(_Head(model), (x,), ["x"], ["logits"], {"x": {0: "batch"}, "logits": {0: "batch"}}, opset)
-    return _finish(proto, _metadata(model, "head", opset, info), "Hyper-SET head: x -> logits")
+    meta = _metadata(model, "head", opset, info, graph_inputs=proto.graph.input)
+    return _finish(proto, meta, "Hyper-SET head: x -> logits")
 
 
 @_traced_on_cpu
@@ -567,7 +643,7 @@ def step_proto(model: HyperSETModel, layer: int = 0, opset: int = DEFAULT_OPSET,
         axes = {"x": {0: "batch"}, "x0": {0: "batch"}, "x_next": {0: "batch"}, "energy_attn": {0: "batch"},
                 "energy_ff": {0: "batch"}}
         proto = _trace(_Step(model, layer), (x, x0, t), STEP_INPUTS, STEP_OUTPUTS, axes, opset)
-    meta = _metadata(model, "step", opset, info, layer_index=layer)
+    meta = _metadata(model, "step", opset, info, graph_inputs=proto.graph.input, layer_index=layer)
     return _finish(proto, meta, "Hyper-SET core, one iteration: (x, x0, t) -> x_next and the energies of x_next")
 
 
@@ -765,12 +841,13 @@ def export_loop(model: HyperSETModel, path: str | Path, default_iters: int | Non
     all are built and checked first, then written, the Loop graph last. Each file is replaced atomically, and a
     set left mixed by a crash between two of them is refused by the solver (their ``model_sha256`` differ).
     """
+    names = step_paths(path, model.cfg.n_layers)
+    check_output_paths([path, *(names["step"] + [names["stem"], names["head"]] if write_steps else [])])
     t0 = time.perf_counter()
     steps = [step_proto(model, k, opset, info) for k in range(model.cfg.n_layers)]
     proto = loop_proto(model, default_iters, opset, info, steps=steps)
     side: list[tuple[onnx.ModelProto, Path, str, int | str]] = []
     if write_steps:
-        names = step_paths(path, model.cfg.n_layers)
         side = [(step, Path(p), "step", 1) for step, p in zip(steps, names["step"])]
         side += [(builder(model, opset, info), Path(names[kind]), kind, "-")
                  for kind, builder in (("stem", stem_proto), ("head", head_proto))]

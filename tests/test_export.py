@@ -536,3 +536,84 @@ def test_a_loop_export_that_fails_midway_names_its_file_and_a_mixed_set_is_refus
     assert result.stderr.startswith("hyperset-solve: error: m.step.onnx: not a valid ONNX model")
     (tmp_path / "m.step.onnx").write_bytes(before["m.step.onnx"])
     assert CliRunner().invoke(solve_main, args).exit_code in (0, 1)
+
+
+def test_loop_parity_at_twice_the_iterations_stops_at_the_most_a_model_runs(tiny_checkpoint: Path, tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--loop --parity` also checks 2x --iters, which past MAX_ITERS / 2 is more than a model runs: the export was
+    written and then refused with exit 2. The second depth is MAX_ITERS at most (here lowered to 3)."""
+    from hyperset import config, core
+    from hyperset.exports import cli
+
+    for module in (config, core, cli):
+        monkeypatch.setattr(module, "MAX_ITERS", 3)
+    result = CliRunner().invoke(cli.main, [str(tiny_checkpoint), "--loop", "--iters", "2", "--out",
+                                           str(tmp_path / "l.onnx"), "--parity", "--parity-batch", "1",
+                                           "--device", "cpu", "--json"])
+    assert result.exit_code == 0, result.output
+    assert [(p["iters"], p["ok"]) for p in json.loads(result.stdout)["parity"]] == [(2, True), (3, True)]
+    assert cli.parity_depths(2, True) == [2, 3] and cli.parity_depths(3, True) == [3]
+    assert cli.parity_depths(2, False) == [2]
+
+
+def test_a_loop_export_checks_every_file_it_writes_before_writing_any(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    """A side file that cannot be written (here a folder in its place) was found only after the step and stem
+    graphs were written; now it is refused before anything is written."""
+    from hyperset.exports.cli import main as export_main
+
+    (tmp_path / "m.head.onnx").mkdir()
+    result = CliRunner().invoke(export_main, [str(tiny_checkpoint), "--loop", "--out", str(tmp_path / "m.onnx")])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip() == f"hyperset-export: error: cannot write {tmp_path / 'm.head.onnx'}: Is a directory"
+    assert [p.name for p in tmp_path.iterdir()] == ["m.head.onnx"]
+    model, _ = load_checkpoint(tiny_checkpoint)
+    (tmp_path / "m.head.onnx").rmdir()
+    with pytest.raises(OSError, match="does not exist"):
+        E.export_loop(model, tmp_path / "missing" / "m.onnx")
+    (tmp_path / "m.step.onnx").mkdir()
+    with pytest.raises(IsADirectoryError):
+        E.export_loop(model, tmp_path / "m.onnx", write_steps=True)
+    assert [p.name for p in tmp_path.iterdir()] == ["m.step.onnx"]
+    assert E.export_loop(model, tmp_path / "m.onnx").path == str(tmp_path / "m.onnx")  # no side files asked for
+
+
+def test_metadata_preset_is_the_one_the_model_was_built_from(tmp_path: Path) -> None:
+    """The shipped Sudoku and MIM models are their recipes' presets with overrides (time_init="zero", ...): only
+    an exact match was recorded, so their graphs had no `preset`. It is the recipe's preset now; a model whose
+    checkpoint, recipe and config name none has no `preset` prop."""
+    from hyperset.config import get_preset
+    from hyperset.exports.cli import resolve_checkpoint
+
+    for name, preset in (("sudoku", "sudoku-cpu"), ("mim", "mim-cpu")):
+        model, info = load_checkpoint(resolve_checkpoint(name), map_location="cpu")
+        assert model.cfg != get_preset(preset).config
+        proto = E.stem_proto(model, info=info)
+        assert {p.key: p.value for p in proto.metadata_props}["preset"] == preset, name
+    model = _model(CONFIGS["sudoku"])
+    for info, expected in (({"recipe": "sudoku-cpu-deep"}, "sudoku-cpu"), ({"recipe": "mim-cpu"}, None),
+                           ({"recipe": "test"}, None), ({"recipe": "test", "preset": "mine"}, "mine"), (None, None)):
+        proto = E.head_proto(model, info=info)
+        assert {p.key: p.value for p in proto.metadata_props}.get("preset") == expected, info
+
+
+@pytest.mark.parametrize("name", ["sudoku", "classify", "sudoku-lora-2layers"])
+def test_side_graphs_describe_their_own_inputs(exported: dict, name: str) -> None:
+    """The stem, step and head graphs carried the Loop graph's `input` / `input_format` (tokens, int64 [batch, 81])
+    whatever their inputs were; each now names and describes its own declared inputs."""
+    entry = exported[name]
+    cfg = entry["model"].cfg
+    main = E.read_metadata(entry["loop"].path)
+    assert main["input"] == E.input_name(cfg.task) and main["input_format"].startswith(("int64", "float32"))
+    state = f"float32 [batch, {cfg.seq_len if cfg.task != 'classify' else cfg.patch_grid ** 2 + 1}, {cfg.dim}]"
+    for path in entry["loop"].extra_files:
+        meta = E.read_metadata(path)
+        inputs = [i.name for i in onnx.load(path).graph.input]
+        assert meta["input"] == ",".join(inputs), path
+        parts = meta["input_format"].split("; ")
+        assert [p.split(": ")[0] for p in parts] == inputs, path
+        if meta["graph"] == "stem":
+            assert parts == [f"{main['input']}: {main['input_format']}"]
+        else:
+            assert parts[0].startswith(f"x: {state}"), parts
+        if meta["graph"] == "step":
+            assert parts[1].startswith(f"x0: {state}") and parts[2].startswith("t: int64 scalar"), parts
