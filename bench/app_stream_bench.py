@@ -112,13 +112,13 @@ def time_served(client: Any, case: dict[str, Any]) -> tuple[float, int, dict[str
 
 
 @bench_args.input_errors_exit
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--threads", type=bench_args.count, default=1)
     p.add_argument("--repeats", type=bench_args.count, default=3)
     p.add_argument("--served", action="store_true", help="also time the launched app through gradio_client")
     p.add_argument("--out", type=bench_args.output_file, default=str(OUT))
-    args = p.parse_args()
+    args = p.parse_args(argv)
     threads = set_cpu_threads(args.threads)
     from hyperset.apps.app import HyperSETApp
 
@@ -202,7 +202,7 @@ def main() -> None:
                         "takes served_round_trip_seconds; the streamed solve adds the processing of every update "
                         "it sends (board HTML, energy plot SVG). These fixed costs dominate the short "
                         "solves"),
-        "cases": rows,
+        "cases": rows, "command": bench_args.command_line("app_stream_bench", argv),
     }
     atomic_write_json(args.out, payload)
     print(f"worst ratio {worst:.2f} (bound 2; served {max(served) if served else None}); written to {args.out}")

@@ -3,14 +3,16 @@ line, "SCRIPT: error: REASON" after the usage, and exit status 2 (argparse's con
 
     ap.add_argument("--rounds", type=bench_args.count, default=7)      # an integer >= 1
     ap.add_argument("--images", type=bench_args.at_least(0), ...)      # 0 allowed
+    ap.add_argument("--iters", type=bench_args.iterations, ...)        # an iteration count, 1..MAX_ITERS
+    ap.add_argument("--out", type=bench_args.output_file, ...)         # a JSON file that can be written
     ap.add_argument("--preset", type=bench_args.preset, ...)           # a known model preset
     ap.add_argument("--device", type=bench_args.device, ...)           # cpu, or cuda[:N] where PyTorch sees one
     ap.add_argument("--peer", type=bench_args.peer_checkout, ...)      # a checkout of huyunzhe/hyper-set
     ap.add_argument("--compile-options", type=bench_args.compile_options)  # a JSON object of Inductor settings
 
 Errors a script can only find once it runs (an override of an unknown config field, a package the authors' model
-imports, a GPU without bf16, a missing data folder or checkpoint) end it the same way, without the usage, where its
-main is decorated with `input_errors_exit`.
+imports, a GPU without bf16, a missing data folder or checkpoint, an --out that cannot be written after all) end it
+the same way, without the usage, where its main is decorated with `input_errors_exit`.
 """
 
 from __future__ import annotations
@@ -19,8 +21,11 @@ import argparse
 import functools
 import json
 import math
+import os
+import re
 import shlex
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -71,20 +76,61 @@ def counts(text: str) -> list[int]:
     return [count(p) for p in parts]
 
 
+def _can_make_files_in(folder: Path) -> bool:
+    """Whether a file can be made in `folder`: write and search permission, and a file system that takes new files
+    (root passes the permission test even on /proc or /sys, so an unnamed file is made and dropped to be sure)."""
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return False
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            return True
+    except OSError:
+        return False
+
+
+def _nearest_folder_takes_files(text: str, folders: Any) -> None:
+    """The first of `folders` that exists is a folder where files can be made, else an ArgumentTypeError."""
+    for folder in folders:
+        if folder.exists():
+            if not folder.is_dir():
+                raise argparse.ArgumentTypeError(f"cannot write {text}: {folder} is a file, not a folder")
+            if not _can_make_files_in(folder):
+                raise argparse.ArgumentTypeError(f"cannot write {text}: no files can be made in {folder}")
+            return
+
+
 def output_file(text: str) -> Path:
     """An argparse type: a file a script will write at its end, checked before it measures: a path, in a folder
-    that exists or can be made (no part of it a file), where the file is not a folder."""
+    that exists or can be made (no part of it a file) and where files can be made, where the file is not a
+    folder, and not a .png (the scripts write their plot beside the JSON, as the same name with .png)."""
     if not text.strip():
         raise argparse.ArgumentTypeError("an empty path")
     path = Path(text)
+    if path.suffix.lower() == ".png":
+        raise argparse.ArgumentTypeError(f"{text}: expected the JSON file to write, not a .png (the plot is "
+                                         "written beside the JSON, as its name with .png)")
     if path.is_dir():
         raise argparse.ArgumentTypeError(f"{text} is a folder, not a file")
-    for parent in path.parents:
-        if parent.exists():
-            if not parent.is_dir():
-                raise argparse.ArgumentTypeError(f"cannot write {text}: {parent} is a file, not a folder")
-            break
+    _nearest_folder_takes_files(text, path.parents)
     return path
+
+
+def output_folder(text: str) -> Path:
+    """An argparse type: a folder a script will write its files into at its end, checked before it measures: a
+    folder that exists or can be made (no part of it a file) and where files can be made."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path")
+    path = Path(text)
+    _nearest_folder_takes_files(text, (path, *path.parents))
+    return path
+
+
+def iterations(text: str) -> int:
+    """An argparse type: an iteration count, 1..MAX_ITERS."""
+    value = count(text)
+    if value > MAX_ITERS:
+        raise argparse.ArgumentTypeError(f"iterations are at most {MAX_ITERS:,}, got {value}")
+    return value
 
 
 def iteration_counts(text: str) -> list[int]:
@@ -183,20 +229,28 @@ def command_line(script: str, argv: list[str] | None) -> str:
     return shlex.join(["python", f"bench/{script}.py", *(argv if argv is not None else sys.argv[1:])])
 
 
-INPUT_ERRORS = (BenchInputError, FileNotFoundError, NotADirectoryError, CheckpointError, PuzzleError)
+INPUT_ERRORS = (BenchInputError, OSError, CheckpointError, PuzzleError)
+
+_TEMP_BESIDE = re.compile(r"\.(?P<name>.+)\.\d+\.[^.]+\.tmp")
 
 
 def reason(e: BaseException) -> str:
-    """The one-line reason of an input error: a missing file as "PATH: STRERROR"."""
+    """The one-line reason of an input error: a file that cannot be read or written as "PATH: STRERROR", where
+    PATH is the file a script writes rather than the temporary file beside it that the write starts with."""
     if isinstance(e, OSError) and e.filename is not None:
-        return f"{e.filename}: {e.strerror}"
+        path = Path(os.fsdecode(e.filename))
+        temp = _TEMP_BESIDE.fullmatch(path.name)
+        if temp:
+            path = path.with_name(temp["name"])
+        return f"{path}: {e.strerror or e}"
     return str(e)
 
 
 def input_errors_exit(main: Callable[..., Any]) -> Callable[..., Any]:
-    """Decorates a script's main: an input error (`INPUT_ERRORS`: a `BenchInputError`, a missing file or folder,
-    a checkpoint or puzzle file that does not load) ends the script with "SCRIPT: error: REASON" on standard error
-    and status 2, as argparse ends it for a bad argument, instead of a traceback."""
+    """Decorates a script's main: an input error (`INPUT_ERRORS`: a `BenchInputError`, a file or folder that
+    cannot be read or written, a checkpoint or puzzle file that does not load) ends the script with
+    "SCRIPT: error: REASON" on standard error and status 2, as argparse ends it for a bad argument, instead of a
+    traceback."""
 
     @functools.wraps(main)
     def run(*args: Any, **kwargs: Any) -> Any:

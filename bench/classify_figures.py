@@ -13,6 +13,7 @@ Usage: python bench/classify_figures.py [CHECKPOINT] --data data/cifar10 [--imag
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
@@ -23,11 +24,14 @@ import click
 import numpy as np
 import torch
 
-from hyperset.checkpoint import CheckpointError, load_checkpoint
-from hyperset.device import describe, pick_device
-from hyperset.energies import average_angle, effective_rank
-from hyperset.training.classify_task import load_split, sample
-from hyperset.training.eval_classify import EvalError, data_for_checkpoint, resolve_checkpoint
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_args  # noqa: E402
+
+from hyperset.checkpoint import CheckpointError, load_checkpoint  # noqa: E402
+from hyperset.device import describe, pick_device  # noqa: E402
+from hyperset.energies import average_angle, effective_rank  # noqa: E402
+from hyperset.training.classify_task import load_split, sample  # noqa: E402
+from hyperset.training.eval_classify import EvalError, data_for_checkpoint, resolve_checkpoint  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -136,8 +140,10 @@ def plot_rank_angle(result: dict[str, Any], meta: dict[str, Any], path: Path) ->
 
 
 def make_figures(checkpoint: str | None, data_dir: str, images: int, iters: int | None, split: str = "test",
-                 out: Path = RESULTS, batch_size: int = 100, device_name: str = "cpu") -> dict[str, Path]:
-    """Compute and write classify_energy.{png,json} and classify_rank_angle.{png,json} under ``out``."""
+                 out: Path = RESULTS, batch_size: int = 100, device_name: str = "cpu",
+                 command: str | None = None) -> dict[str, Path]:
+    """Compute and write classify_energy.{png,json} and classify_rank_angle.{png,json} under ``out`` (the JSONs
+    record ``command``, the command that made them, where given)."""
     path = resolve_checkpoint(checkpoint)
     if not Path(data_dir).is_dir():
         raise EvalError(f"data folder {data_dir} does not exist (expected e.g. DIR/cifar-10-batches-py/)")
@@ -153,7 +159,9 @@ def make_figures(checkpoint: str | None, data_dir: str, images: int, iters: int 
             "iters": iters, "trained_iters": trained * model.cfg.n_layers, "layer": model.cfg.layer,
             "heads": model.cfg.heads,
             "device": describe(device), "seconds": round(time.time() - start, 1),
-            "iterations": list(range(iters * model.cfg.n_layers + 1))}
+            "iterations": list(range(iters * model.cfg.n_layers + 1)), "torch": torch.__version__}
+    if command is not None:
+        info["command"] = command
     out.mkdir(parents=True, exist_ok=True)
     energy = {**info, "note": "iteration 0 is the embedded input; energies use RMS-normalized projections, no gains",
               **{k: result[k] for k in ("energy_attn", "energy_ff") if k in result}, "top1": result["top1"]}
@@ -183,11 +191,17 @@ def make_figures(checkpoint: str | None, data_dir: str, images: int, iters: int 
 def main(checkpoint: str | None, data_dir: str, images: int, iters: int | None, split: str, out: str,
          batch_size: int, device: str, threads: int) -> None:
     """Energy, effective rank and average angle per iteration of a classifier (default: the shipped one)."""
+    command = bench_args.command_line("classify_figures", None)
     torch.set_num_threads(threads)
     try:
-        written = make_figures(checkpoint, data_dir, images, iters, split, Path(out), batch_size, device)
-    except (EvalError, CheckpointError, FileNotFoundError, ValueError, RuntimeError) as e:
-        click.echo(f"classify_figures: error: {e}", err=True)
+        folder = bench_args.output_folder(out)
+    except argparse.ArgumentTypeError as e:
+        click.echo(f"classify_figures: error: --out: {e}", err=True)
+        sys.exit(2)
+    try:
+        written = make_figures(checkpoint, data_dir, images, iters, split, folder, batch_size, device, command)
+    except (EvalError, CheckpointError, OSError, ValueError, RuntimeError) as e:
+        click.echo(f"classify_figures: error: {bench_args.reason(e)}", err=True)
         sys.exit(2)
     for path in written.values():
         click.echo(str(path))

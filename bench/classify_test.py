@@ -10,6 +10,7 @@ Usage: python bench/classify_test.py [CHECKPOINT] --data data/cifar10 [--iters 1
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 from typing import Any
@@ -17,8 +18,11 @@ from typing import Any
 import click
 import torch
 
-from hyperset.checkpoint import CheckpointError, atomic_write_json, checkpoint_dir, read_config
-from hyperset.training.eval_classify import EvalError, resolve_checkpoint, run_eval
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_args  # noqa: E402
+
+from hyperset.checkpoint import CheckpointError, atomic_write_json, checkpoint_dir, read_config  # noqa: E402
+from hyperset.training.eval_classify import EvalError, resolve_checkpoint, run_eval  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 COMMAND = "hyperset-eval classify CHECKPOINT --data DIR --split test --iters N --json"
@@ -26,7 +30,8 @@ COMMAND = "hyperset-eval classify CHECKPOINT --data DIR --split test --iters N -
 
 def measure(checkpoint: str | None, data_dir: str, iters: tuple[int, ...], split: str = "test",
             batch_size: int = 500, device: str = "auto") -> dict[str, Any]:
-    """The classify_test.json record: the checkpoint, its training steps and one row per depth."""
+    """The classify_test.json record: the checkpoint, its training steps, one row per depth, and the
+    `hyperset-eval classify` command that gives the same numbers."""
     path = checkpoint_dir(resolve_checkpoint(checkpoint))
     meta = read_config(path)
     trained = int(meta["model"]["iters"])
@@ -36,7 +41,7 @@ def measure(checkpoint: str | None, data_dir: str, iters: tuple[int, ...], split
     return {"checkpoint": str(path), "steps": meta.get("steps"), "split": split, "dataset": doc["dataset"],
             "parameters": meta.get("parameters"), "trained_iters": trained, "threads": torch.get_num_threads(),
             "rows": [{"top1": r["top1"], "iters": r["iters"], **shared} for r in doc["results"]],
-            "command": f"{COMMAND} (or: python bench/classify_test.py CHECKPOINT --data DIR)"}
+            "torch": torch.__version__, "equivalent_command": COMMAND}
 
 
 def record_in_checkpoint(result: dict[str, Any], note: str) -> None:
@@ -71,19 +76,25 @@ def record_in_checkpoint(result: dict[str, Any], note: str) -> None:
 def main(checkpoint: str | None, data_dir: str, iters: tuple[int, ...], split: str, batch_size: int, device: str,
          threads: int | None, out: str, record: bool, note: str) -> None:
     """Top-1 on the test split at several depths (default checkpoint: the shipped classifier)."""
+    command = bench_args.command_line("classify_test", None)
     if threads:
         torch.set_num_threads(threads)
     try:
+        out_json = bench_args.output_file(out)
+    except argparse.ArgumentTypeError as e:
+        click.echo(f"classify_test: error: --out: {e}", err=True)
+        sys.exit(2)
+    try:
         if record and split != "test":
             raise EvalError("--record stores test-set numbers; drop --split val")
-        result = measure(checkpoint, data_dir, iters, split, batch_size, device)
+        result = {**measure(checkpoint, data_dir, iters, split, batch_size, device), "command": command}
         if record:
             record_in_checkpoint(result, note)
-    except (EvalError, CheckpointError, FileNotFoundError, ValueError, KeyError) as e:
-        click.echo(f"classify_test: error: {e}", err=True)
+        out_json.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(out_json, result)
+    except (EvalError, CheckpointError, OSError, ValueError, KeyError) as e:
+        click.echo(f"classify_test: error: {bench_args.reason(e)}", err=True)
         sys.exit(2)
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(out, result)
     for row in result["rows"]:
         click.echo(f"{result['dataset']} {split}: top-1 {100 * row['top1']:.2f}% at {row['iters']} iterations "
                    f"({row['images']} images, {row['device']})")

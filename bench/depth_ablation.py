@@ -213,6 +213,21 @@ def default_speed(checkpoint: Path | str, data: str, threads: int, n: int = 256)
             "load_average_1min_after": os.getloadavg()[0]}
 
 
+def check_puzzle_counts(data: str, n: int, n17: int, speed: bool = False) -> None:
+    """A `BenchInputError` unless the validation file under `data` holds `n` puzzles and `n17` with 17 givens
+    (what `evaluate_arm` draws), and with `speed` the 1,000 `default_speed` draws, checked before any training or
+    measuring."""
+    p, _ = load_csv(find_split(data, "valid"))
+    seventeen = int((givens_count(p) == 17).sum())
+    wants = [(f"--n {n}", n, len(p), "puzzles")]
+    if speed:
+        wants.append(("--speed-threads (timed on the protocol's draw of 1,000 puzzles)", 1000, len(p), "puzzles"))
+    wants.append((f"--n17 {n17}", n17, seventeen, "17-given puzzles"))
+    for what_for, wanted, held, what in wants:
+        if wanted > held:
+            raise bench_args.BenchInputError(f"{what_for}: the validation file of {data} holds {held:,} {what}")
+
+
 def evaluate_arm(checkpoint: Path | str, data: str, n: int, n17: int, threads: int) -> dict[str, Any]:
     torch.set_num_threads(threads)
     solver = Solver.load(checkpoint, "cpu")
@@ -352,7 +367,7 @@ def curve_plot(files: list[Path], path: Path) -> None:
 
 
 @bench_args.input_errors_exit
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("list")
@@ -364,6 +379,8 @@ def main() -> None:
     run.add_argument("--n17", type=bench_args.count, default=300,
                      help="17-given validation puzzles for the default strategy")
     run.add_argument("--threads", type=bench_args.count, default=1)
+    run.add_argument("--out", type=bench_args.output_file, default=None,
+                     help="the arm's result (default: bench/results/depth_ablation/ARM.json, which `table` reads)")
     meas = sub.add_parser("measure", help="measure a checkpoint as the arms are measured (e.g. a shipped model)")
     meas.add_argument("--checkpoint", required=True, help="checkpoint folder or shipped model name")
     meas.add_argument("--name", required=True, help="result name: bench/results/sudoku_depth/NAME.json")
@@ -375,10 +392,12 @@ def main() -> None:
     meas.add_argument("--threads", type=bench_args.count, default=1)
     meas.add_argument("--speed-threads", type=bench_args.at_least(0), default=2,
                       help="also time the default strategy with this many threads on 256 puzzles (0: skip)")
+    meas.add_argument("--out", type=bench_args.output_file, default=None,
+                      help="the result (default: bench/results/sudoku_depth/NAME.json, which `curve` reads)")
     sub.add_parser("curve", help="plot every measured checkpoint's one-pass curve -> bench/results/sudoku_depth.png")
     tab = sub.add_parser("table")
     tab.add_argument("--markdown", action="store_true", help="also print the tables as Markdown")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.cmd == "list":
         for name, spec in ARMS.items():
             print(f"{name:24s} {spec['family']:9s} {spec['note']}  [{' '.join(spec['set'])}]")
@@ -393,16 +412,20 @@ def main() -> None:
         return
     if args.cmd == "measure":
         ckpt = resolve(args.checkpoint)
+        check_puzzle_counts(args.data, args.n, args.n17, speed=args.speed_threads > 0)
         result = {"name": args.name, "eval": evaluate_arm(ckpt, args.data, args.n, args.n17, args.threads),
                   "device": f"{cpu_model()}, {args.threads} thread(s)"}
         if args.speed_threads:
             result["speed"] = default_speed(ckpt, args.data, args.speed_threads)
-        (RESULTS / "sudoku_depth").mkdir(parents=True, exist_ok=True)
-        atomic_write_json(RESULTS / "sudoku_depth" / f"{args.name}.json", result)
+        out_json = args.out or RESULTS / "sudoku_depth" / f"{args.name}.json"
+        out_json.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(out_json, result)
         print(json.dumps({**{k: result["eval"][k] for k in ("single_pass", "default_strategy", "auto",
                                                            "energy_monotone_8T")}, "speed": result.get("speed")},
                          indent=1))
         return
+    if ARMS[args.arm]["family"] != "classify":
+        check_puzzle_counts(args.data, args.n, args.n17)
     out, task = run_arm(args.arm, args.data, args.budget, args.threads)
     plan = json.loads((out / "arm.json").read_text())
     amp = TrainConfig.from_dict(arm_recipe(args.arm)[1]["train"]).amp
@@ -411,8 +434,9 @@ def main() -> None:
     result = {**plan, "eval": measure,
               "device": f"{cpu_model()}, {args.threads} thread(s); training amp={amp} (native bf16: "
                         f"{'yes' if cpu_has_native_bf16() else 'no'})"}
-    (RESULTS / "depth_ablation").mkdir(parents=True, exist_ok=True)
-    atomic_write_json(RESULTS / "depth_ablation" / f"{args.arm}.json", result)
+    out_json = args.out or RESULTS / "depth_ablation" / f"{args.arm}.json"
+    out_json.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out_json, result)
     if plan["family"] == "classify":
         print(json.dumps({"arm": args.arm, **measure}, indent=1))
         return

@@ -249,7 +249,8 @@ def main() -> None:
     ap.add_argument("--data", type=Path, required=True, help="CIFAR-10 root or ImageFolder tree")
     ap.add_argument("--split", default="test", choices=("train", "test"))
     ap.add_argument("--images", type=bench_args.count, default=200, help="first N images of the split")
-    ap.add_argument("--iters", type=bench_args.count, default=None, help="iterations (default: 2x the trained depth)")
+    ap.add_argument("--iters", type=bench_args.iterations, default=None,
+                    help="iterations, at least 2x the trained depth (default: 2x the trained depth)")
     ap.add_argument("--mask-ratios", type=bench_args.ratio, nargs="+", default=[0.4, 0.0])
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=bench_args.count, default=1)
@@ -261,6 +262,9 @@ def main() -> None:
     pipeline = load_mim(args.checkpoint, device="cpu")
     model, trained = pipeline.model, pipeline.trained_iters
     iters = args.iters or 2 * trained
+    if iters < 2 * trained:
+        raise bench_args.BenchInputError(f"--iters {iters}: expected at least 2x the trained depth of {trained} "
+                                         f"iterations ({2 * trained}), the deepest of the depths T and 2T measured")
     images = load_images(args.data, args.split, pipeline.image_size)
     n = min(args.images, len(images))
     codes = torch.cat([pipeline.encode(images.floats(range(i, min(i + 100, n)))) for i in range(0, n, 100)])

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from hyperset.checkpoint import atomic_write_json
+from hyperset.config import MAX_ITERS
 from hyperset.training.eval_mim import evaluate_reconstruction, model_row, most_frequent_code
 from hyperset.training.mim_task import load_images
 from hyperset.vision.reconstruct import load_mim
@@ -36,8 +37,8 @@ def main() -> None:
     ap.add_argument("--split", default="test", choices=("train", "test"))
     ap.add_argument("--images", type=bench_args.at_least(0), default=300, help="first N images of the split (0: all)")
     ap.add_argument("--ratios", type=bench_args.ratio, nargs="+", default=[0.1, 0.2, 0.3, 0.4])
-    ap.add_argument("--multipliers", type=bench_args.count, nargs="+", default=[1, 2],
-                    help="iterations as multiples of trained")
+    ap.add_argument("--multipliers", type=bench_args.iterations, nargs="+", default=[1, 2],
+                    help=f"iterations as multiples of trained (at most {MAX_ITERS:,} iterations)")
     ap.add_argument("--steps", type=bench_args.count, default=24)
     ap.add_argument("--threads", type=bench_args.count, default=1)
     ap.add_argument("--seed", type=int, default=0)
@@ -47,11 +48,14 @@ def main() -> None:
 
     pipeline = load_mim(args.checkpoint, device="cpu")
     tok = pipeline.tokenizer
+    trained = pipeline.model.cfg.iters
+    if trained * max(args.multipliers) > MAX_ITERS:
+        raise bench_args.BenchInputError(f"--multipliers {max(args.multipliers)}: {max(args.multipliers)}x the "
+                                         f"trained depth of {trained} iterations is over {MAX_ITERS:,}")
     images = load_images(args.data, args.split, tok.image_size)
     if args.images:
         images = images.subset(np.arange(min(args.images, len(images))))
     fill = most_frequent_code(tok, load_images(args.data, "train", tok.image_size), 5000, 250, args.seed)
-    trained = pipeline.model.cfg.iters
     rows = []
     for ratio in args.ratios:
         base = evaluate_reconstruction(images, ratio, tokenizer=tok, fill_code=fill, seed=args.seed)
@@ -70,7 +74,8 @@ def main() -> None:
            "split": args.split, "images": len(images), "steps": args.steps, "temperature": 1.0, "seed": args.seed,
            "trained_iters": trained, "most_frequent_code": fill, "tokenizer_psnr": base["tokenizer_psnr"],
            "tokenizer_ssim": base["tokenizer_ssim"], "ms_ssim_config": base["ms_ssim_config"],
-           "lpips": base["lpips_reason"], "fid": base["fid_reason"], "rows": rows}
+           "lpips": base["lpips_reason"], "fid": base["fid_reason"], "rows": rows, "torch": torch.__version__,
+           "command": bench_args.command_line("mim_table", None)}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(args.out, out)
     print(markdown(out))

@@ -472,6 +472,8 @@ def main(argv: list[str] | None = None) -> None:
         ap.error(f"--slices must divide the batch of {BATCH}")
     if args.compile_options and not args.compile:
         ap.error("--compile-options needs --compile")
+    if args.slices > 1 and not args.compile:
+        ap.error("--slices needs --compile")
     rep = run(args.peer, args.rounds, args.threads, args.bf16, args.compile, args.device, args.slices,
               args.compile_options)
     rep["command"] = bench_args.command_line("peer_bench", argv)

@@ -29,13 +29,17 @@ KEYS = ("val/board_acc@16", "val/cell_acc@16", "val/board_acc@32", "val/cell_acc
 
 
 def evaluations(run: Path) -> dict[int, dict[str, float]]:
-    """{step: eval metrics} from a run's metrics.jsonl (the last evaluation wins if a step was re-run)."""
+    """{step: eval metrics} from a run's metrics.jsonl, its Sudoku evaluations (all of `KEYS`) only (the last
+    evaluation wins if a step was re-run); a run with none, a `BenchInputError`."""
     out: dict[int, dict[str, float]] = {}
     with open(run / "metrics.jsonl") as f:
         for line in f:
             row = json.loads(line)
-            if "eval" in row:
-                out[int(row["step"])] = {k: row["eval"][k] for k in KEYS if k in row["eval"]}
+            if all(k in row.get("eval", {}) for k in KEYS):
+                out[int(row["step"])] = {k: row["eval"][k] for k in KEYS}
+    if not out:
+        raise bench_args.BenchInputError(f"{run / 'metrics.jsonl'}: no Sudoku evaluations ({', '.join(KEYS)}); "
+                                         "expected the log of a Sudoku training run")
     return out
 
 
@@ -63,14 +67,14 @@ def parameters(run: Path) -> int | None:
 
 
 @bench_args.input_errors_exit
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ours", type=Path, default=ROOT / "runs" / "sudoku-cpu")
     ap.add_argument("--baseline", type=Path, default=ROOT / "runs" / "sudoku-cpu-transformer")
     ap.add_argument("--ours-schedule", type=Path, default=ROOT / "hyperset" / "weights" / "sudoku",
                     help="where Hyper-SET's recorded schedule is (its run predates the trainer recording it)")
     ap.add_argument("--out", type=bench_args.output_file, default=RESULTS / "sudoku_baseline.json")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     ours, base = evaluations(args.ours), evaluations(args.baseline)
     steps = sorted(set(ours) & set(base))
     plans = {"hyperset": schedule_of(args.ours) or schedule_of(args.ours_schedule),

@@ -1,4 +1,4 @@
-"""Sudoku evidence from a checkpoint (default: the shipped model), written to bench/results/ as JSON + PNG.
+"""Sudoku evidence from a checkpoint (default: the shipped model), written to bench/results/ (or --out) as JSON + PNG.
 
     python bench/sudoku_eval.py --data data/sudoku                      # 1,000 seeded validation puzzles
 
@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from hyperset.checkpoint import atomic_write_json
+from hyperset.device import cpu_model
 from hyperset.solve import DEFAULT_PASSES, DEFAULT_STRATEGY, Solver, bundled_checkpoint
 from hyperset.sudoku.data import SPLITS, givens_count
 from hyperset.sudoku.evaluate import Boards, iteration_curve, load_boards, per_givens, run_strategy, to_strings
@@ -78,7 +79,9 @@ def batch_sweep(solver: Solver, puzzles: list[str], T: int, sizes: list[int]) ->
     return rows
 
 
-def plots(out: dict, prefix: str) -> None:
+def plots(out: dict, folder: Path, prefix: str) -> None:
+    """The figures, as FOLDER/PREFIX_accuracy.png, _energy.png (where the model has energies), _rank_angle.png
+    (where geometry was measured) and _strategies.png (where strategies were)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -101,7 +104,7 @@ def plots(out: dict, prefix: str) -> None:
     ax[1].set_title("Board accuracy per givens count")
     ax[1].legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(RESULTS / f"{prefix}_accuracy.png", dpi=120)
+    fig.savefig(folder / f"{prefix}_accuracy.png", dpi=120)
     plt.close(fig)
 
     fig, ax = plt.subplots(1, 2, figsize=(11, 3.6))
@@ -114,22 +117,23 @@ def plots(out: dict, prefix: str) -> None:
         a.set_xlabel("iteration t")
     fig.tight_layout()
     if curve["energy"]:
-        fig.savefig(RESULTS / f"{prefix}_energy.png", dpi=120)
+        fig.savefig(folder / f"{prefix}_energy.png", dpi=120)
     plt.close(fig)
 
-    rank, angle = np.array(curve["effective_rank"]), np.array(curve["average_angle"])
-    fig, ax = plt.subplots(1, 2, figsize=(11, 3.6))
-    for h in range(rank.shape[1]):
-        ax[0].plot(t, rank[:, h], label=f"head {h + 1}")
-        ax[1].plot(t, angle[:, h], label=f"head {h + 1}")
-    for a, title in zip(ax, ("Effective rank per head (eq. 17)", "Average angle per head, degrees (eq. 18)")):
-        a.axvline(T, color="tab:red", ls="--", lw=1)
-        a.set_title(title)
-        a.set_xlabel("iteration t")
-        a.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(RESULTS / f"{prefix}_rank_angle.png", dpi=120)
-    plt.close(fig)
+    if "effective_rank" in curve:  # absent with --geometry-boards 0
+        rank, angle = np.array(curve["effective_rank"]), np.array(curve["average_angle"])
+        fig, ax = plt.subplots(1, 2, figsize=(11, 3.6))
+        for h in range(rank.shape[1]):
+            ax[0].plot(t, rank[:, h], label=f"head {h + 1}")
+            ax[1].plot(t, angle[:, h], label=f"head {h + 1}")
+        for a, title in zip(ax, ("Effective rank per head (eq. 17)", "Average angle per head, degrees (eq. 18)")):
+            a.axvline(T, color="tab:red", ls="--", lw=1)
+            a.set_title(title)
+            a.set_xlabel("iteration t")
+            a.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(folder / f"{prefix}_rank_angle.png", dpi=120)
+        plt.close(fig)
 
     if out.get("strategies"):
         rows = out["strategies"]
@@ -148,12 +152,12 @@ def plots(out: dict, prefix: str) -> None:
         ax.set_title(f"Inference strategies on {out['strategies_puzzles']} puzzles (red star: the default)")
         ax.legend(fontsize=7, loc="center right")
         fig.tight_layout()
-        fig.savefig(RESULTS / f"{prefix}_strategies.png", dpi=120)
+        fig.savefig(folder / f"{prefix}_strategies.png", dpi=120)
         plt.close(fig)
 
 
 @bench_args.input_errors_exit
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--checkpoint", default=None, help="checkpoint folder (default: the shipped model)")
     ap.add_argument("--data", required=True, help="folder with the validation CSV (valid.csv / rrnstyle_valid...)")
@@ -164,13 +168,16 @@ def main() -> None:
                     help="iterate up to this multiple of the trained depth (at least 2: the per-givens table reads 2T)")
     ap.add_argument("--geometry-boards", type=bench_args.at_least(0), default=100)
     ap.add_argument("--threads", type=bench_args.at_least(0), default=0)
-    ap.add_argument("--name", default="sudoku", help="prefix of the output files")
+    ap.add_argument("--name", default="sudoku", help="prefix of the figures' files, and of --out's default")
+    ap.add_argument("--out", type=bench_args.output_file, default=None,
+                    help="the JSON to write, the figures beside it (default: bench/results/NAME_eval.json)")
     ap.add_argument("--no-strategies", action="store_true")
     ap.add_argument("--strategies-n", type=bench_args.count, default=None,
                     help="puzzles for the strategy table (default: --n)")
     ap.add_argument("--batch-sizes", type=lambda text: bench_args.counts(text) if text.strip() else [],
                     default=[1, 4, 16, 64, 256], help="batch sizes timed on 256 puzzles ('' to skip)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    out_json = args.out or RESULTS / f"{args.name}_eval.json"
     if args.threads:
         torch.set_num_threads(args.threads)
     solver = Solver.load(args.checkpoint, "cpu")
@@ -187,7 +194,9 @@ def main() -> None:
         "checkpoint": str(args.checkpoint or bundled_checkpoint()), "data": str(args.data), "split": args.split,
         "puzzles": args.n, "seed": args.seed, "protocol": "np.random.RandomState(seed).permutation, first n",
         "trained_iterations": T, "parameters": solver.model.num_parameters(),
-        "model": solver.model.cfg.to_dict(), "device": solver.device_name(),
+        "model": solver.model.cfg.to_dict(), "device": solver.device_name(), "cpu": cpu_model(),
+        "threads": torch.get_num_threads(), "torch": torch.__version__,
+        "command": bench_args.command_line("sudoku_eval", argv),
         "per_iteration": curve.to_json(),
         "per_givens": {str(k): {str(g): v for g, v in per_givens(curve.board_right[k - 1], givens).items()}
                        for k in (T, 2 * T)},
@@ -220,9 +229,9 @@ def main() -> None:
     }
     if not e:
         out["checks"]["energy_note"] = "this model's layers define no E_ATTN / E_FF (a baseline), so none is reported"
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(RESULTS / f"{args.name}_eval.json", out)
-    plots(out, args.name)
+    out_json.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out_json, out)
+    plots(out, out_json.parent, args.name)
     print(json.dumps({"single_pass": out["checks"], "default": out.get("default_checks")}, indent=1))
 
 

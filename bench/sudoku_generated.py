@@ -27,7 +27,7 @@ import bench_args  # noqa: E402
 
 from hyperset.checkpoint import atomic_write_json  # noqa: E402
 from hyperset.solve import DEFAULT_PASSES, Solver  # noqa: E402
-from hyperset.sudoku.exact import generate, propagate_singles  # noqa: E402
+from hyperset.sudoku.exact import _LOWEST_REACHABLE, generate, propagate_singles  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -73,13 +73,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--givens", type=bench_args.at_least(17), nargs=2, default=(22, 30), metavar=("LOW", "HIGH"))
     ap.add_argument("--seed", type=int, default=5)
     ap.add_argument("--strategy", choices=("commit", "single"), default="commit")
-    ap.add_argument("--iters", type=bench_args.at_least(1), default=None,
+    ap.add_argument("--iters", type=bench_args.iterations, default=None,
                     help="iterations per pass (default: the model's)")
     ap.add_argument("--threads", type=bench_args.count, default=1)
     ap.add_argument("--out", type=bench_args.output_file, default=RESULTS / "sudoku_generated.json")
     args = ap.parse_args(argv)
-    if args.givens[0] > args.givens[1] or args.givens[1] > 80:
-        ap.error(f"--givens {args.givens[0]} {args.givens[1]}: expected LOW <= HIGH <= 80")
+    if args.givens[0] > args.givens[1] or not _LOWEST_REACHABLE <= args.givens[1] <= 80:
+        ap.error(f"--givens {args.givens[0]} {args.givens[1]}: expected LOW <= HIGH and {_LOWEST_REACHABLE} <= HIGH "
+                 f"<= 80 (removing cells at random practically never leaves fewer than {_LOWEST_REACHABLE} givens)")
     doc = measure(args.checkpoint, args.puzzles, tuple(args.givens), args.seed, args.strategy, args.iters,
                   args.threads)
     doc["command"] = bench_args.command_line("sudoku_generated", argv)

@@ -1,4 +1,4 @@
-"""Sudoku training and inference throughput on this machine (boards/s), written to bench/results/ as JSON.
+"""Sudoku training and inference throughput on this machine (boards/s), written to bench/results/ (or --out) as JSON.
 
     python bench/train_throughput.py [--threads 1] [--steps 10]
 
@@ -102,14 +102,15 @@ def measure(row: dict, steps: int, warmup: int) -> dict:
 
 
 @bench_args.input_errors_exit
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=bench_args.count, default=1)
     ap.add_argument("--steps", type=bench_args.count, default=10)
     ap.add_argument("--warmup", type=bench_args.at_least(0), default=3)
-    ap.add_argument("--rows", nargs="*", choices=list(ROWS), default=list(ROWS), metavar="ROW",
+    ap.add_argument("--rows", nargs="+", choices=list(ROWS), default=list(ROWS), metavar="ROW",
                     help=f"rows to measure [all: {', '.join(ROWS)}]")
-    args = ap.parse_args()
+    ap.add_argument("--out", type=bench_args.output_file, default=RESULTS / "train_throughput.json")
+    args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     results = []
     for name in args.rows:
@@ -121,9 +122,10 @@ def main() -> None:
               f"({100 * r['inference_share_of_roofline']:.0f}%)", flush=True)
     out = {"threads": args.threads, "torch": torch.__version__, "machine": flops.machine(args.threads),
            "native_bf16": cpu_has_native_bf16(), "load_average": os.getloadavg(), "rows": results,
-           "command": bench_args.command_line("train_throughput", None)}
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(RESULTS / "train_throughput.json", out)
+           "command": bench_args.command_line("train_throughput", argv)}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(args.out, out)
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

@@ -100,13 +100,31 @@ CASES = [
     ("onnx_bench", ["--iters", "20000"], "argument --iters: iterations are at most 10,000, got 20000"),
     ("flops", ["--out", "{peer}/sudoku/models.py/flops.json"], "models.py is a file, not a folder"),
     ("flops", ["--out", ""], "argument --out: an empty path"),
+    ("flops", ["--preset", "sudoku-cpu", "--batch", "1", "--iters", "1", "--out", "/proc/flops.json"],
+     "argument --out: cannot write /proc/flops.json: no files can be made in /proc"),
+    ("mim_table", ["--data", "{missing}", "--out", "/sys/mim_table.json"], "no files can be made in /sys"),
+    ("mim_energy", ["--data", "{missing}", "--out", "{tmp}/mim_energy.png"], "not a .png"),
+    ("sudoku_baseline", ["--ours", "{missing}", "--out", "{tmp}/baseline.PNG"], "not a .png"),
+    ("sudoku_generated", ["--givens", "17", "20"], "expected LOW <= HIGH and 22 <= HIGH <= 80"),
+    ("sudoku_generated", ["--iters", "20000"], "argument --iters: iterations are at most 10,000, got 20000"),
+    ("mim_table", ["--data", "{missing}", "--multipliers", "1", "20000"], "argument --multipliers"),
+    ("mim_table", ["--data", "{missing}", "--multipliers", "1000"],
+     "--multipliers 1000: 1000x the trained depth of 12 iterations is over 10,000"),
+    ("mim_energy", ["--data", "{missing}", "--iters", "20000"], "argument --iters: iterations are at most 10,000"),
+    ("mim_energy", ["--data", "{missing}", "--iters", "12"], "--iters 12: expected at least 2x the trained depth"),
+    ("peer_bench", ["--peer", "{peer}", "--slices", "4"], "--slices needs --compile"),
+    ("train_throughput", ["--rows"], "argument --rows: expected at least one argument"),
+    ("train_throughput", ["--out", "/proc/train_throughput.json"], "no files can be made in /proc"),
+    ("sudoku_eval", ["--data", "{missing}", "--out", "/proc/sudoku_eval.json"], "no files can be made in /proc"),
+    ("depth_ablation", ["measure", "--checkpoint", "{missing}", "--name", "x", "--data", "{missing}", "--out",
+                        "/proc/x.json"], "no files can be made in /proc"),
 ]
 
 
 @pytest.mark.parametrize(("script", "args", "why"), CASES, ids=[f"{s}-{i}" for i, (s, _, _) in enumerate(CASES)])
 def test_bad_input_is_one_line_and_exit_2(script: str, args: list[str], why: str, tmp_path: Path,
                                           monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
-    names = {"missing": str(tmp_path / "missing"), "peer": _fake_peer(tmp_path)}
+    names = {"missing": str(tmp_path / "missing"), "peer": _fake_peer(tmp_path), "tmp": str(tmp_path)}
     monkeypatch.setattr(sys, "argv", [f"bench/{script}.py", *(a.format(**names) for a in args)])
     main = importlib.import_module(script).main
     with pytest.raises(SystemExit) as stop:
@@ -115,3 +133,39 @@ def test_bad_input_is_one_line_and_exit_2(script: str, args: list[str], why: str
     assert stop.value.code == 2 and "Traceback" not in err
     assert f"{script}.py" in err and "error: " in err and why in err
     assert not (tmp_path / "missing").exists()
+
+
+def test_an_output_goes_where_files_can_be_made(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    assert bench_args.output_file(str(tmp_path / "new" / "a.json")) == tmp_path / "new" / "a.json"
+    assert bench_args.output_folder(str(tmp_path / "new" / "figures")) == tmp_path / "new" / "figures"
+    assert not (tmp_path / "new").exists() and [p.name for p in tmp_path.iterdir()] == ["file"]
+    for parse, text, why in [(bench_args.output_file, "/proc/a.json", "no files can be made in /proc"),
+                             (bench_args.output_file, "/sys/a.json", "no files can be made in /sys"),
+                             (bench_args.output_file, str(tmp_path / "a.png"), "not a .png"),
+                             (bench_args.output_file, str(tmp_path), "is a folder, not a file"),
+                             (bench_args.output_folder, "/proc/figures", "no files can be made in /proc"),
+                             (bench_args.output_folder, str(tmp_path / "file"), "file is a file, not a folder"),
+                             (bench_args.output_folder, str(tmp_path / "file" / "sub"), "is a file, not a folder")]:
+        with pytest.raises(argparse.ArgumentTypeError, match=why):
+            parse(text)
+
+
+def test_a_write_that_fails_at_the_end_names_the_file_in_one_line(monkeypatch: pytest.MonkeyPatch,
+                                                                  capsys: pytest.CaptureFixture) -> None:
+    from hyperset.checkpoint import atomic_write_json
+
+    monkeypatch.setattr(sys, "argv", ["bench/flops.py"])
+    write = bench_args.input_errors_exit(lambda path: atomic_write_json(path, {}))
+    for path in ("/proc/flops.json", "/sys/flops.json"):
+        with pytest.raises(SystemExit) as stop:
+            write(path)
+        err = capsys.readouterr().err
+        assert stop.value.code == 2 and err.startswith(f"flops.py: error: {path}: ") and err.count("\n") == 1
+
+
+def test_iterations_are_capped() -> None:
+    assert bench_args.iterations("10000") == 10_000
+    for text in ("0", "10001", "x"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            bench_args.iterations(text)

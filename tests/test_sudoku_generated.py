@@ -25,7 +25,8 @@ def test_the_split_by_difficulty_adds_up_and_names_its_command(tmp_path: Path) -
     assert doc["command"].startswith("python bench/sudoku_generated.py --puzzles 12")
 
 
-def test_bad_arguments_stop_before_any_work(capsys: pytest.CaptureFixture) -> None:
+@pytest.mark.parametrize("args", [["--givens", "30", "22"], ["--givens", "17", "20"], ["--givens", "22", "81"]])
+def test_bad_arguments_stop_before_any_work(args: list[str], capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit) as info:
-        sudoku_generated.main(["--givens", "30", "22"])
-    assert info.value.code == 2 and "expected LOW <= HIGH <= 80" in capsys.readouterr().err
+        sudoku_generated.main(args)
+    assert info.value.code == 2 and "expected LOW <= HIGH and 22 <= HIGH <= 80" in capsys.readouterr().err
