@@ -111,6 +111,8 @@ def output_file(text: str) -> Path:
                                          "written beside the JSON, as its name with .png)")
     if path.is_dir():
         raise argparse.ArgumentTypeError(f"{text} is a folder, not a file")
+    if path.exists() and not path.is_file():  # a device or a pipe: the write would replace it
+        raise argparse.ArgumentTypeError(f"{text} is not a regular file")
     _nearest_folder_takes_files(text, path.parents)
     return path
 

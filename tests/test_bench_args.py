@@ -144,6 +144,7 @@ def test_an_output_goes_where_files_can_be_made(tmp_path: Path) -> None:
                              (bench_args.output_file, "/sys/a.json", "no files can be made in /sys"),
                              (bench_args.output_file, str(tmp_path / "a.png"), "not a .png"),
                              (bench_args.output_file, str(tmp_path), "is a folder, not a file"),
+                             (bench_args.output_file, "/dev/null", "is not a regular file"),
                              (bench_args.output_folder, "/proc/figures", "no files can be made in /proc"),
                              (bench_args.output_folder, str(tmp_path / "file"), "file is a file, not a folder"),
                              (bench_args.output_folder, str(tmp_path / "file" / "sub"), "is a file, not a folder")]:
