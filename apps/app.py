@@ -51,7 +51,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from hyperset.config import MAX_ITERS
-from hyperset.solve import DEFAULT_PASSES, DEFAULT_STRATEGY, result_of
+from hyperset.solve import DEFAULT_PASSES, DEFAULT_STRATEGY, json_number, result_of
 from hyperset.strategies import BoardResult
 from hyperset.sudoku.board import Puzzle, PuzzleError, cell_name, conflicts, parse_puzzles, validate
 
@@ -491,11 +491,6 @@ def _float_in(value: Any, low: float, high: float, name: str) -> float:
     return v
 
 
-def _json_number(x: float) -> float | None:
-    """JSON has no NaN or infinity: a diverged value becomes null."""
-    return x if math.isfinite(x) else None
-
-
 def _up_to(trained: int) -> str:
     """The iteration sliders' limit in words: 4x the trained depth, or the cap when that is lower."""
     return f"up to {MAX_ITER_FACTOR}x" if MAX_ITER_FACTOR * trained <= MAX_ITERS else f"up to {MAX_ITERS:,}"
@@ -778,7 +773,7 @@ class HyperSETApp:
             prediction = last.digits if last is not None else puzzle
             check = validate(prediction, puzzle)
             valid, reason = check.valid, check.reason
-            energy = {k: [_json_number(e) for p in passes for e in p.get(k, [])] for k in (passes[0] if passes else {})}
+            energy = {k: [json_number(e) for p in passes for e in p.get(k, [])] for k in (passes[0] if passes else {})}
             pass_lengths = [len(next(iter(p.values()), [])) for p in passes]
             n_iters, n_passes = (last.step if last is not None else 0), len(passes)
         verdict = "solved" if valid else "; ".join([f"not solved: {reason}", *warnings])

@@ -490,15 +490,15 @@ def _built_from_preset(cfg: Any, info: Mapping[str, Any] | None) -> str | None:
 def check_output_paths(paths: Sequence[str | Path]) -> None:
     """Refuse (OSError naming the file) any path that cannot be written: a folder, or a file whose folder is
     missing or not writable. Run on every file of an export before anything is traced or written."""
+    from hyperset.cli import folder_problem
+
     for p in map(Path, paths):
         if p.is_dir():
             raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(p))
-        folder = p.parent
-        if not folder.is_dir():
-            why = f"{folder} is a file, not a folder" if folder.exists() else f"folder {folder} does not exist"
-            raise OSError(errno.ENOENT, why, str(p))
-        if not os.access(folder, os.W_OK):
-            raise PermissionError(errno.EACCES, f"folder {folder} is not writable", str(p))
+        why = folder_problem(p)
+        if why is not None:
+            code = errno.EACCES if p.parent.is_dir() else errno.ENOENT  # not writable, or no folder
+            raise OSError(code, why, str(p))  # PermissionError / FileNotFoundError, by the code
 
 
 def _finish(proto: onnx.ModelProto, meta: Mapping[str, str], doc: str) -> onnx.ModelProto:

@@ -48,16 +48,24 @@ def _iters_option(value: str) -> int | str:
     return n
 
 
+def folder_problem(path: str | os.PathLike) -> str | None:
+    """Why the folder of a file to write cannot take it (missing, a file, not writable; no folder is created for
+    it), or None."""
+    folder = Path(path).parent
+    if not folder.is_dir():
+        return f"{folder} is a file, not a folder" if folder.exists() else f"folder {folder} does not exist"
+    if not os.access(folder, os.W_OK):
+        return f"folder {folder} is not writable"
+    return None
+
+
 def check_output_file(option: str, path: str) -> None:
     """A file an option will write: its folder must exist and be writable (no folder is created for it)."""
     if not str(path).strip():
         raise click.UsageError(f"{option}: an empty path")
-    folder = Path(path).parent
-    if not folder.is_dir():
-        why = f"{folder} is a file, not a folder" if folder.exists() else f"folder {folder} does not exist"
+    why = folder_problem(path)
+    if why is not None:
         raise click.UsageError(f"{option}: cannot write {path}: {why}")
-    if not os.access(folder, os.W_OK):
-        raise click.UsageError(f"{option}: cannot write {path}: folder {folder} is not writable")
 
 
 def _check_options(backend: str, onnx_model: str | None, plot: str | None, checkpoint: str | None = None) -> None:

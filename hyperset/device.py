@@ -48,6 +48,14 @@ def describe(device: torch.device) -> str:
     return str(device)
 
 
+DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.float64: "fp64"}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """The short name reports use for a floating dtype ("fp32", "bf16", "fp16", "fp64")."""
+    return DTYPE_NAMES.get(dtype, str(dtype).removeprefix("torch."))
+
+
 def autocast_dtype(device: torch.device) -> torch.dtype | None:
     """Mixed precision: bf16 on CUDA with bf16 support (else fp16), bf16 on CPUs with native support."""
     if device.type == "cuda":

@@ -33,7 +33,7 @@ from .strategies import STRATEGIES, BoardResult, SolveFrame, commit_cells, singl
 from .sudoku.board import Puzzle, PuzzleError, parse_puzzles, validate
 
 __all__ = ["DEFAULT_PASSES", "DEFAULT_STRATEGY", "STRATEGIES", "SolveResult", "SolveSummary", "Solver",
-           "commit_cells", "result_of", "summarize", "timed_solve"]
+           "commit_cells", "json_number", "result_of", "summarize", "timed_solve"]
 DEFAULT_STRATEGY = "commit"  # measured in bench/sudoku_eval.py (README, "Sudoku results")
 DEFAULT_PASSES = 16  # most passes of the commit strategy
 # Boards per forward pass. Boards leave the batch as soon as they are valid, so a batch shrinks as it runs and the
@@ -70,15 +70,15 @@ class SolveResult:
         out = {"puzzle": self.puzzle, "prediction": self.prediction, "valid": self.valid, "reason": self.reason,
                "conflicting_cells": self.conflicting_cells, "iterations": self.iterations, "passes": self.passes,
                "pass_lengths": self.pass_lengths or [self.iterations],
-               "confidence": _finite(round(self.confidence, 6)),
-               "energy": {k: [_finite(e) for e in v] for k, v in self.energy.items()},
+               "confidence": json_number(round(self.confidence, 6)),
+               "energy": {k: [json_number(e) for e in v] for k, v in self.energy.items()},
                "warnings": list(self.warnings)}
         if self.solution is not None:
             out["solution"], out["correct"] = self.solution, self.correct
         return out
 
 
-def _finite(x: float) -> float | None:
+def json_number(x: float) -> float | None:
     """JSON has no NaN or infinity: a diverged value becomes null."""
     return x if math.isfinite(x) else None
 

@@ -30,11 +30,10 @@ from hyperset.cli_options import (
     write_json_out,
 )
 from hyperset.config import MAX_ITERS
-from hyperset.device import autocast_dtype, describe, pick_device, set_cpu_threads
+from hyperset.device import autocast_dtype, describe, dtype_name, pick_device, set_cpu_threads
 
 from .classify_task import ClassifyData, ImageSplit, dataset_classes, load_split, sample, top1
 
-DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 TRAIN_HINT = ("train one with `hyperset-train classify --recipe cifar10-cpu --data DIR --out runs/cifar10-cpu` "
               "and pass runs/cifar10-cpu/best as CHECKPOINT")
 
@@ -107,7 +106,7 @@ def run_eval(checkpoint: str | None, data_dir: str, split: str, iters: Sequence[
                         f"{labels_max}; pass the dataset it was trained on")
     dtype = autocast_dtype(device) if precision == "auto" else None
     autocast = (lambda: torch.autocast(device.type, dtype=dtype)) if dtype is not None else contextlib.nullcontext
-    used = "fp32" if dtype is None else f"{DTYPE_NAMES.get(dtype, str(dtype))} autocast"
+    used = "fp32" if dtype is None else f"{dtype_name(dtype)} autocast"
     depths = list(dict.fromkeys(iters or [model.cfg.iters]))
     start = time.time()
     accuracy, images = top1(model, split_data, depths, device, autocast, batch_size, progress=True)

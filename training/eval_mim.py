@@ -43,7 +43,7 @@ from hyperset.cli_options import (
     write_json_out,
 )
 from hyperset.config import MAX_ITERS
-from hyperset.device import describe, pick_device, set_cpu_threads
+from hyperset.device import describe, dtype_name, pick_device, set_cpu_threads
 from hyperset.vision.maskgit import mask_by_ratio
 from hyperset.vision.metrics import compute_fid, compute_lpips, mean_score, ms_ssim, ms_ssim_config, psnr, ssim
 from hyperset.vision.reconstruct import (
@@ -142,9 +142,8 @@ def evaluate_reconstruction(
 
 def precision_of(*modules: torch.nn.Module) -> str:
     """The floating-point types the modules' weights run in ("fp32"; no autocast is used here)."""
-    names = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.float64: "fp64"}
     found = {p.dtype for m in modules for p in m.parameters() if p.is_floating_point()}
-    return " + ".join(sorted(names.get(d, str(d)) for d in found)) or "fp32"
+    return " + ".join(sorted(dtype_name(d) for d in found)) or "fp32"
 
 
 def _fmt(value: float | None, digits: int = 3) -> str:

@@ -180,28 +180,28 @@ def solve(givens: Board) -> str | None:
     return _to_text(found[0]) if found else None
 
 
-def count_solutions(givens: Board, limit: int = 2) -> int:
-    """Number of solutions of ``givens``, counting stops at ``limit`` (``limit=2`` tests uniqueness)."""
+def _count(givens: Board, limit: int, nodes: int | None) -> int:
+    """Solutions of ``givens`` up to ``limit``; _OutOfNodes after ``nodes`` search nodes (None: no bound)."""
     if limit < 1:
         raise ValueError(f"limit must be at least 1, got {limit}")
     cands, queue = _initial(to_string(givens))
     found: list[list[int]] = []
-    _search(cands, queue, limit, found)
+    _search(cands, queue, limit, found, nodes=None if nodes is None else [nodes])
     return len(found)
+
+
+def count_solutions(givens: Board, limit: int = 2) -> int:
+    """Number of solutions of ``givens``, counting stops at ``limit`` (``limit=2`` tests uniqueness)."""
+    return _count(givens, limit, None)
 
 
 def count_solutions_within(givens: Board, limit: int = 2, nodes: int = 2000) -> int | None:
     """`count_solutions` with at most ``nodes`` search nodes (each one constraint propagation): None when that was
     not enough to tell. The parser's check of every puzzle uses it, so that no puzzle holds it for long."""
-    if limit < 1:
-        raise ValueError(f"limit must be at least 1, got {limit}")
-    cands, queue = _initial(to_string(givens))
-    found: list[list[int]] = []
     try:
-        _search(cands, queue, limit, found, nodes=[nodes])
+        return _count(givens, limit, nodes)
     except _OutOfNodes:
         return None
-    return len(found)
 
 
 def propagate_singles(givens: Board) -> str:
