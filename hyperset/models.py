@@ -68,6 +68,8 @@ class TokenStem(nn.Module):
         self.drop = nn.Dropout(cfg.emb_dropout)
 
     def forward(self, tokens: Tensor) -> Tensor:
+        if tokens.dtype != torch.long:  # any integer ids (the board helpers give uint8), as the embedding wants
+            tokens = tokens.long()
         x = self.tok(tokens) + self.pos
         if self.cfg.pos == "grid":
             r, c, b = self.cell_index
@@ -186,11 +188,14 @@ class HyperSETModel(nn.Module):
                                  f"{tuple(inputs.shape)}")
             return
         if inputs.is_floating_point() or inputs.is_complex() or inputs.dtype == torch.bool:
-            raise TypeError(f"inputs: expected integer token ids (torch.long), got {inputs.dtype}")
+            raise TypeError(f"inputs: expected integer token ids (torch.long or another integer dtype), got "
+                            f"{inputs.dtype}")
         if inputs.dim() != 2 or inputs.shape[1] != cfg.seq_len or len(inputs) == 0:
             raise ValueError(f"inputs: expected shape (batch >= 1, {cfg.seq_len}), got {tuple(inputs.shape)}"
                              + (" (a board is 81 cells in one row: reshape(-1, 81))" if cfg.task == "sudoku" else ""))
         if self.training:  # a training batch: from the checked data pipeline, and reading values back would sync
+            return
+        if torch._C._are_functorch_transforms_active():  # under vmap the values cannot be read back
             return
         lo, hi = (int(v) for v in torch.aminmax(inputs))
         if lo < 0 or hi >= cfg.vocab_size:
@@ -198,6 +203,18 @@ class HyperSETModel(nn.Module):
 
     def run(self, inputs: Tensor, iters: int | None = None, trace: bool = False, geometry: bool = False,
             all_logits: bool = False, skip: int = 0, detach_every: int = 0) -> ModelOutput:
+        """The forward pass with what it can record: a :class:`ModelOutput` with the logits after the last
+        iteration, and optionally the trace and every iteration's logits.
+
+        inputs: token ids (B, seq_len) for Sudoku (0 = blank, 1-9 the digits) and MIM, float images (B, C, H, W)
+        for classification (`check_inputs`). iters: the number of iterations, per layer (the config's ``iters`` when
+        None; any whole number 0-10,000, past the trained depth too; 0 reads out the stem). trace: record the energies
+        E_ATTN and E_FF after every iteration (``out.trace.energy`` / ``out.trace.stacked()``); geometry: also
+        the effective rank and average angle of the heads (eqs. 17-18). all_logits: keep every iteration's
+        logits (``out.all_logits``, a list of T tensors). skip, detach_every: the depth-training options of
+        ``RecurrentCore.iterate`` (`skip` iterations run first without gradient and are not recorded;
+        `detach_every` = k cuts the graph every k iterations). Gradients flow as usual unless called under
+        ``torch.no_grad()``."""
         self.check_inputs(inputs)
         out = self.core.run(self.stem(inputs), iters, trace=trace, geometry=geometry, keep_states=all_logits,
                             skip=skip, detach_every=detach_every)
@@ -224,15 +241,20 @@ class HyperSETModel(nn.Module):
 
     def forward(self, inputs: Tensor, iters: int | None = None, all_logits: bool = False, skip: int = 0,
                 detach_every: int = 0) -> Tensor:
-        """Logits after `iters` iterations; with all_logits, the logits of every iteration stacked: (T, B, ...).
+        """Logits of `inputs` (as `run` takes them) after `iters` iterations; with all_logits, the logits of every
+        iteration stacked: (T, B, ...).
 
         `skip` and `detach_every` are the core's depth-training options (RecurrentCore.iterate): with them the
         logits are those of iterations skip+1 .. skip+iters.
         """
         out = self.run(inputs, iters, all_logits=all_logits, skip=skip, detach_every=detach_every)
-        return torch.stack(out.all_logits) if all_logits else out.logits
+        if not all_logits:
+            return out.logits
+        # iters=0: no iteration, so (0, B, ...)
+        return torch.stack(out.all_logits) if out.all_logits else out.logits.new_empty((0, *out.logits.shape))
 
     def num_parameters(self) -> int:
+        """The number of parameters (the counts docs/model.md compares with the paper's)."""
         return sum(p.numel() for p in self.parameters())
 
     @classmethod

@@ -5,8 +5,9 @@
     model.save_pretrained("my-sudoku")                      # model.safetensors + config.json
     same = hyperset.HyperSETModel.from_pretrained("my-sudoku")
 
-A name is one of `PRETRAINED`; anything else is a checkpoint folder, or (where huggingface_hub is installed and
-there is a network) a Hugging Face Hub repository id such as "owner/name" holding the same two files.
+A name is one of `PRETRAINED` (unless a checkpoint folder of that name, one holding config.json, is in the working
+directory); anything else is a checkpoint folder, or (where huggingface_hub is installed and there is a network) a
+Hugging Face Hub repository id such as "owner/name" holding the same two files.
 """
 
 from __future__ import annotations
@@ -44,10 +45,12 @@ def resolve(name_or_path: str | os.PathLike) -> Path:
     """A checkpoint folder from a shipped model's name, a local path, or a Hub repository id (downloaded)."""
     text = str(name_or_path)
     path = Path(text)
+    # a shipped name is the shipped model unless a checkpoint folder of that name is here (a data folder named
+    # "sudoku" in the working directory does not hide it)
+    if text in PRETRAINED and not (path / "config.json").is_file():
+        return pretrained_dir(text)
     if path.exists():
         return path
-    if text in PRETRAINED:
-        return pretrained_dir(text)
     # "owner/name" is a Hub id unless its first part is a local folder: then it names a folder that is missing
     if text.count("/") == 1 and not text.startswith((".", "/", "~")) and not Path(text.split("/")[0]).is_dir():
         return _from_hub(text)

@@ -21,7 +21,8 @@ def sudoku() -> hyperset.HyperSETModel:
 
 
 @pytest.mark.parametrize("make, error, message", [
-    (lambda b: b.float(), TypeError, r"inputs: expected integer token ids \(torch.long\), got torch.float32"),
+    (lambda b: b.float(), TypeError,
+     r"inputs: expected integer token ids \(torch.long or another integer dtype\), got torch.float32"),
     (lambda b: b.bool(), TypeError, "got torch.bool"),
     (lambda b: b[:, :80], ValueError, r"inputs: expected shape \(batch >= 1, 81\), got \(1, 80\)"),
     (lambda b: b.view(1, 9, 9), ValueError, r"got \(1, 9, 9\) \(a board is 81 cells in one row"),
@@ -54,6 +55,44 @@ def test_model_iterations_are_whole_numbers_in_range(sudoku, iters, error, messa
         logits = [sudoku(boards, iters=n) for n in (3, np.int64(3), torch.tensor(3))]
         assert torch.equal(logits[0], logits[1]) and torch.equal(logits[0], logits[2])
         assert torch.equal(sudoku(boards, iters=0), sudoku.readout(sudoku.stem(boards)))
+        assert sudoku(boards, iters=0, all_logits=True).shape == (0, 1, 81, 9)  # every iteration's: none
+        assert sudoku(boards, iters=2, all_logits=True).shape == (2, 1, 81, 9)
+
+
+def test_token_ids_of_any_integer_dtype_are_read_as_long(sudoku) -> None:
+    # the board helpers (to_array, load_csv) give uint8 boards; the embedding wants int64
+    from hyperset.sudoku.board import parse_puzzles, to_array
+    board = torch.from_numpy(to_array(parse_puzzles(EASY)[0].givens))[None]
+    assert board.dtype == torch.uint8
+    with torch.no_grad():
+        for dtype in (torch.uint8, torch.int16, torch.int32):
+            torch.testing.assert_close(sudoku(board.to(dtype)), sudoku(board.long()), rtol=0, atol=0)
+            torch.testing.assert_close(sudoku.run(board.to(dtype)).logits, sudoku(board.long()), rtol=0, atol=0)
+
+
+def test_models_under_vmap_over_boards_and_over_stacked_parameters() -> None:
+    # the input value check and the step sizes' weight check read tensors back, which vmap cannot
+    import copy
+
+    from torch.func import functional_call, stack_module_state, vmap
+    models = [hyperset.create_model("sudoku-cpu", dim=16, heads=2, ff_hidden=32, time_dim=8, iters=2).eval()
+              for _ in range(2)]
+    x = torch.randint(0, 10, (3, 81))
+    with torch.no_grad():
+        torch.testing.assert_close(vmap(lambda b: models[0](b[None])[0])(x), models[0](x))
+        params, buffers = stack_module_state(models)
+        base = copy.deepcopy(models[0]).to("meta")
+        out = vmap(lambda p, b: functional_call(base, (p, b), (x,)))(params, buffers)
+        torch.testing.assert_close(out, torch.stack([m(x) for m in models]))
+
+
+def test_the_entry_points_say_what_they_take() -> None:
+    import inspect
+    for method in (hyperset.HyperSETModel.run, hyperset.HyperSETModel.frames, hyperset.HyperSETModel.forward):
+        doc = inspect.getdoc(method) or ""
+        for name in inspect.signature(method).parameters:
+            if name != "self":
+                assert name in doc, (method.__name__, name)
 
 
 def test_a_classifier_takes_float_images_of_its_size() -> None:

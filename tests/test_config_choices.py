@@ -50,6 +50,19 @@ def test_token_positions_that_cannot_fit_the_sequence_are_config_errors():
         ModelConfig(**{**_base("sudoku"), "pos": "sincos2d", "seq_len": 80})
 
 
+@pytest.mark.parametrize("preset, overrides, message", [
+    ("mim-cpu", dict(dim=18, heads=2, time_dim=18), "sincos2d' needs dim divisible by 4"),
+    ("sudoku-cpu", dict(dim=18, heads=3, pos="sincos2d"), "sincos2d' needs dim divisible by 4"),
+    ("cifar10-cpu", dict(dim=15, heads=3), "sincos1d' needs an even dim"),
+])
+def test_fixed_position_codes_that_cannot_fill_the_width_are_config_errors(preset, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        hyperset.create_model(preset, **overrides)
+    for dim in (16, 20):  # widths they fill build and run
+        model = hyperset.create_model(preset, **{**overrides, "dim": dim, "heads": 2, "time_dim": dim})
+        assert model.stem.pos.shape[-1] == dim
+
+
 def test_every_accepted_stem_and_head_norm_means_what_it_says():
     import torch.nn as nn
 

@@ -124,3 +124,12 @@ def test_the_shipped_tokenizer_is_named_with_its_own_loader() -> None:
     from hyperset.vision.reconstruct import load_tokenizer
 
     assert load_tokenizer(pretrained_dir("mim-tokenizer")) is not None
+
+
+def test_a_shipped_name_is_not_hidden_by_a_folder_of_that_name_that_is_no_checkpoint(tmp_path, monkeypatch):
+    (tmp_path / "sudoku").mkdir()  # say, the data folder of the docs' commands
+    monkeypatch.chdir(tmp_path)
+    assert hyperset.load_pretrained("sudoku").cfg.task == "sudoku"
+    mine = hyperset.create_model("sudoku-cpu", dim=16, heads=2, ff_hidden=16, time_dim=16, iters=2)
+    mine.save_pretrained(tmp_path / "sudoku")  # a checkpoint folder of that name is the user's
+    assert hyperset.load_pretrained("sudoku").cfg.dim == 16

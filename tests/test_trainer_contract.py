@@ -200,3 +200,36 @@ def test_an_evaluation_that_fails_keeps_the_steps_trained_before_it_and_resume_g
         Trainer(bad, final, tmp_path / "end", device="cpu", quiet=True).fit()
     done = Trainer(task(), final, tmp_path / "end", device="cpu", quiet=True, resume=True).fit()
     assert done["finished"] and done["best"] is not None and (tmp_path / "end" / "best").is_dir()
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA"))])
+def test_a_resumed_run_with_dropout_equals_an_unbroken_one_on_each_device(tmp_path: Path, device: str):
+    # dropout on a GPU draws from the device's generator, which last/ must hold beside the CPU's
+    import gzip
+
+    from hyperset.checkpoint import load_checkpoint
+    from hyperset.config import preset_config
+    from hyperset.sudoku.exact import generate
+    from hyperset.training.sudoku_task import SudokuData, SudokuTask
+
+    rows = [f"{p},{s}\n" for p, s in generate(120, 30, 36, seed=1)]
+    with gzip.open(tmp_path / "train.csv.gz", "wt") as f:
+        f.writelines(rows[:90])
+    (tmp_path / "valid.csv").write_text("".join(rows[90:]))
+
+    def task() -> SudokuTask:
+        model = preset_config("sudoku", dim=32, heads=2, ff_hidden=64, time_dim=16, iters=2, emb_dropout=0.1)
+        return SudokuTask(model=model, data=SudokuData(data_dir=str(tmp_path), n_train=0, n_val=15, n_select=15))
+
+    def cfg(steps: int) -> TrainConfig:
+        return TrainConfig(steps=steps, batch_size=8, lr=1e-3, schedule="constant", amp="off", eval_every=1000,
+                           log_every=1, save_every_seconds=1e9)
+
+    Trainer(task(), cfg(20), tmp_path / "a", device=device, quiet=True).fit()
+    Trainer(task(), cfg(8), tmp_path / "b", device=device, quiet=True).fit()
+    Trainer(task(), cfg(20), tmp_path / "b", device=device, resume=True, quiet=True).fit()
+    a, _ = load_checkpoint(tmp_path / "a" / "last")
+    b, _ = load_checkpoint(tmp_path / "b" / "last")
+    for (k, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
+        assert torch.equal(x, y), k

@@ -127,6 +127,9 @@ def save_training_state(directory: Path, model: torch.nn.Module, opt: torch.opti
         (save_model or save_checkpoint)(folder, model, info)
         opt_t, opt_plain = optimizer_tensors(opt)
         opt_t["rng.torch"] = torch.get_rng_state()
+        device = next(model.parameters()).device
+        if device.type == "cuda":  # dropout on a GPU draws from the device's generator
+            opt_t["rng.cuda"] = torch.cuda.get_rng_state(device)
         save_tensors(folder / "optimizer.safetensors", opt_t)
         atomic_write_json(folder / "trainer.json", {**progress, "optimizer": opt_plain})
 
@@ -253,16 +256,23 @@ def load_training_state(directory: Path, model: torch.nn.Module, opt: torch.opti
     load_weights_into(model, directory, "model weights")
     opt_t = load_tensors(directory / "optimizer.safetensors", "optimizer state")
     rng = opt_t.pop("rng.torch", None)
+    rng_cuda = opt_t.pop("rng.cuda", None)
     device = next(model.parameters()).device
     try:
         load_optimizer(opt, {k: v.to(device) for k, v in opt_t.items()}, progress.pop("optimizer"))
     except (KeyError, TypeError, ValueError) as e:
         raise CheckpointError(f"{directory}: the optimizer state does not fit this run's optimizer ({e})") from None
-    if rng is not None:
-        expected = torch.get_rng_state()
-        if rng.dtype != expected.dtype or rng.shape != expected.shape:
-            raise CheckpointError(f"{directory / 'optimizer.safetensors'}: rng.torch is "
-                                  f"{str(rng.dtype).removeprefix('torch.')} {tuple(rng.shape)}, a random state is "
+    states = [("rng.torch", rng, torch.get_rng_state, torch.set_rng_state)]
+    if rng_cuda is not None and device.type == "cuda":  # a run saved on a GPU and resumed on one
+        states.append(("rng.cuda", rng_cuda, lambda: torch.cuda.get_rng_state(device),
+                       lambda state: torch.cuda.set_rng_state(state, device)))
+    for name, state, get, put in states:
+        if state is None:
+            continue
+        expected = get()
+        if state.dtype != expected.dtype or state.shape != expected.shape:
+            raise CheckpointError(f"{directory / 'optimizer.safetensors'}: {name} is "
+                                  f"{str(state.dtype).removeprefix('torch.')} {tuple(state.shape)}, a random state is "
                                   f"{str(expected.dtype).removeprefix('torch.')} {tuple(expected.shape)}")
-        torch.set_rng_state(rng)
+        put(state)
     return progress
