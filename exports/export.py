@@ -19,15 +19,16 @@ Graphs (all self-contained single files, dynamic batch, opset 17 by default):
 ``RecurrentCore.run(trace=True)`` records them. Layers without an energy (Transformer, CRATE, CRATE-T) output
 zeros; their metadata says ``energies = ""`` (the ET layer exports its closed-form gradient and its energies).
 
-Exporter choice: the legacy TorchScript exporter (``dynamo=False``) at opset 17. The model's RMSNorm is
-written out by hand, so nothing needs opset 23; the legacy exporter exports 5-25x faster than dynamo (which
-matters for unrolled graphs, whose export time grows with ``iters``), writes no per-node stack traces (the
-dynamo files are 2-3x larger unless those are cleared) and never splits weights into a ``.data`` file.
-Its graphs match PyTorch to ~1e-6 (see ``ecosystem-notes.md``). It is deprecated upstream and prints a
-``DeprecationWarning`` that we silence. Constant folding is off: with it on, the exporter writes a transposed
-copy of W and D (and, with depth-wise LoRA, one folded W_t per unrolled iteration) into the file; ONNX Runtime
-folds these itself when it loads the model. Traced graphs also lose every ``Mul`` by a scalar constant 1
-(see ``_drop_unit_scalar_muls``: an ONNX Runtime 1.31 optimizer bug otherwise breaks untrained ET models).
+Exporter choice: the legacy TorchScript exporter (``dynamo=False``) at opset 17. The model's RMSNorm is written out
+by hand, so nothing needs opset 23; the legacy exporter exports 5-25x faster than dynamo (which matters for
+unrolled graphs, whose export time grows with ``iters``), writes no per-node stack traces (the dynamo files are
+2-3x larger unless those are cleared) and never splits weights into a ``.data`` file. Its graphs match PyTorch
+within docs/onnx.md's parity rule (logits within 1e-4, or 4x torch fp32's own rounding error over many iterations).
+It is deprecated upstream and prints a ``DeprecationWarning`` that we silence. Constant folding is off: with it on,
+the exporter writes a transposed copy of W and D (and, with depth-wise LoRA, one folded W_t per unrolled iteration)
+into the file; ONNX Runtime folds these itself when it loads the model. Traced graphs also lose every ``Mul`` by a
+scalar constant 1 (see ``_drop_unit_scalar_muls``: an ONNX Runtime 1.31 optimizer bug otherwise breaks untrained ET
+models).
 """
 
 from __future__ import annotations
@@ -400,11 +401,15 @@ def _metadata(model: HyperSETModel, kind: str, opset: int, info: Mapping[str, An
     preset = _built_from_preset(cfg, info)
     if preset:
         meta["preset"] = preset
+    if "solve_iterations" in (info or {}):  # the depth per pass the solver runs this model at by default
+        meta["solve_iterations"] = str(hyperset.checkpoint.solve_iterations(cfg, dict(info or {})))
     contract = _input_contract(cfg, info)
     if graph_inputs is not None:
         if meta["input"] not in [vi.name for vi in graph_inputs]:  # the model input's details do not apply
             contract = {}
         contract.update(_graph_input_contract(graph_inputs, cfg, info))
+    if kind in ("unrolled", "loop", "head"):
+        contract["output_format"] = _output_contract(model, energies=kind != "head")
     meta.update(contract)
     meta.update({k: str(v) for k, v in extra.items()})
     return meta
@@ -432,6 +437,25 @@ def _graph_input_contract(graph_inputs: Sequence[onnx.ValueInfoProto], cfg: Any,
         meaning = SIDE_INPUT_MEANINGS.get(vi.name)
         parts.append(f"{vi.name}: {dtype} {shape}" + (f", {meaning}" if meaning else ""))
     return {"input": ",".join(vi.name for vi in graph_inputs), "input_format": "; ".join(parts)}
+
+
+def _output_contract(model: HyperSETModel, energies: bool) -> str:
+    """What the graph's outputs hold, for whoever reads them without this package."""
+    cfg = model.cfg
+    if cfg.task == "sudoku":
+        logits = (f"logits: float32 [batch, {cfg.seq_len}, {cfg.num_classes}] per cell, the predicted digit is "
+                  "argmax + 1 (keep the givens)")
+    elif cfg.task == "mim":
+        logits = (f"logits: float32 [batch, {cfg.seq_len}, {cfg.num_classes}] per position, the predicted code is "
+                  "argmax")
+    else:
+        logits = f"logits: float32 [batch, {cfg.num_classes}], the predicted class is argmax"
+    if not energies:
+        return logits
+    if not energy_names(model):
+        return logits + "; energy_attn, energy_ff: zeros (this layer has no energy)"
+    return logits + ("; energy_attn, energy_ff: float32 [iterations, batch], the attention and feedforward energies "
+                     "after every iteration")
 
 
 def _input_contract(cfg: Any, info: Mapping[str, Any] | None) -> dict[str, str]:
@@ -717,7 +741,17 @@ def loop_proto(model: HyperSETModel, default_iters: int | None = None, opset: in
     if len(steps) != cfg.n_layers:
         raise ValueError(f"expected {cfg.n_layers} step graphs, got {len(steps)}")
 
-    sg = _prefix_flat(stem.graph, "stem/", {name: name, "x0": "x0"})
+    params = {"model." + k for k in model.state_dict()}  # the traced wrappers hold the model as `self.model`
+
+    def shared(g: onnx.GraphProto) -> dict[str, str]:
+        """A weight keeps its state-dict name in every part, so the file holds one copy of it."""
+        return {i.name: i.name for i in g.initializer if i.name in params}
+
+    def add_inits(new: Sequence[onnx.TensorProto]) -> None:
+        have = {i.name for i in inits}
+        inits.extend(i for i in new if i.name not in have)
+
+    sg = _prefix_flat(stem.graph, "stem/", {name: name, "x0": "x0", **shared(stem.graph)})
     nodes = list(sg.node)
     inits = list(sg.initializer)
     made, body_inputs, body_outputs = _loop_io(model)
@@ -725,9 +759,10 @@ def loop_proto(model: HyperSETModel, default_iters: int | None = None, opset: in
     if made:  # step sizes made once and/or carried projections: a prologue before the Loop, its own body
         states = ["x"] + (["zh"] if "zh" in made else [])
         consts = [n for n in body_inputs if n not in (*states, "t")]
-        pg = _prefix_flat(prologue_proto(model, opset).graph, "prologue/", {n: n for n in ("x0", *made)})
+        prologue = prologue_proto(model, opset).graph
+        pg = _prefix_flat(prologue, "prologue/", {**{n: n for n in ("x0", *made)}, **shared(prologue)})
         nodes.extend(pg.node)
-        inits.extend(pg.initializer)
+        add_inits(pg.initializer)
         steps = [body_proto(model, k, opset) for k in range(cfg.n_layers)]
     x_name = "x0"
     energies: dict[str, list[str]] = {"energy_attn": [], "energy_ff": []}
@@ -738,7 +773,7 @@ def loop_proto(model: HyperSETModel, default_iters: int | None = None, opset: in
         flat = onnx.ModelProto()
         flat.CopyFrom(step)
         io_names = {n: n for n in (*STEP_INPUTS, *STEP_OUTPUTS, *body_inputs, *body_outputs)}
-        flat.graph.CopyFrom(_prefix_flat(step.graph, p + "w/", io_names))
+        flat.graph.CopyFrom(_prefix_flat(step.graph, p + "w/", {**io_names, **shared(step.graph)}))
         out_names = {"x_next": p + "x_out", "zh_next": p + "zh_out"}
         for e in energies:
             out_names[e] = e if single else p + e
@@ -749,7 +784,7 @@ def loop_proto(model: HyperSETModel, default_iters: int | None = None, opset: in
             if node.op_type == "Loop":
                 node.input[:] = [x_name if n == "x" else n for n in node.input]
             nodes.append(node)
-        inits.extend(lp.graph.initializer)
+        add_inits(lp.graph.initializer)
         for vi in lp.graph.output:
             loop_outputs[vi.name] = vi
         x_name = p + "x_out"
@@ -757,9 +792,9 @@ def loop_proto(model: HyperSETModel, default_iters: int | None = None, opset: in
             energies[e].append(out_names[e])
 
     outputs = []
-    hg = _prefix_flat(head.graph, "head/", {"x": x_name, "logits": "logits"})
+    hg = _prefix_flat(head.graph, "head/", {"x": x_name, "logits": "logits", **shared(head.graph)})
     nodes.extend(hg.node)
-    inits.extend(hg.initializer)
+    add_inits(hg.initializer)
     outputs.append(next(vi for vi in hg.output if vi.name == "logits"))
     for e, parts in energies.items():
         if len(parts) == 1:

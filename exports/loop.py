@@ -1,10 +1,9 @@
 """Wrap a single-step ONNX graph in an ONNX ``Loop`` with a runtime trip count.
 
-This is recipe "D" of the ecosystem notes: export ONE step of a weight-shared iteration with either torch
-exporter, then build by hand a graph whose only compute node is ``Loop(iters, true, *state)``. The body is the
-step graph (its values renamed with a prefix); the weights stay initializers of the outer graph and the body
-reads them from the outer scope, as it reads the constant inputs (e.g. ``x0``). No maximum iteration count is
-baked into the graph.
+Export ONE step of a weight-shared iteration with either torch exporter, then build by hand a graph whose only
+compute node is ``Loop(iters, true, *state)``. The body is the step graph (its values renamed with a prefix); the
+weights stay initializers of the outer graph and the body reads them from the outer scope, as it reads the constant
+inputs (e.g. ``x0``). No maximum iteration count is baked into the graph.
 
 Resulting model::
 

@@ -360,9 +360,12 @@ def _graph_opt_level(level: str) -> Any:
         "layout": "ORT_ENABLE_LAYOUT",
         "all": "ORT_ENABLE_ALL",
     }
-    if level not in table or not hasattr(levels, table[level]):
+    if level not in table:
         choices = ", ".join(GRAPH_OPT_LEVELS)
         raise ValueError(f"graph_optimization_level must be one of {choices}, got {level!r}")
+    if not hasattr(levels, table[level]):
+        raise ValueError(f"graph_optimization_level {level!r} needs a newer onnxruntime than {_ort().__version__} "
+                         f"(it has no GraphOptimizationLevel.{table[level]})")
     return getattr(levels, table[level])
 
 

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from hyperset.backends import BackendStep
+from hyperset.config import MAX_ITERS
 
 from .runtime import OnnxModelError, OrtSession, ProviderError, expect_task
 
@@ -183,6 +184,11 @@ class OnnxSolverBackend:
         import onnxruntime
 
         self.name = f"onnxruntime ({session.provider})"
+        # why "auto" runs on the CPU although this onnxruntime has a CUDA provider (onnxruntime-gpu without its
+        # CUDA/cuDNN libraries, or no driver): the commands print it, once
+        self.note = session.reason if (session.requested == "auto" and session.device == "cpu"
+                                       and "CUDAExecutionProvider" in onnxruntime.get_available_providers()
+                                       and "NVIDIA driver)" not in session.reason) else None  # a GPU machine
         self.device = session.device  # "cpu" or "cuda": the solver sizes its batches by it
         self.rows = 0  # boards per ONNX Runtime call on a CPU (see `by_rows`); 0: the whole batch
         if session.device == "cpu" and self.metadata.get("config"):
@@ -245,6 +251,8 @@ class OnnxSolverBackend:
             raise ValueError(f"reading the prediction after every iteration (iterations 'auto', the app's frames) "
                              f"needs the step graphs next to {self.path.name} (hyperset-export --loop writes them); "
                              "without them it runs on the torch backend only")
+        if int(iters) > MAX_ITERS:  # the torch path's limit (RecurrentCore.run); a Loop graph itself has none
+            raise ValueError(f"iters = {iters}: at most {MAX_ITERS:,} iterations per layer")
         if not per_iteration and self.unrolled is not None and int(iters) != self.unrolled:
             raise ValueError(f"{self.path.name} is unrolled for {self.unrolled} iterations and cannot run {iters}; "
                              f"use {self.unrolled} iterations or export a Loop graph (hyperset-export --loop)")
@@ -285,8 +293,8 @@ class OnnxSolverBackend:
 
     def __call__(self, boards: torch.Tensor, iters: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         iters = int(iters)
-        if iters < 0:
-            raise ValueError(f"iterations must be >= 0, got {iters}")
+        if not 0 <= iters <= MAX_ITERS:
+            raise ValueError(f"iters = {iters}: must be between 0 and {MAX_ITERS:,} iterations per layer")
         feeds: dict[str, Any] = {self.input: boards.detach().cpu().numpy().astype(np.int64, copy=False)}
         if self.graph == "loop":
             feeds["iters"] = np.asarray(iters, dtype=np.int64)

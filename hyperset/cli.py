@@ -277,6 +277,8 @@ def _solve(files: tuple[str, ...], iters: str | None, strategy: str, passes: int
                              "to plot (--trace and the JSON report none either)")
         if backend != "torch":
             solver = solver.with_backend(make_backend(backend, solver, onnx_model, device, n_threads))
+            if getattr(solver.engine, "note", None):
+                click.echo(f"note: {solver.engine.note}", err=True)
         solver.check_iters(n_iters)
     except click.UsageError as e:
         _fail(e.message)

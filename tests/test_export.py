@@ -15,6 +15,7 @@ import onnx
 import pytest
 import torch
 from click.testing import CliRunner
+from onnx import numpy_helper
 
 from hyperset.checkpoint import load_checkpoint, save_checkpoint
 from hyperset.config import ModelConfig
@@ -423,6 +424,32 @@ def test_graph_builders_trace_a_cpu_copy_of_a_model_whose_weights_are_elsewhere(
         assert elsewhere[kind].graph == here[kind].graph, kind
 
 
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_a_loop_graph_stores_each_weight_once(exported: dict, name: str) -> None:
+    """The stem, the prologue, every layer's body and the head used to keep their own copy of the weights they share
+    (the shipped Sudoku graph held its projection twice, a two-layer model its step-size network per layer)."""
+    import hashlib
+
+    graph = onnx.load(exported[name]["loop"].path).graph
+    tensors = list(graph.initializer) + [t for node in graph.node if node.op_type == "Loop"
+                                         for a in node.attribute if a.name == "body" for t in a.g.initializer]
+    contents = [hashlib.sha256(numpy_helper.to_array(t).tobytes() + str(tuple(t.dims)).encode()).hexdigest()
+                for t in tensors if np.prod(t.dims) >= 64]  # the model's weights (all perturbed: none alike by chance)
+    assert contents and len(contents) == len(set(contents))
+
+
+def test_the_onnx_backend_keeps_the_iteration_limit(exported: dict) -> None:
+    from hyperset.config import MAX_ITERS
+    from hyperset.exports.solver_backend import create_backend
+
+    entry = exported["sudoku"]
+    backend = create_backend(entry["model"], path=entry["loop"].path, device="cpu", threads=1)
+    for call in (lambda: backend.check(MAX_ITERS + 1, False),
+                 lambda: backend.run(torch.zeros(1, 81, dtype=torch.long), MAX_ITERS + 1)):
+        with pytest.raises(ValueError, match="10,000"):
+            call()
+
+
 @pytest.mark.parametrize("n_layers", [1, 2, 3])
 def test_untrained_energy_transformers_load_in_onnx_runtime(tmp_path: Path, n_layers: int) -> None:
     """An untrained ET's scalar norm gain is exactly 1; ONNX Runtime 1.31's optimizer fails on the graph unless the
@@ -617,3 +644,30 @@ def test_side_graphs_describe_their_own_inputs(exported: dict, name: str) -> Non
             assert parts[0].startswith(f"x: {state}"), parts
         if meta["graph"] == "step":
             assert parts[1].startswith(f"x0: {state}") and parts[2].startswith("t: int64 scalar"), parts
+
+
+@pytest.mark.parametrize("name", ["sudoku", "classify", "mim", "sudoku-transformer"])
+def test_graphs_say_what_their_outputs_hold(exported: dict, name: str) -> None:
+    """Whoever runs a graph without this package reads from its metadata how to decode the logits."""
+    entry = exported[name]
+    model = entry["model"]
+    inputs = E.example_inputs(model.cfg, batch=2, seed=1)
+    for path in (entry["loop"].path, entry["unrolled"][T].path):
+        meta = E.read_metadata(path)
+        logits = E.onnx_outputs(_session(path), inputs, T if path == entry["loop"].path else None)["logits"]
+        shape = "[batch, " + ", ".join(map(str, logits.shape[1:])) + "]"
+        assert meta["output_format"].startswith(f"logits: float32 {shape}"), meta["output_format"]
+        assert ("argmax + 1" in meta["output_format"]) == (model.cfg.task == "sudoku")
+        assert ("zeros" in meta["output_format"]) == (meta["energies"] == "")
+    heads = [E.read_metadata(p) for p in entry["loop"].extra_files if E.read_metadata(p)["graph"] == "head"]
+    assert heads and all(h["output_format"].startswith("logits: float32") and "energy" not in h["output_format"]
+                         for h in heads)
+
+
+def test_a_sudoku_graph_keeps_the_depth_its_solver_runs() -> None:
+    from hyperset.checkpoint import load_checkpoint
+    from hyperset.pretrained import pretrained_dir
+    model, info = load_checkpoint(pretrained_dir("sudoku"))
+    meta = {p.key: p.value for p in E.head_proto(model, info=info).metadata_props}
+    assert meta["solve_iterations"] == str(info["solve_iterations"]) == "64"
+    assert "solve_iterations" not in {p.key for p in E.head_proto(model).metadata_props}

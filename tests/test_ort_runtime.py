@@ -308,3 +308,43 @@ def test_cuda_is_asked_for_with_tf32_off_unless_wanted(tiny_model: Path, monkeyp
     with pytest.raises(OnnxModelError):
         OrtSession(tiny_model, "cpu")
     assert asked[1] == [CPU_PROVIDER]
+
+
+def test_a_level_this_runtime_lacks_is_named_as_such(monkeypatch: pytest.MonkeyPatch) -> None:
+    import enum
+
+    import onnxruntime
+
+    class Levels(enum.IntEnum):  # onnxruntime 1.20's levels: no ORT_ENABLE_LAYOUT
+        ORT_DISABLE_ALL = 0
+        ORT_ENABLE_BASIC = 1
+        ORT_ENABLE_EXTENDED = 2
+        ORT_ENABLE_ALL = 99
+
+    monkeypatch.setattr(onnxruntime, "GraphOptimizationLevel", Levels)
+    with pytest.raises(ValueError, match="'layout' needs a newer onnxruntime than"):
+        runtime._graph_opt_level("layout")
+    with pytest.raises(ValueError, match="must be one of"):
+        runtime._graph_opt_level("fastest")
+    assert runtime._graph_opt_level("all") == Levels.ORT_ENABLE_ALL
+
+
+def test_hyperset_solve_says_why_auto_left_the_gpu_of_onnxruntime_gpu_unused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # onnxruntime-gpu without its CUDA libraries: the run goes to the CPU, and the user is told why, once
+    import json
+
+    import onnxruntime
+    from click.testing import CliRunner
+
+    from hyperset.cli import solve_main
+    monkeypatch.setenv("HYPERSET_CACHE_DIR", str(tmp_path / "cache"))
+    why = "libcudnn.so.9 (cuDNN 9) cannot be loaded: not found"
+    monkeypatch.setattr(runtime, "cuda_usable", lambda *a, **k: (False, why))
+    monkeypatch.setattr(onnxruntime, "get_available_providers", lambda: [CUDA_PROVIDER, CPU_PROVIDER])
+    puzzle = tmp_path / "p.txt"
+    puzzle.write_text("000014200500070300000590004058400001000000006003080090870060000420805017009047000\n")
+    result = CliRunner().invoke(solve_main, [str(puzzle), "--backend", "onnx", "--iters", "16", "--json"])
+    assert result.exit_code == 0, result.output
+    assert result.stderr.count("libcudnn.so.9") == 1
+    json.loads(result.stdout)  # stdout stays one JSON document
