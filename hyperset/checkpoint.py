@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -151,8 +152,8 @@ def _check_writable_checkpoint_folder(directory: Path) -> None:
     config, weights = directory / "config.json", directory / "model.safetensors"
     if config.exists():
         try:
-            ours = json.loads(config.read_text()).get("format") == FORMAT
-        except (OSError, ValueError, AttributeError):
+            ours = read_json_file(config, "a Hyper-SET config.json").get("format") == FORMAT
+        except (CheckpointError, AttributeError):
             ours = False
         if not ours:
             raise ValueError(f"{config} is not a Hyper-SET checkpoint's config: not overwritten (save into another "
@@ -233,6 +234,33 @@ def checkpoint_dir(path: str | os.PathLike) -> Path:
     return path.parent
 
 
+# a config.json or trainer.json is a few kB; one received from someone else may be anything
+MAX_JSON_BYTES = 16 << 20
+
+
+def read_json_file(path: Path, what: str, max_bytes: int | None = None) -> Any:
+    """A JSON file of the project's (a checkpoint's config.json, a run's trainer.json), read with bounds: larger
+    than `max_bytes`, not UTF-8, not JSON, nested beyond Python's recursion limit or holding an integer too long
+    to convert is a one-line CheckpointError naming the file and `what` was expected (`max_bytes`: MAX_JSON_BYTES
+    by default)."""
+    max_bytes = MAX_JSON_BYTES if max_bytes is None else max_bytes
+    try:
+        size = path.stat().st_size
+        if size > max_bytes:
+            raise CheckpointError(f"{path}: {size:,} bytes; {what} is at most {max_bytes >> 20} MiB")
+        with open(path, "rb") as f:
+            data = f.read(max_bytes + 1)  # a file that is not regular (a pipe, /dev/zero) stops here too
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot be read ({e.strerror or e})") from None
+    if len(data) > max_bytes:
+        raise CheckpointError(f"{path}: more than {max_bytes >> 20} MiB; {what} is at most that")
+    try:
+        return json.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError, integers over 4,300 digits
+        reason = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+        raise CheckpointError(f"{path}: not valid JSON ({reason}); expected {what}") from None
+
+
 def read_config(directory: str | os.PathLike, kind: str | None = None) -> dict[str, Any]:
     directory = Path(directory)
     path = directory / "config.json"
@@ -242,12 +270,7 @@ def read_config(directory: str | os.PathLike, kind: str | None = None) -> dict[s
         run = [str(directory / d) for d in ("best", "last") if (directory / d / "config.json").is_file()]
         hint = f"; a training run folder: pass {' or '.join(run)}" if run else ""
         raise CheckpointError(f"{directory}: config.json is missing (expected model.safetensors + config.json){hint}")
-    try:
-        meta = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path}: not valid JSON ({e}); expected a Hyper-SET config.json") from None
-    except OSError as e:
-        raise CheckpointError(f"{path}: cannot be read ({e.strerror or e})") from None
+    meta = read_json_file(path, "a Hyper-SET config.json")
     if not isinstance(meta, dict) or meta.get("format") != FORMAT or not isinstance(meta.get("model"), dict):
         raise CheckpointError(f"{path}: not a Hyper-SET checkpoint config (expected \"format\": \"{FORMAT}\")")
     version = meta.get("format_version", 1)
@@ -282,6 +305,16 @@ def solve_iterations(cfg: ModelConfig, info: dict[str, Any] | None) -> int:
     return int(value) if value is not None else trained_iterations(cfg, info)
 
 
+# the largest model a checkpoint may describe, weights and buffers in float32 (the shipped ones are under 1 MiB,
+# the paper's largest about 0.1 GiB)
+MAX_MODEL_BYTES = 8 << 30
+
+
+def model_bytes(model: torch.nn.Module) -> int:
+    """The bytes of a model's parameters and buffers (a model built on the meta device allocates none)."""
+    return sum(t.numel() * t.element_size() for t in itertools.chain(model.parameters(), model.buffers()))
+
+
 def load_checkpoint(directory: str | os.PathLike, task: str | None = None,
                     map_location: str | torch.device = "cpu", dtype: torch.dtype | str | None = None
                     ) -> tuple[HyperSETModel, dict[str, Any]]:
@@ -297,8 +330,13 @@ def load_checkpoint(directory: str | os.PathLike, task: str | None = None,
         cfg = ModelConfig.from_dict(meta["model"])
         with torch.device("meta"):  # shapes only: a config that disagrees with the weights allocates nothing
             shapes = HyperSETModel(cfg)
-    except (TypeError, ValueError) as e:
-        raise CheckpointError(f"{directory / 'config.json'}: invalid model config ({e})") from None
+    except (TypeError, ValueError, OverflowError, RuntimeError) as e:
+        reason = (str(e) or type(e).__name__).splitlines()[0]  # torch's errors carry C++ frames after the first line
+        raise CheckpointError(f"{directory / 'config.json'}: invalid model config ({reason})") from None
+    size = model_bytes(shapes)
+    if size > MAX_MODEL_BYTES:  # the position tables are buffers no weight file holds: the header cannot tell
+        raise CheckpointError(f"{directory / 'config.json'}: describes a model of {size / 2**30:.1f} GiB (weights and "
+                              f"position tables); a checkpoint is at most {MAX_MODEL_BYTES / 2**30:.0f} GiB")
     if task is not None and cfg.task != task:
         raise CheckpointError(f"{directory}: this is a {cfg.task!r} model, expected a {task!r} model")
     what = f"weights of a {cfg.layer} {cfg.task} model"

@@ -61,6 +61,13 @@ MAX_ITERS = 10_000
 # sizes that must be >= 1 (checked before anything divides by them or allocates with them)
 POSITIVE_SIZES = ("dim", "heads", "ff_hidden", "iters", "n_layers", "time_dim", "vocab_size", "num_classes",
                   "seq_len", "img_size", "patch_grid", "channels")
+# and at most these (far above any model of the paper's: d=768, 1,000 classes, 256 tokens, 224 px), so that a
+# config file received from someone else cannot make a loader allocate or build without end
+MAX_SIZES = {"dim": 16_384, "heads": 1_024, "ff_hidden": 65_536, "n_layers": 64, "time_dim": 16_384,
+             "vocab_size": 1 << 20, "num_classes": 1 << 20, "seq_len": 65_536, "img_size": 4_096,
+             "patch_grid": 256, "channels": 64}
+# the float settings, which must be finite (JSON readers accept NaN and Infinity)
+FINITE_FLOATS = ("step_init", "fixed_step", "lora_scale", "et_step", "norm_eps", "emb_dropout")
 
 
 def check_iterations(value: Any, name: str) -> int:
@@ -225,9 +232,15 @@ class ModelConfig:
     def __post_init__(self) -> None:
         check_table(type(self), dataclasses.asdict(self), "model")  # first: a value of the wrong type, named
         for key in POSITIVE_SIZES:  # the checks below divide by them
-            if getattr(self, key) < 1:
-                raise ValueError(f"model.{key} = {getattr(self, key)}: must be >= 1")
+            value, top = getattr(self, key), MAX_SIZES.get(key)
+            if value < 1:
+                raise ValueError(f"model.{key} = {value}: must be >= 1")
+            if top is not None and value > top:
+                raise ValueError(f"model.{key} = {value}: must be at most {top:,}")
         check_iterations(self.iters, "model.iters")
+        for key in FINITE_FLOATS:
+            if not math.isfinite(getattr(self, key)):
+                raise ValueError(f"model.{key} = {getattr(self, key)}: must be a finite number")
         for key, choices in CHOICES.items():
             check_choice("model", key, getattr(self, key), choices)
         check_choice("model", "pos", self.pos, TASK_POS[self.task], f" (the positions of a {self.task!r} model)")
@@ -244,8 +257,9 @@ class ModelConfig:
             (self.time_dim % 2 == 0, "time_dim must be even"),
             (self.step_sign == "signed" or self.step_init > 0,
              f"step_sign 'positive' needs step_init > 0 (softplus never reaches 0), got {self.step_init}"),
-            (self.time_max >= 0, f"time_max must be >= 0 (0: no limit), got {self.time_max}"),
-            (self.lora_rank >= 0, f"model.lora_rank = {self.lora_rank}: must be >= 0 (0: off)"),
+            (0 <= self.time_max <= MAX_ITERS,
+             f"time_max must be between 0 (no limit) and {MAX_ITERS:,}, got {self.time_max}"),
+            (0 <= self.lora_rank <= self.dim, f"model.lora_rank = {self.lora_rank}: must be between 0 (off) and dim"),
             (self.norm_eps > 0, f"model.norm_eps = {self.norm_eps}: must be > 0"),
             (0 <= self.emb_dropout < 1, f"model.emb_dropout = {self.emb_dropout}: must be in [0, 1)"),
         ]

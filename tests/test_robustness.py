@@ -114,6 +114,28 @@ CASES = [
          model={"iters": 10**9}, info={"trained_iterations": None}, stdin=PUZZLE.encode()),
     Case("solve-config-not-json", "solve", ["-", "--checkpoint", "{ckpt}"], "not valid JSON",
          files={"ckpt/config.json": b"{"}, stdin=PUZZLE.encode()),
+    # a config received from someone else: sizes and floats bounded before anything is built or allocated
+    *[Case(f"solve-{key}-{name}", "solve", ["-", "--checkpoint", "{ckpt}"], message, model=model,
+           stdin=PUZZLE.encode())
+      for key, name, model, message in (
+          ("patch-grid", "6000", {"patch_grid": 6000}, "model.patch_grid = 6000: must be at most"),
+          ("dim", "2**40", {"dim": 2**40, "heads": 1}, "model.dim = 1099511627776: must be at most"),
+          ("dim", "2**70", {"dim": 2**70, "heads": 1}, "model.dim"),
+          ("n-layers", "10**5", {"n_layers": 10**5}, "model.n_layers = 100000: must be at most 64"),
+          ("time-max", "10**20", {"time_max": 10**20}, "time_max must be between 0 (no limit) and 10,000"),
+          ("lora-rank", "10**6", {"lora_rank": 10**6}, "model.lora_rank"),
+          ("norm-eps", "inf", {"norm_eps": float("inf")}, "model.norm_eps = inf: must be a finite number"),
+          ("step-init", "nan", {"step_init": float("nan")}, "model.step_init = nan: must be a finite number"))],
+    Case("solve-model-over-the-size-budget", "solve", ["-", "--checkpoint", "{ckpt}"], "describes a model of",
+         stdin=PUZZLE.encode(), patch={"hyperset.checkpoint.MAX_MODEL_BYTES": 1000}),
+    Case("solve-config-nested-deeply", "solve", ["-", "--checkpoint", "{ckpt}"], "config.json: not valid JSON",
+         files={"ckpt/config.json": b"[" * 100_000}, stdin=PUZZLE.encode()),
+    Case("solve-config-5000-digit-integer", "solve", ["-", "--checkpoint", "{ckpt}"], "config.json: not valid JSON",
+         files={"ckpt/config.json": b'{"format": ' + b"7" * 5000 + b"}"}, stdin=PUZZLE.encode()),
+    Case("solve-config-over-the-size-limit", "solve", ["-", "--checkpoint", "{ckpt}"], "config.json is at most",
+         stdin=PUZZLE.encode(), patch={"hyperset.checkpoint.MAX_JSON_BYTES": 100}),
+    Case("export-config-nested-deeply", "export", ["{ckpt}", "-o", "{tmp}/x.onnx"], "config.json: not valid JSON",
+         files={"ckpt/config.json": b"[" * 100_000}),
     # export
     Case("export-iters-1e8", "export", ["{ckpt}", "--iters", "100000000", "-o", "{tmp}/x.onnx"],
          "100000000 is not in the range 1<=x<=10000"),
@@ -144,6 +166,23 @@ CASES = [
     Case("train-resume-trainer-json-not-json", "train", [*TINY_TRAIN, "--data", "{data}", "--out", "{run}",
                                                          "--resume", "--steps", "3"],
          "trainer.json: not valid JSON", trainer=lambda d: "{not json"),
+    Case("train-resume-trainer-json-nested-deeply", "train", [*TINY_TRAIN, "--data", "{data}", "--out", "{run}",
+                                                              "--resume", "--steps", "3"],
+         "trainer.json: not valid JSON", trainer=lambda d: "[" * 100_000),
+    Case("train-resume-betas-not-numbers", "train", [*TINY_TRAIN, "--data", "{data}", "--out", "{run}",
+                                                     "--resume", "--steps", "3"],
+         "param_groups: betas = 'xy' is not a value of its kind",
+         trainer=lambda d: {**d, "optimizer": {**d["optimizer"], "param_groups": [
+             {**g, "betas": "xy"} for g in d["optimizer"]["param_groups"]]}}),
+    Case("train-resume-lr-infinite", "train", [*TINY_TRAIN, "--data", "{data}", "--out", "{run}",
+                                               "--resume", "--steps", "3"],
+         "param_groups: lr = inf", trainer=lambda d: {**d, "optimizer": {**d["optimizer"], "param_groups": [
+             {**g, "lr": float("inf")} for g in d["optimizer"]["param_groups"]]}}),
+    Case("train-threads-1e5", "train", [*TINY_TRAIN, "--data", "{data}", "--out", "{tmp}/o",
+                                        "--set", "train.threads=100000"], "train.threads = 100000: must be between"),
+    Case("train-recipe-nested-deeply", "train", ["sudoku", "--recipe", "{tmp}/deep.toml", "--data", "{data}",
+                                                 "--out", "{tmp}/o"], "deep.toml: invalid TOML: nested too deeply",
+         files={"deep.toml": b"[model]\nx = " + b"[" * 50_000 + b"]" * 50_000 + b"\n"}),
 ]
 
 

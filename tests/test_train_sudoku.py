@@ -543,6 +543,10 @@ def test_a_run_folder_whose_state_lost_its_progress_is_not_overwritten(data_dir:
     ("rng", "optimizer.safetensors: rng.torch is float32 (5,), a random state is uint8"),
     ("shape", "the optimizer state does not fit this run's optimizer (tensor 'state.0.exp_avg' is float32 (3,), "
               "its parameter"),
+    ("0-d", "the optimizer state does not fit this run's optimizer (tensor 'state.0.exp_avg' is float32 (), its "
+            "parameter"),
+    ("step", "the optimizer state does not fit this run's optimizer (tensor 'state.0.step' is float32 (3,), expected "
+             "a float scalar"),
     ("name", "the optimizer state does not fit this run's optimizer (tensor 'moments.0' is not an optimizer state"),
     ("index", "the optimizer state does not fit this run's optimizer (tensor 'state.999.exp_avg': this run's "
               "optimizer has"),
@@ -564,8 +568,8 @@ def test_an_optimizer_state_that_does_not_fit_is_refused_before_training(data_di
     tensors = safetensors.torch.load_file(path)
     if damage == "rng":
         tensors["rng.torch"] = torch.zeros(5)
-    elif damage == "shape":
-        tensors["state.0.exp_avg"] = torch.zeros(3)
+    elif damage in ("shape", "0-d", "step"):  # a 0-d moment passed the check and failed at the first step
+        tensors[f"state.0.{'step' if damage == 'step' else 'exp_avg'}"] = torch.zeros(() if damage == "0-d" else 3)
     elif damage in ("name", "index"):
         tensors["moments.0" if damage == "name" else "state.999.exp_avg"] = torch.zeros(1)
     elif damage == "dropped":  # one parameter's moments gone: its Adam state would silently restart from zero

@@ -46,6 +46,9 @@ def recipe_text(name_or_path: str | os.PathLike) -> tuple[str, str, str]:
             raise ValueError(f"recipe {name_or_path}: no such file (shipped recipes, by name: "
                              f"{', '.join(recipe_names())})")
         try:
+            if path.stat().st_size > MAX_RECIPE_BYTES:
+                raise ValueError(f"recipe {name_or_path}: {path.stat().st_size:,} bytes; a recipe is a TOML file of "
+                                 f"at most {MAX_RECIPE_BYTES >> 20} MiB")
             return path.stem, name_or_path, path.read_bytes().decode("utf-8")
         except UnicodeDecodeError as e:
             raise ValueError(f"{name_or_path}: not UTF-8 text (byte {e.object[e.start]:#04x} at offset "
@@ -59,11 +62,17 @@ def recipe_text(name_or_path: str | os.PathLike) -> tuple[str, str, str]:
     return name_or_path, str(resource), resource.read_text()
 
 
+# a recipe is a few kB of TOML
+MAX_RECIPE_BYTES = 1 << 20
+
+
 def load_recipe(name_or_path: str | os.PathLike) -> tuple[str, dict[str, Any]]:
     """A recipe by name (shipped in training/recipes) or by path. Returns (name, data)."""
     name, where, text = recipe_text(name_or_path)
     try:
         return name, tomllib.loads(text)
+    except RecursionError:
+        raise ValueError(f"{where}: invalid TOML: nested too deeply") from None
     except tomllib.TOMLDecodeError as e:
         at = re.search(r"\s*\(at line (\d+), column (\d+)\)", str(e))
         reason = str(e)[: at.start()] + str(e)[at.end():] if at else str(e)
@@ -111,7 +120,7 @@ def parse_value(text: str) -> Any:
     """A --set value: TOML scalar/array syntax (2e-3, true, [1, 2]) or a bare string."""
     try:
         return tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
+    except (tomllib.TOMLDecodeError, RecursionError):  # not TOML (or nested past any use): the text itself
         return text
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
+import math
 import os
 import shutil
 from collections.abc import Callable, Iterator
@@ -19,6 +19,7 @@ from hyperset.checkpoint import (
     load_tensors,
     load_weights_into,
     read_config,
+    read_json_file,
     save_checkpoint,
     save_tensors,
 )
@@ -54,9 +55,11 @@ def load_optimizer(opt: torch.optim.Optimizer, tensors: dict[str, torch.Tensor],
             raise ValueError(f"tensor {name!r} is not an optimizer state entry (state.INDEX.KEY)")
         if int(idx) >= len(params):
             raise ValueError(f"tensor {name!r}: this run's optimizer has {len(params)} parameters")
-        if value.dim() and (value.shape != params[int(idx)].shape or not value.is_floating_point()):
-            raise ValueError(f"tensor {name!r} is {str(value.dtype).removeprefix('torch.')} "
-                             f"{tuple(value.shape)}, its parameter {tuple(params[int(idx)].shape)}")
+        want = () if key == "step" else tuple(params[int(idx)].shape)  # AdamW's step count is a 0-d tensor
+        if tuple(value.shape) != want or not value.is_floating_point():
+            raise ValueError(f"tensor {name!r} is {str(value.dtype).removeprefix('torch.')} {tuple(value.shape)}, "
+                             + ("expected a float scalar (a step count)" if key == "step" else
+                                f"its parameter {tuple(params[int(idx)].shape)}"))
         state.setdefault(int(idx), {})[key] = value
     with_state = plain.get("with_state")
     present = set(state) | {int(i) for i in plain.get("scalars", {})}
@@ -78,9 +81,28 @@ def load_optimizer(opt: torch.optim.Optimizer, tensors: dict[str, torch.Tensor],
             raise ValueError(f"param_groups: a group lacks {', '.join(missing)}" if missing else
                              f"param_groups: a group of {len(saved.get('params', ()))} parameters, this run's has "
                              f"{len(mine['params'])}")
+        for key in sorted(set(mine) - {"params"}):
+            if not _fits(saved[key], mine[key]):
+                raise ValueError(f"param_groups: {key} = {saved[key]!r} is not a value of its kind (this run's: "
+                                 f"{mine[key]!r})")
     for idx, values in plain.get("scalars", {}).items():
         state.setdefault(int(idx), {}).update(values)
     opt.load_state_dict({"state": state, "param_groups": plain["param_groups"]})
+
+
+def _fits(saved: Any, mine: Any) -> bool:
+    """Whether a saved optimizer setting (read from trainer.json) is a value of the kind of this run's: a finite
+    number for a number, a flag (or None) for a flag or None, a list of as many for a tuple (AdamW's betas)."""
+    if mine is None or isinstance(mine, bool):
+        return saved is None or isinstance(saved, bool)
+    if isinstance(mine, (int, float)):
+        return isinstance(saved, (int, float)) and not isinstance(saved, bool) and math.isfinite(saved)
+    if isinstance(mine, (tuple, list)):
+        return (isinstance(saved, (tuple, list)) and len(saved) == len(mine)
+                and all(_fits(s, m) for s, m in zip(saved, mine)))
+    if isinstance(mine, str):
+        return isinstance(saved, str)
+    return True  # a tensor learning rate and the like: torch checks it
 
 
 def _sibling(directory: Path, suffix: str) -> Path:
@@ -190,10 +212,7 @@ def read_progress(directory: Path) -> dict[str, Any]:
     expected = "expected a training state written by hyperset-train"
     if not path.is_file():
         raise CheckpointError(f"{directory}: no trainer.json ({expected})")
-    try:
-        progress = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path}: not valid JSON ({e}); {expected}") from None
+    progress = read_json_file(path, "a training state written by hyperset-train")
     if not isinstance(progress, dict):
         raise CheckpointError(f"{path}: not a JSON object; {expected}")
     missing = [k for k in PROGRESS_REQUIRED if k not in progress]

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from hyperset.checkpoint import CheckpointError, atomic_write_bytes, checkpoint_dir, load_weights_into
+from hyperset.checkpoint import CheckpointError, atomic_write_bytes, checkpoint_dir, load_weights_into, read_json_file
 from hyperset.config import TableError, check_table
 from hyperset.device import autocast_dtype, describe, pick_device
 
@@ -77,8 +77,9 @@ class TrainConfig:
              "in memory in accum_steps parts)"),
             (self.eval_every >= 1 and self.log_every >= 1, "eval_every",
              f"train.eval_every and log_every must be >= 1, got {self.eval_every} and {self.log_every}"),
-            (self.warmup_steps >= 0 and self.threads >= 0, "warmup_steps",
-             "train.warmup_steps and threads must be >= 0"),
+            (self.warmup_steps >= 0, "warmup_steps", f"train.warmup_steps = {self.warmup_steps}: must be >= 0"),
+            (0 <= self.threads <= 1024, "threads",
+             f"train.threads = {self.threads}: must be between 0 (torch's default) and 1024"),
             (0 < self.lr < math.inf, "lr", f"train.lr = {self.lr!r}: must be a positive finite number"),
             (0 <= self.min_lr <= self.lr, "min_lr",
              f"train.min_lr = {self.min_lr!r}: must be between 0 and train.lr = {self.lr!r} (the cosine falls from "
@@ -208,9 +209,11 @@ def parse_schedule(spec: str) -> list[dict[str, int]]:
         for f in files:
             if f.is_file():
                 try:
-                    plan = json.loads(f.read_text()).get("schedule")
-                except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as e:
-                    raise ValueError(f"{f}: not a JSON object with a 'schedule' list ({e})") from None
+                    plan = read_json_file(f, "a JSON object with a 'schedule' list").get("schedule")
+                except AttributeError:
+                    raise ValueError(f"{f}: not a JSON object with a 'schedule' list") from None
+                except CheckpointError as e:
+                    raise ValueError(str(e)) from None
                 if plan:
                     return check_schedule(plan, str(f))
         raise ValueError(f"{spec}: no recorded 'schedule' list found in {', '.join(str(f) for f in files)}")
