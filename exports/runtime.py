@@ -341,6 +341,14 @@ def _model_error(path: Path, exc: BaseException) -> OnnxModelError:
     return OnnxModelError(f"{path}: ONNX Runtime could not load the model [{kind}: {text}]")
 
 
+def _run_error(path: Path, exc: BaseException) -> OnnxModelError:
+    """An onnxruntime run exception as an :class:`OnnxModelError` naming the file, with the first line of ORT's
+    message (the rest repeats it or is empty)."""
+    lines = str(exc).strip().splitlines()
+    return OnnxModelError(f"{path}: ONNX Runtime failed to run the model [{type(exc).__name__}: "
+                          f"{lines[0] if lines else 'no message'}]")
+
+
 def expect_task(metadata: Mapping[str, str], task: str, name: str = "model.onnx") -> None:
     """Raise :class:`OnnxModelError` unless the model metadata prop ``task`` equals ``task``."""
     actual = metadata.get("task")
@@ -429,6 +437,10 @@ class OrtSession:
             self.fallback_reason = msg
             self.reason = msg
         self._inputs = self.session.get_inputs()  # their names, types and shapes, checked at every run
+        # a run's failure is raised (an OnnxModelError naming the file); at the default severity ONNX Runtime does
+        # not also log it to stderr, where it would come before the commands' one-line error
+        self._run_options = ort.RunOptions()
+        self._run_options.log_severity_level = 4 if log_severity == 3 else log_severity
         self.input_names: list[str] = [i.name for i in self._inputs]
         self.output_names: list[str] = [o.name for o in self.session.get_outputs()]
         self.metadata: dict[str, str] = dict(self.session.get_modelmeta().custom_metadata_map)
@@ -440,7 +452,8 @@ class OrtSession:
     def run(
         self, feeds: Mapping[str, Any], output_names: Sequence[str] | None = None
     ) -> dict[str, np.ndarray]:
-        """Run the model; returns ``{output name: array}``."""
+        """Run the model; returns ``{output name: array}``. ONNX Runtime's failures (a node that cannot run on
+        these inputs, memory) are an :class:`OnnxModelError` naming the file, with the first line of its message."""
         missing = [n for n in self.input_names if n not in feeds]
         unknown = [n for n in feeds if n not in self.input_names]
         if missing or unknown:
@@ -457,7 +470,10 @@ class OrtSession:
         arrays = {k: np.asarray(v) for k, v in feeds.items()}
         for info in self._inputs:
             self._check_input(info, arrays[info.name])
-        results = self.session.run(names, arrays)
+        try:
+            results = self.session.run(names, arrays, self._run_options)
+        except Exception as exc:  # ORT raises its own exception classes (Fail, InvalidArgument, RuntimeException)
+            raise _run_error(self.path, exc) from None
         return dict(zip(names, results))
 
     def _check_input(self, info: Any, array: np.ndarray) -> None:

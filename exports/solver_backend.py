@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from hyperset.backends import BackendStep
-from hyperset.config import MAX_ITERS
+from hyperset.config import MAX_ITERS, check_iterations
 
 from .runtime import OnnxModelError, OrtSession, ProviderError, expect_task
 
@@ -142,6 +142,70 @@ def by_rows(run: Any, feeds: dict[str, np.ndarray], batched: set[str], rows: int
             for k, v in parts[0].items()}
 
 
+# the most distinct layers a graph's metadata may name (each has a step graph file of its own): far above any model
+# of the paper's, so that a file received from someone else cannot make the backend list paths without end
+MAX_LAYERS = 64
+ENERGIES = ("attn", "ff")  # the energies a graph may report, as its outputs energy_attn and energy_ff
+
+
+def _short(text: str, limit: int = 40) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _metadata_count(metadata: dict[str, str], key: str, name: str, most: int | None = None) -> int:
+    """Metadata `key` of the graph `name` as a whole number: an iteration count (hyperset.config's
+    check_iterations, at most MAX_ITERS) or, with `most`, a number in 1..most. Anything else is an OnnxModelError
+    naming the file and the key."""
+    raw = metadata[key].strip()
+    value: Any = int(raw) if raw.isascii() and raw.isdigit() and len(raw) <= 18 else _short(raw)
+    try:
+        if most is None:
+            return check_iterations(value, f"metadata {key}")
+        if not isinstance(value, int) or not 1 <= value <= most:
+            raise ValueError(f"metadata {key} = {value!r}: expected a whole number from 1 to {most}")
+        return value
+    except ValueError as e:
+        raise OnnxModelError(f"{name}: {e}") from None
+
+
+def _metadata_config(metadata: dict[str, str], name: str) -> Any:
+    """The ModelConfig in the graph's metadata ``config`` (JSON), or None when there is none; malformed JSON or a
+    config that ModelConfig refuses is an OnnxModelError naming the file and the key."""
+    if not metadata.get("config"):
+        return None
+    import json
+
+    from hyperset.config import ModelConfig
+
+    try:
+        return ModelConfig.from_dict(json.loads(metadata["config"]))
+    except (ValueError, RecursionError, TypeError, OverflowError) as e:  # JSON errors; TableError is a ValueError
+        reason = (str(e) or type(e).__name__).splitlines()[0]
+        raise OnnxModelError(f"{name}: metadata config is not a valid model config ({_short(reason, 300)})") from None
+
+
+def _checked(array: np.ndarray, shape: tuple[int | None, ...], what: str, name: str) -> np.ndarray:
+    """A graph output, if it is a real-valued array of `shape` (None: any size there); else an OnnxModelError
+    naming the file (a graph that is not a Hyper-SET solver's, whose outputs would fail far from here)."""
+    if array.dtype.kind not in "fiu" or array.ndim != len(shape) or any(
+            want is not None and have != want for have, want in zip(array.shape, shape)):
+        expected = ", ".join("..." if n is None else str(n) for n in shape)
+        raise OnnxModelError(f"{name}: output {what} is {array.dtype.name} of shape {list(array.shape)}, expected "
+                             f"numbers of shape [{expected}]")
+    return array
+
+
+def _expect_io(session: OrtSession, inputs: tuple[str, ...] | None, outputs: tuple[str, ...]) -> None:
+    """A step-by-step graph (stem, step or head) with these inputs (None: one input) and at least these outputs;
+    else an OnnxModelError naming the file."""
+    if len(session.input_names) != 1 if inputs is None else set(session.input_names) != set(inputs):
+        raise OnnxModelError(f"{session.path.name}: inputs {session.input_names}, expected "
+                             f"{'one input' if inputs is None else sorted(inputs)}")
+    missing = [n for n in outputs if n not in session.output_names]
+    if missing:
+        raise OnnxModelError(f"{session.path.name}: outputs {missing} are missing (have {session.output_names})")
+
+
 class OnnxSolverBackend:
     """A ``hyperset.backends.SolverBackend`` on ONNX Runtime; also the callable
     ``(boards (B, 81) int64, iters) -> (logits (B, 81, 9), energies)`` (= ``run``).
@@ -179,8 +243,30 @@ class OnnxSolverBackend:
         missing = [n for n in ("logits", "energy_attn", "energy_ff") if n not in session.output_names]
         if missing:
             raise OnnxModelError(f"{self.path.name}: outputs {missing} are missing (have {session.output_names})")
-        self.unrolled = int(self.metadata["unrolled_iterations"]) if self.graph == "unrolled" else None
-        self.energies = [e for e in self.metadata.get("energies", "attn,ff").split(",") if e]
+        for i in session.session.get_inputs():  # what the solver feeds: boards (B, 81) and a count, both int64
+            fixed = [d if isinstance(d, int) else None for d in i.shape]  # None: a named or unknown size
+            if i.type != "tensor(int64)" or not (fixed in ([None, 81], [None, None]) if i.name == self.input
+                                                 else fixed == []):
+                raise OnnxModelError(f"{self.path.name}: input {i.name!r} is {i.type} {list(i.shape)}, expected "
+                                     f"tensor(int64) {'[batch, 81]' if i.name == self.input else '[] (a scalar)'}")
+        # the metadata, parsed and bounded once: a graph is a file received from someone else
+        name = self.path.name
+        self.unrolled = (_metadata_count(self.metadata, "unrolled_iterations", name) if self.graph == "unrolled"
+                         else None)
+        self.energies = [e for e in self.metadata.get("energies", ",".join(ENERGIES)).split(",") if e]
+        if any(e not in ENERGIES for e in self.energies):
+            raise OnnxModelError(f"{name}: metadata energies = {_short(self.metadata['energies'])!r}: expected "
+                                 f"{','.join(ENERGIES)!r} or '' (none)")
+        self.config = _metadata_config(self.metadata, name)
+        if self.metadata.get("n_layers"):
+            self.n_layers = _metadata_count(self.metadata, "n_layers", name, MAX_LAYERS)
+        else:
+            self.n_layers = self.config.n_layers if self.config is not None else 1
+        if self.config is not None and self.config.n_layers != self.n_layers:
+            raise OnnxModelError(f"{name}: metadata n_layers = {self.n_layers}, but its config has "
+                                 f"n_layers = {self.config.n_layers}")
+        if not 1 <= self.n_layers <= MAX_LAYERS:
+            raise OnnxModelError(f"{name}: metadata config n_layers = {self.n_layers}: expected 1 to {MAX_LAYERS}")
         import onnxruntime
 
         self.name = f"onnxruntime ({session.provider})"
@@ -191,13 +277,10 @@ class OnnxSolverBackend:
                                        and "NVIDIA driver)" not in session.reason) else None  # a GPU machine
         self.device = session.device  # "cpu" or "cuda": the solver sizes its batches by it
         self.rows = 0  # boards per ONNX Runtime call on a CPU (see `by_rows`); 0: the whole batch
-        if session.device == "cpu" and self.metadata.get("config"):
-            import json
-
-            from hyperset.config import ModelConfig
+        if session.device == "cpu" and self.config is not None:
             from hyperset.core import cache_rows
 
-            self.rows = cache_rows(ModelConfig.from_dict(json.loads(self.metadata["config"])), ORT_SLICE_BYTES)
+            self.rows = cache_rows(self.config, ORT_SLICE_BYTES)
         threads = session.session.get_session_options().intra_op_num_threads
         where = f"{threads} thread{'' if threads == 1 else 's'}" if session.device == "cpu" else session.provider
         self.device_name = f"{session.device} (ONNX Runtime {onnxruntime.__version__}, {where})"
@@ -208,8 +291,7 @@ class OnnxSolverBackend:
             return self._steps_paths
         from .export import step_paths
 
-        n_layers = int(self.metadata.get("n_layers", 1) or 1)
-        beside = step_paths(self.path, n_layers)
+        beside = step_paths(self.path, self.n_layers)
         files = [beside["stem"], beside["head"], *beside["step"]]
         if all(Path(p).is_file() for p in files):
             other = self._other_model(files)
@@ -264,9 +346,13 @@ class OnnxSolverBackend:
                 self.check(1, True)
             options = {"intra_op_threads": self.session.session.get_session_options().intra_op_num_threads}
             dev = self.session.device
-            self._step_sessions = (OrtSession(files["stem"], dev, **options),
-                                   [OrtSession(p, dev, **options) for p in files["step"]],
-                                   OrtSession(files["head"], dev, **options))
+            stem, head = OrtSession(files["stem"], dev, **options), OrtSession(files["head"], dev, **options)
+            steps = [OrtSession(p, dev, **options) for p in files["step"]]
+            _expect_io(stem, None, ("x0",))
+            for s in steps:
+                _expect_io(s, ("x", "x0", "t"), ("x_next", *(f"energy_{e}" for e in self.energies)))
+            _expect_io(head, ("x",), ("logits",))
+            self._step_sessions = (stem, steps, head)
         return self._step_sessions
 
     def iterate(self, boards: torch.Tensor, iters: int) -> Generator[BackendStep, torch.Tensor | None, None]:
@@ -274,14 +360,26 @@ class OnnxSolverBackend:
         be sent (``generator.send``), as the protocol says."""
         stem, steps, head = self._sessions()
         device = boards.device
+        n = boards.shape[0]
         x0 = stem.run({stem.input_names[0]: boards.detach().cpu().numpy().astype(np.int64, copy=False)})["x0"]
+        x0 = _checked(x0, (n, *x0.shape[1:]), "x0", stem.path.name)
         x, step = x0, 0
+
+        def run_step(s: OrtSession, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+            out, rows = s.run(feeds), len(feeds["x"])  # one slice: checked before the slices are joined
+            checked = {"x_next": _checked(out["x_next"], feeds["x"].shape, "x_next", s.path.name)}
+            for k in self.energies:
+                checked[f"energy_{k}"] = _checked(out[f"energy_{k}"], (rows,), f"energy_{k}", s.path.name)
+            return checked
+
         for s in steps:
             for t in range(1, int(iters) + 1):
-                out = by_rows(s.run, {"x": x, "x0": x0, "t": np.asarray(t, dtype=np.int64)}, {"x", "x0"}, self.rows)
+                out = by_rows(lambda feeds, s=s: run_step(s, feeds),
+                              {"x": x, "x0": x0, "t": np.asarray(t, dtype=np.int64)}, {"x", "x0"}, self.rows)
                 x = out["x_next"]
                 step += 1
-                logits = torch.from_numpy(head.run({"x": x})["logits"]).float().to(device)
+                logits = _checked(head.run({"x": x})["logits"], (len(x), 81, 9), "logits", head.path.name)
+                logits = torch.from_numpy(logits).float().to(device)
                 energies = {k: torch.from_numpy(out[f"energy_{k}"]).float().to(device) for k in self.energies}
                 rows = yield BackendStep(step, logits, energies)
                 if rows is not None:
@@ -301,16 +399,24 @@ class OnnxSolverBackend:
         elif iters != self.unrolled:
             raise OnnxModelError(f"{self.path.name} is unrolled for {self.unrolled} iterations and cannot run "
                                  f"{iters}; export a Loop graph (hyperset-export --loop) for any count")
-        out = by_rows(self.session.run, feeds, {self.input}, self.rows)
+        out = by_rows(lambda f: self._outputs(self.session.run(f), len(f[self.input]), self.n_layers * iters),
+                      feeds, {self.input}, self.rows)
         device = boards.device
         logits = torch.from_numpy(out["logits"]).float().to(device)
-        energies = {}
-        for name in self.energies:
-            e = out[f"energy_{name}"]
-            if e.size == 0:
-                e = e.reshape(0, boards.shape[0])
-            energies[name] = torch.from_numpy(e).float().to(device)
+        energies = {name: torch.from_numpy(out[f"energy_{name}"]).float().to(device) for name in self.energies}
         return logits, energies
+
+    def _outputs(self, out: dict[str, np.ndarray], rows: int, iterations: int) -> dict[str, np.ndarray]:
+        """The outputs of a pass over `rows` boards, checked (before the slices are joined): logits (rows, 81, 9)
+        and each energy (iterations, rows), iterations = n_layers x iters; else an OnnxModelError naming the file."""
+        name = self.path.name
+        checked = {"logits": _checked(out["logits"], (rows, 81, 9), "logits", name)}
+        for e in self.energies:
+            a = out[f"energy_{e}"]
+            if a.size == 0:  # no iterations: a Loop's empty scan output
+                a = a.reshape(0, rows)
+            checked[f"energy_{e}"] = _checked(a, (iterations, rows), f"energy_{e}", name)
+        return checked
 
     def __repr__(self) -> str:
         return f"OnnxSolverBackend({str(self.path)!r}, graph={self.graph!r}, provider={self.session.provider!r})"

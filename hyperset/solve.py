@@ -171,15 +171,18 @@ class Solver:
     @property
     def default_iters(self) -> int:
         """Iterations per pass when the caller does not say: the model's measured choice (its config.json
-        `solve_iterations`), else the trained depth; the trained depth also when the backend cannot run the
-        chosen one (an ONNX graph unrolled at the trained depth)."""
-        n = solve_iterations(self.model.cfg, self.info)
-        if n != self.trained_iters:
+        `solve_iterations`), else the trained depth; where the backend cannot run that (an ONNX graph unrolled at
+        another count), the trained depth or the count the graph was unrolled at, the first it can run."""
+        wanted = solve_iterations(self.model.cfg, self.info)
+        for n in dict.fromkeys((wanted, self.trained_iters, getattr(self.engine, "unrolled", None))):
+            if n is None:
+                continue
             try:
                 self.engine.check(n, False)
             except ValueError:
-                return self.trained_iters
-        return n
+                continue
+            return n
+        return wanted
 
     @property
     def backend_name(self) -> str:

@@ -259,16 +259,29 @@ def stream(backend: SolverBackend, boards: Tensor, strategy: str, iters: int, *,
 
 def commit_cells(board: Tensor, digit: Tensor, conf: Tensor, pass_index: int, passes: int) -> list[Tensor]:
     """The cells the commit strategy fixes after pass `pass_index` (0-based) of at most `passes`: per board, the
-    most confident predictions for blank cells whose digit does not already stand in a peer cell, a share of the
-    remaining blanks that grows as 1 - cos(pi/2 * (pass + 1) / passes). Returns one index tensor per board."""
+    most confident predictions for blank cells whose digit does not already stand in a peer cell, nor in a peer
+    fixed before it in the same pass (most confident first), a share of the remaining blanks that grows as
+    1 - cos(pi/2 * (pass + 1) / passes). Returns one index tensor per board."""
     blanks = board == 0
     score = torch.where(blanks & ~_clashes(board, digit), conf, torch.full_like(conf, -1.0))
     share = 1.0 - math.cos(math.pi / 2 * (pass_index + 1) / passes)
     out = []
     for b in range(len(board)):
         k = max(1, int(math.ceil(share * int(blanks[b].sum()))))
-        top = score[b].topk(k)
-        out.append(top.indices[top.values > 0])
+        order = score[b].argsort(descending=True, stable=True)
+        digits = digit[b].tolist()
+        taken: list[int] = []
+        used: set[tuple[int, int]] = set()  # (unit, digit) of the cells taken so far
+        for c in order[score[b, order] > 0].tolist():
+            if len(taken) == k:
+                break
+            # two peers proposing one digit: fixing both would leave a board no later pass can make valid
+            keys = [(u, digits[c]) for u in _CELL_UNITS[c]]
+            if any(key in used for key in keys):
+                continue
+            taken.append(c)
+            used.update(keys)
+        out.append(torch.tensor(taken, dtype=torch.long, device=board.device))
     return out
 
 
@@ -283,6 +296,7 @@ def _peer_mask() -> Tensor:
 
 
 _PEERS = _peer_mask()
+_CELL_UNITS = [[u for u, unit in enumerate(UNITS) if cell in unit] for cell in range(81)]  # row, column, box
 
 
 def _clashes(board: Tensor, digit: Tensor) -> Tensor:

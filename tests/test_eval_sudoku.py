@@ -71,6 +71,7 @@ def test_report_has_the_tables_of_every_depth_and_strategy(solver: Solver, data_
     report = evaluate(solver, boards, iters=[3, 2, 3], strategies=["single", "auto", "commit"], passes=2,
                       batch_size=4, geometry_boards=2)
     assert report["iters"] == [2, 3] and report["trained_iterations"] == 2 and report["boards"] == 8
+    assert report["precision"] == "fp32"  # the solver runs the model in its weights' dtype, never autocast
     assert [r["strategy"] for r in report["strategies"]] == ["single@2", "single@3", "auto", "commit@2x2",
                                                              "commit@3x2"]
     assert len(report["per_iteration"]["board_acc"]) == 3 and len(report["per_iteration"]["effective_rank"]) == 3

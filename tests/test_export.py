@@ -296,6 +296,18 @@ def test_solver_backend_unrolled_and_transformer(exported: dict) -> None:
         unrolled(boards, 5)
 
 
+def test_a_graph_unrolled_past_the_trained_depth_runs_at_its_own_count_by_default(exported: dict) -> None:
+    # the solver's default was the trained depth, which such a graph refuses: --iters had to repeat the count
+    entry = exported["sudoku"]
+    model = entry["model"]
+    solver = Solver(model, torch.device("cpu"), {"trained_iterations": T})
+    solver = solver.with_backend(OnnxSolverBackend(_session(entry["unrolled"][2 * T].path)))
+    assert solver.default_iters == 2 * T
+    solver.check_iters(None)
+    (result,) = solver.solve([PUZZLES[0]], strategy="single")
+    assert result.iterations == 2 * T
+
+
 def _solve(args: list[str]) -> tuple[int, dict]:
     from hyperset.cli import solve_main
 

@@ -189,6 +189,29 @@ def test_commit_cells_picks_confident_clash_free_blanks_only() -> None:
     assert conf[0, first].min() >= conf[0, [i for i in last.tolist() if i not in first.tolist()]].max()
 
 
+def test_commit_cells_never_fixes_one_digit_in_two_peer_cells() -> None:
+    # every blank proposes a 5: only one per row, column and box may be fixed in a pass (fixing two peers made a
+    # board that no later pass could make valid: the empty grid ended INVALID after all 16 passes)
+    from hyperset.solve import commit_cells
+    from hyperset.sudoku.board import conflicts
+
+    board = torch.zeros(1, 81, dtype=torch.long)
+    digit = torch.full((1, 81), 5)
+    conf = torch.linspace(0.99, 0.50, 81)[None]
+    for pass_index in (0, 4, 15):
+        (chosen,) = commit_cells(board, digit, conf, pass_index, 16)
+        after = board[0].clone()
+        after[chosen] = digit[0, chosen]
+        assert 1 <= len(chosen) <= 9 and conflicts(after.numpy()) == []
+    (chosen,) = commit_cells(board, digit, conf, 15, 16)
+    assert len(chosen) == 9  # the last pass asks for every blank: one 5 per row, column and box
+
+
+def test_the_shipped_model_fills_an_empty_grid() -> None:
+    (result,) = Solver.load(None, "cpu").solve(["0" * 81])
+    assert result.valid, result.reason
+
+
 def test_known_solution_is_compared(solver: Solver) -> None:
     (r,) = solver.solve([EASY], iters=3, solutions=[EASY_SOLUTION])
     assert r.correct is (r.prediction == EASY_SOLUTION)
@@ -453,17 +476,16 @@ def test_empty_paths_and_unreadable_checkpoint_files_are_one_line(tiny_checkpoin
     # a checkpoint whose files exist but cannot be read (permissions): said so, not a traceback or "not found"
     copy = tmp_path / "ck"
     shutil.copytree(tiny_checkpoint, copy)
-    real_read_text, real_open = Path.read_text, open
+    real_open = open
 
     def denied(path: object, *args: object, **kw: object) -> object:
         raise PermissionError(13, "Permission denied", str(path))
 
-    monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: denied(self) if self.name == "config.json"
-                        else real_read_text(self, *a, **k))
+    monkeypatch.setattr(checkpoint, "open", lambda path, *a, **k: denied(path) if str(path).endswith("config.json")
+                        else real_open(path, *a, **k), raising=False)
     code, _, err = run([str(tmp_path / "p.txt"), "--checkpoint", str(copy)])
     assert code == 2
     assert err.strip() == f"hyperset-solve: error: {copy / 'config.json'}: cannot be read (Permission denied)"
-    monkeypatch.setattr(Path, "read_text", real_read_text)
     monkeypatch.setattr(checkpoint, "open", lambda path, *a, **k: denied(path) if str(path).endswith(".safetensors")
                         else real_open(path, *a, **k), raising=False)
     code, _, err = run([str(tmp_path / "p.txt"), "--checkpoint", str(copy)])

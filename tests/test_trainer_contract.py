@@ -229,7 +229,8 @@ def test_a_resumed_run_with_dropout_equals_an_unbroken_one_on_each_device(tmp_pa
     Trainer(task(), cfg(20), tmp_path / "a", device=device, quiet=True).fit()
     Trainer(task(), cfg(8), tmp_path / "b", device=device, quiet=True).fit()
     Trainer(task(), cfg(20), tmp_path / "b", device=device, resume=True, quiet=True).fit()
-    a, _ = load_checkpoint(tmp_path / "a" / "last")
+    a, info = load_checkpoint(tmp_path / "a" / "last")
     b, _ = load_checkpoint(tmp_path / "b" / "last")
+    assert info["metrics_precision"] == "fp32"  # what the recorded metrics were measured in (amp off)
     for (k, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
         assert torch.equal(x, y), k

@@ -26,7 +26,7 @@ from tqdm import tqdm
 
 from hyperset.checkpoint import CheckpointError, atomic_write_bytes, checkpoint_dir, load_weights_into, read_json_file
 from hyperset.config import TableError, check_table
-from hyperset.device import autocast_dtype, describe, pick_device
+from hyperset.device import autocast_dtype, describe, dtype_name, pick_device
 
 from .state import check_run, load_training_state, recover_folder, replace_folder, run_lock, save_training_state
 from .task import Task
@@ -750,7 +750,13 @@ class Trainer:
     def _info(self, device: torch.device, step: int, metrics: dict[str, float] | None) -> dict[str, Any]:
         return {"task": self.task.name, "recipe": self.recipe_name, "train": asdict(self.cfg),
                 "data": self.task.describe(), "trained_iterations": getattr(self.task.model_config(), "iters", None),
-                "steps": step, "schedule": self._schedule, "device": describe(device), "metrics": metrics or {}}
+                "steps": step, "schedule": self._schedule, "device": describe(device), "metrics": metrics or {},
+                "metrics_precision": self._precision(device)}
+
+    def _precision(self, device: torch.device) -> str:
+        """The precision the evaluations (the recorded metrics) ran in: "fp32" or e.g. "bf16 autocast"."""
+        dtype = self._amp_dtype(device)
+        return "fp32" if dtype is None else f"{dtype_name(dtype)} autocast"
 
     def _handle_signal(self, signum: int, frame: Any) -> None:
         self._stop, self._stop_signal = True, signum

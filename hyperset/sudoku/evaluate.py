@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from ..cli_options import json_safe
+from ..device import dtype_name
 from ..solve import DEFAULT_PASSES, STRATEGIES, Solver, summarize
 from .data import find_split, givens_count, load_csv, protocol_split
 
@@ -256,7 +257,8 @@ def evaluate(solver: Solver, boards: Boards, iters: Sequence[int] | None = None,
         "checkpoint": checkpoint,
         **boards.describe(),
         "trained_iterations": trained, "parameters": model.num_parameters(), "layer": model.cfg.layer,
-        "device": solver.device_name(), "batch_size": batch_size or solver.default_batch_size,
+        "device": solver.device_name(), "precision": dtype_name(next(model.parameters()).dtype),
+        "batch_size": batch_size or solver.default_batch_size,
         "iters": depths,
         "depths": [{"iters": d, "board_acc": curve.board_acc(d), "cell_acc": curve.cell_acc(d)} for d in depths],
         "per_iteration": curve.to_json(),

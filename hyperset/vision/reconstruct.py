@@ -37,8 +37,15 @@ import torch.nn.functional as F
 from PIL import Image
 from torch import Tensor, nn
 
-from ..checkpoint import CheckpointError, checkpoint_dir, load_checkpoint, load_weights_into, read_config
-from ..config import whole_number
+from ..checkpoint import (
+    CheckpointError,
+    check_weights_fit,
+    checkpoint_dir,
+    load_checkpoint,
+    load_weights_into,
+    read_config,
+)
+from ..config import check_table, whole_number
 from ..models import HyperSETModel
 from ..pretrained import weights_root
 from .data import decode_image, resize_crop
@@ -49,6 +56,13 @@ WEIGHTS_DIR = weights_root() / "mim"
 TOKENIZER_KIND = "vq-tokenizer"
 VQGAN_SUFFIXES = (".ckpt", ".pth", ".pt", ".safetensors")
 DECODINGS = ("maskgit", "expected")  # reconstruct(decode=...): MaskGIT sampling (the paper's), expected embedding
+# What a tokenizer checkpoint's config.json may describe (a file received from someone else): far above the shipped
+# tokenizer (hidden 128, 2 residual blocks, 512 codes of 64) and any CIFAR or ImageNet one, so that a config cannot
+# make the loader build without end; the sizes within these bounds are then checked against the weights' header.
+TOKENIZER_SIZES = {"in_channels": (1, 64), "hidden": (2, 8_192), "num_res_blocks": (0, 64), "num_downsamples": (1, 8),
+                   "codebook_size": (1, 1 << 20), "code_dim": (1, 8_192), "restart_after": (0, 1 << 40)}
+MAX_TOKENIZER_BYTES = 2 << 30  # weights and buffers (the shipped tokenizer: 3.5 MB; the paper's VQGAN: 0.4 GB)
+MAX_IMAGE_SIZE = 1_024  # the side of the images a tokenizer's config.json may ask for (data.image_size)
 
 
 class MIMWeightsMissing(FileNotFoundError):
@@ -144,14 +158,47 @@ def load_tokenizer(path: str | Path | None = None, device: str | torch.device = 
                          source=source).to(device)
     path = checkpoint_dir(path)
     meta = read_config(path, kind=TOKENIZER_KIND)
-    try:
-        cfg = VQConfig(**meta["model"])
-    except TypeError as e:
-        raise CheckpointError(f"{path / 'config.json'}: invalid tokenizer config ({e})") from None
+    cfg, stored_size = _tokenizer_config(meta, path / "config.json")
+    with torch.device("meta"):  # shapes only: checked against the weights' header before anything is allocated
+        shapes = VQTokenizer(cfg)
+    size = sum(t.numel() * t.element_size() for t in (*shapes.parameters(), *shapes.buffers()))
+    if size > MAX_TOKENIZER_BYTES:
+        raise CheckpointError(f"{path / 'config.json'}: describes a tokenizer of {size / 2**30:.1f} GiB; a tokenizer "
+                              f"checkpoint is at most {MAX_TOKENIZER_BYTES / 2**30:.0f} GiB")
+    what = "weights of a VQ tokenizer"
+    check_weights_fit(shapes, path, what)
     model = VQTokenizer(cfg)
-    load_weights_into(model, path, "weights of a VQ tokenizer")
-    size = image_size or int(meta.get("data", {}).get("image_size", 32))
-    return Tokenizer(model, TOKENIZER_KIND, size, meta, source=source).to(device)
+    load_weights_into(model, path, what)
+    return Tokenizer(model, TOKENIZER_KIND, image_size or stored_size, meta, source=source).to(device)
+
+
+def _tokenizer_config(meta: dict[str, Any], where: Path) -> tuple[VQConfig, int]:
+    """The VQConfig of a tokenizer checkpoint's config.json (`meta`, read from `where`) and the image size it was
+    trained at (``data.image_size``, default 32), checked: the keys and types of VQConfig, sizes within
+    ``TOKENIZER_SIZES``, finite floats, ``data`` a table and the image size a whole number up to MAX_IMAGE_SIZE
+    that the code grid divides. Anything else is a CheckpointError naming the file."""
+    model = meta["model"]  # a dict (read_config)
+    try:
+        check_table(VQConfig, model, "model")
+        for key, (least, most) in TOKENIZER_SIZES.items():
+            if key in model and not least <= model[key] <= most:
+                raise ValueError(f"model.{key} = {str(model[key])[:40]}: expected {least:,} to {most:,}")
+        for key in ("beta", "decay", "eps"):
+            if key in model and not -1e300 < model[key] < 1e300:  # not NaN, infinite or an integer past floats
+                raise ValueError(f"model.{key} = {str(model[key])[:40]}: expected a finite number")
+        cfg = VQConfig(**model)
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"{where}: invalid tokenizer config ({e})") from None
+    data = meta.get("data", {})
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{where}: data = {str(data)[:40]}: expected a table (the data the tokenizer was "
+                              "trained on)")
+    size = data.get("image_size", 32)
+    factor = 2**cfg.num_downsamples
+    if isinstance(size, bool) or not isinstance(size, int) or not factor <= size <= MAX_IMAGE_SIZE or size % factor:
+        raise CheckpointError(f"{where}: data.image_size = {str(size)[:40]}: expected a whole number from {factor} "
+                              f"to {MAX_IMAGE_SIZE:,}, a multiple of the tokenizer's factor {factor}")
+    return cfg, size
 
 
 def check_compatible(tokenizer: Tokenizer, model: HyperSETModel) -> None:

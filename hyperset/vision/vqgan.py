@@ -10,12 +10,16 @@ loads with :func:`load_vqgan`.
 from __future__ import annotations
 
 import pickle
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from ..checkpoint import FLOAT_DTYPES, stored_header
+from ..checkpoint import CheckpointError as FileError
 
 
 @dataclass
@@ -275,17 +279,30 @@ _CONVERT_HINT = (
 )
 
 
-def _read_state_dict(path: Path) -> dict[str, Tensor]:
-    if path.suffix == ".safetensors":
-        from safetensors import SafetensorError
-        from safetensors.torch import load_file
-
-        try:
-            return load_file(str(path), device="cpu")
-        except (SafetensorError, OSError) as err:
-            raise CheckpointError(f"{path} is not a readable safetensors file ({_first_line(err)})") from err
+def _safetensors_header(path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Name -> (shape, safetensors dtype) from the header of a .safetensors file alone (no tensor is read)."""
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
+        return stored_header(path, "VQGAN weights")
+    except FileError as err:
+        raise CheckpointError(str(err)) from None
+
+
+def _read_safetensors(path: Path, names: list[str]) -> dict[str, Tensor]:
+    """The tensors `names` of a .safetensors file whose header was checked (nothing else in it is read)."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), "pt", device="cpu") as f:
+            return {k: f.get_tensor(k) for k in names}
+    except (SafetensorError, OSError) as err:
+        raise CheckpointError(f"{path} is not a readable safetensors file ({_first_line(err)})") from err
+
+
+def _read_state_dict(path: Path) -> dict[str, Tensor]:
+    """The tensors of a .ckpt/.pth/.pt file, unpickled with torch's weights-only unpickler; a file in the zip format
+    (torch >= 1.6) is memory-mapped, so that its tensors are read only when copied into the model."""
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(path))
     except pickle.UnpicklingError as err:
         if "unsupported global" not in str(err).lower():  # not the refusal of a Python object: a damaged file
             raise CheckpointError(f"{path} is not a PyTorch checkpoint ({_unpickling_reason(err)})") from err
@@ -331,18 +348,34 @@ def load_vqgan(path: str | Path, cfg: VQGANConfig | None = None) -> VQGAN:
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"VQGAN checkpoint not found: {path}")
-    sd = {k: v for k, v in _read_state_dict(path).items() if not k.startswith("loss.")}
+    with torch.device("meta"):  # names and shapes only: nothing is allocated before the file is checked
+        shapes = VQGAN(cfg)
+    expected = {k: tuple(v.shape) for k, v in shapes.state_dict().items()}
+    if path.suffix == ".safetensors":  # the header first; then only the model's tensors are read
+        header = {k: v for k, v in _safetensors_header(path).items() if not k.startswith("loss.")}
+        _check_fit(path, shapes.cfg, expected, {k: (shape, dtype in FLOAT_DTYPES) for k, (shape, dtype) in
+                                                header.items()})
+        sd = _read_safetensors(path, sorted(expected))
+    else:
+        sd = {k: v for k, v in _read_state_dict(path).items() if not k.startswith("loss.")}
+        _check_fit(path, shapes.cfg, expected, {k: (tuple(v.shape), v.is_floating_point()) for k, v in sd.items()})
     model = VQGAN(cfg)
-    expected = model.state_dict()
-    missing = sorted(set(expected) - set(sd))
-    unexpected = sorted(set(sd) - set(expected))
-    wrong = sorted(k for k in set(sd) & set(expected) if sd[k].shape != expected[k].shape)
-    if missing or unexpected or wrong:
-        parts = [f"missing keys {_short(missing)}" if missing else "",
-                 f"unexpected keys {_short(unexpected)}" if unexpected else "",
-                 "shape mismatch " + _short([f"{k} {tuple(sd[k].shape)} vs {tuple(expected[k].shape)}"
-                                             for k in wrong]) if wrong else ""]
-        detail = "; ".join(p for p in parts if p)
-        raise CheckpointError(f"{path} does not match VQGAN({model.cfg}): {detail}")
     model.load_state_dict(sd, strict=True)
     return model.eval()
+
+
+def _check_fit(path: Path, cfg: VQGANConfig, expected: dict[str, tuple[int, ...]],
+               stored: dict[str, tuple[tuple[int, ...], bool]]) -> None:
+    """The names, shapes and (floating or not) dtypes in the file (`stored`, the ignored keys left out) against
+    the model's: a one-line CheckpointError for missing, unexpected, misshapen or integer tensors."""
+    missing = sorted(set(expected) - set(stored))
+    unexpected = sorted(set(stored) - set(expected))
+    wrong = sorted(k for k in set(stored) & set(expected) if stored[k][0] != expected[k])
+    integers = sorted(k for k in set(stored) & set(expected) if not stored[k][1])
+    if missing or unexpected or wrong or integers:
+        parts = [f"missing keys {_short(missing)}" if missing else "",
+                 f"unexpected keys {_short(unexpected)}" if unexpected else "",
+                 "shape mismatch " + _short([f"{k} {stored[k][0]} vs {expected[k]}" for k in wrong]) if wrong else "",
+                 f"not floating-point {_short(integers)}" if integers else ""]
+        detail = "; ".join(p for p in parts if p)
+        raise CheckpointError(f"{path} does not match VQGAN({cfg}): {detail}")
