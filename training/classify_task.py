@@ -40,6 +40,7 @@ from hyperset.vision.data import (
     EVAL_MODES,
     IMAGENET100_WNIDS,
     NORMALIZATION,
+    WNID_RE,
     ImageNetTransform,
     ImageSource,
     normalize,
@@ -97,6 +98,8 @@ class ClassifyData:
         check_choice("data", "eval_mode", self.eval_mode, tuple(EVAL_MODES))
         if self.n_train < 0 or self.n_val < 0:
             raise ValueError("data.n_train and data.n_val must be >= 0 (0 means all)")
+        if self.classes is not None and not isinstance(self.classes, str):
+            check_class_ids(self.classes, "data.classes")
 
     @property
     def is_cifar(self) -> bool:
@@ -105,6 +108,18 @@ class ClassifyData:
     @property
     def size(self) -> int:
         return CIFAR_SIZE if self.is_cifar else self.image_size
+
+
+def check_class_ids(classes: Any, where: str) -> None:
+    """Raise a ValueError unless ``classes`` is a non-empty list of WordNet ids (the names of class folders: no
+    other path may be listed through them)."""
+    if not isinstance(classes, (list, tuple)) or not classes:
+        found = "an empty list" if isinstance(classes, (list, tuple)) else type(classes).__name__
+        raise ValueError(f"{where} must be a list of WordNet ids like n01558993, found {found}")
+    for c in classes:
+        if not (isinstance(c, str) and WNID_RE.fullmatch(c)):
+            shown = repr(c[:40]) if isinstance(c, str) else f"a {type(c).__name__}"
+            raise ValueError(f"{where}: {shown} is not a WordNet id like n01558993")
 
 
 def class_names_for(data: ClassifyData) -> list[str]:

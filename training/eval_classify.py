@@ -32,7 +32,7 @@ from hyperset.cli_options import (
 from hyperset.config import MAX_ITERS
 from hyperset.device import autocast_dtype, describe, dtype_name, pick_device, set_cpu_threads
 
-from .classify_task import ClassifyData, ImageSplit, dataset_classes, load_split, sample, top1
+from .classify_task import ClassifyData, ImageSplit, check_class_ids, dataset_classes, load_split, sample, top1
 
 TRAIN_HINT = ("train one with `hyperset-train classify --recipe cifar10-cpu --data DIR --out runs/cifar10-cpu` "
               "and pass runs/cifar10-cpu/best as CHECKPOINT")
@@ -62,12 +62,27 @@ def resolve_checkpoint(checkpoint: str | None) -> Path:
     return folder
 
 
-def data_for_checkpoint(meta: dict[str, Any], data_dir: str, dataset: str | None) -> ClassifyData:
-    """The data description of the checkpoint's training run (dataset, val split, image size, classes)."""
+def data_for_checkpoint(meta: dict[str, Any], data_dir: str, dataset: str | None,
+                        checkpoint: str | Path | None = None) -> ClassifyData:
+    """The data description of the checkpoint's training run (dataset, val split, image size, classes).
+
+    ``data.classes`` must be the list of WordNet ids the trainer records: a path there is not opened.
+    """
     info = meta.get("data") if isinstance(meta.get("data"), dict) else {}
     name = dataset or info.get("dataset") or "cifar10"
     kw: dict[str, Any] = {"dataset": name, "data_dir": data_dir}
     if info.get("dataset", name) == name:
+        classes = info.get("classes")
+        if classes is not None:
+            # a checkpoint may come from elsewhere: a path in it could name any file here, or a device without end
+            where = f"{Path(checkpoint) / 'config.json' if checkpoint else 'the checkpoint config.json'}: data.classes"
+            if isinstance(classes, str):
+                raise EvalError(f"{where} is a path; a checkpoint records the list of WordNet ids itself, and a file "
+                                "it names is not opened")
+            try:
+                check_class_ids(classes, where)
+            except ValueError as e:
+                raise EvalError(str(e)) from None
         for key in ("val_fraction", "seed", "eval_mode", "classes"):
             if info.get(key) is not None:
                 kw[key] = info[key]
@@ -88,7 +103,7 @@ def run_eval(checkpoint: str | None, data_dir: str, split: str, iters: Sequence[
         raise EvalError(f"data folder {data_dir} does not exist (expected e.g. DIR/cifar-10-batches-py/)")
     device = pick_device(device_name)
     model, meta = load_checkpoint(path, task="classify", map_location=device)
-    data = data_for_checkpoint(meta, data_dir, dataset)
+    data = data_for_checkpoint(meta, data_dir, dataset, path)
     if data.size != model.cfg.img_size:
         raise EvalError(f"{path}: the model takes {model.cfg.img_size} px images, {data.dataset} here has "
                         f"{data.size} px")

@@ -44,6 +44,12 @@ _DIR_NAME = "sudoku-hard"
 _LINE_LEN = 163  # 81 + ',' + 81
 _UNITS = np.array(UNITS, dtype=np.intp)  # (27, 9)
 _FULL_UNIT = 0b1111111110  # bits 1..9
+#: most bytes a CSV may hold once decompressed: the RRN train.csv is 29.5 MB (180,000 lines); this leaves room for
+#: ~6.5 M puzzles (larger collections, such as the 3.8 M of Sudoku-Extreme, fit) while a gzip or zip member that
+#: expands without end (a decompression bomb) is refused first
+MAX_CSV_BYTES = 2**30
+#: most lines a CSV may hold: load_csv keeps ~16 bytes per line, so a flood of blank lines is bounded too
+MAX_CSV_LINES = 8_000_000
 
 
 class DataNotFoundError(FileNotFoundError):
@@ -66,17 +72,29 @@ def _read_lines(path: Path, limit: int | None) -> bytes:
     """Raw bytes of the CSV at ``path`` (plain, gzip or zip member); with ``limit`` only the first lines."""
     source = str(path)
 
-    def take(f: io.BufferedIOBase) -> bytes:
+    def take(f: io.BufferedIOBase, unpacked: bool) -> bytes:
+        # every read is bounded: one byte past MAX_CSV_BYTES tells an oversized file from one at the cap
         if limit is None:
-            return f.read()
-        # read up to ``limit`` + 1 non-blank lines (one may be a header); the caller trims to ``limit``
-        out, count = [], 0
-        for line in f:
-            out.append(line)
-            count += bool(line.strip())
-            if count > limit:
-                break
-        return b"".join(out)
+            data = f.read(MAX_CSV_BYTES + 1)
+        else:
+            # read up to ``limit`` + 1 non-blank lines (one may be a header); the caller trims to ``limit``
+            out, count, size = [], 0, 0
+            while count <= limit and size <= MAX_CSV_BYTES and len(out) <= MAX_CSV_LINES:
+                line = f.readline(MAX_CSV_BYTES + 1 - size)
+                if not line:
+                    break
+                out.append(line)
+                size += len(line)
+                count += bool(line.strip())
+            data = b"".join(out)
+        if len(data) > MAX_CSV_BYTES:
+            grows = "expands to" if unpacked else "holds"
+            raise PuzzleError(source, None, f"{grows} more than {MAX_CSV_BYTES:,} bytes, far more than a Sudoku "
+                                            "dataset (the RRN train.csv is 29.5 MB); refusing to read it")
+        if data.count(b"\n") > MAX_CSV_LINES:
+            raise PuzzleError(source, None, f"more than {MAX_CSV_LINES:,} lines, far more than a Sudoku dataset "
+                                            "(the RRN train.csv has 180,000); refusing to read it")
+        return data
 
     if path.is_file():
         if path.suffix.lower() == ".zip":
@@ -88,9 +106,9 @@ def _read_lines(path: Path, limit: int | None) -> bytes:
                 is_gz = raw.read(2) == b"\x1f\x8b"
             if is_gz:
                 with gzip.open(path, "rb") as f:
-                    return take(f)
+                    return take(f, True)
             with open(path, "rb") as f:
-                return take(f)
+                return take(f, False)
         except (OSError, EOFError) as err:
             raise PuzzleError(source, None, f"cannot read file ({err})") from None
     member = _zip_member_path(path)
@@ -98,7 +116,7 @@ def _read_lines(path: Path, limit: int | None) -> bytes:
         zpath, name = member
         try:
             with zipfile.ZipFile(zpath) as zf, zf.open(name) as f:
-                return take(f)
+                return take(f, True)
         except KeyError:
             raise PuzzleError(source, None, f"{zpath.name} has no member {name!r}") from None
         except (zipfile.BadZipFile, OSError, EOFError) as err:
@@ -291,6 +309,10 @@ def _zip_problem(path: Path) -> str | None:
             missing = [f"{s}.csv" for s in SPLITS if s not in members]
             if missing:
                 return f"the archive lacks {', '.join(missing)}"
+            # a member's declared size bounds what zipfile unpacks of it: refuse a bomb before testzip unpacks it
+            large = [i.filename for i in zf.infolist() if i.file_size > MAX_CSV_BYTES]
+            if large:
+                return f"the archive member {large[0]} expands to more than {MAX_CSV_BYTES:,} bytes"
             damaged = zf.testzip()
             if damaged is not None:
                 return f"the archive member {damaged} is damaged (CRC mismatch)"
@@ -306,7 +328,13 @@ def _extract(zpath: Path, target: Path) -> None:
         with zipfile.ZipFile(zpath) as zf:
             for split, member in _zip_members(zf).items():
                 with zf.open(member) as src, open(tmp / f"{split}.csv", "wb") as dst:
-                    shutil.copyfileobj(src, dst, 1 << 20)
+                    size = 0
+                    while chunk := src.read(1 << 20):
+                        size += len(chunk)
+                        if size > MAX_CSV_BYTES:  # counted, not trusted from the header: extraction fills the disk
+                            raise PuzzleError(f"{zpath}/{member}", None, f"expands to more than {MAX_CSV_BYTES:,} "
+                                              "bytes, far more than a sudoku-hard split; not extracted")
+                        dst.write(chunk)
         if target.exists():  # a partial earlier extraction: replace file by file
             for split in SPLITS:
                 os.replace(tmp / f"{split}.csv", target / f"{split}.csv")

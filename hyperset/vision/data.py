@@ -74,6 +74,10 @@ IMAGENET100_WNIDS: tuple[str, ...] = tuple(
 )
 
 
+WNID_RE = re.compile(r"n\d{8}")  # a WordNet id, the name of an ImageNet class folder
+MAX_CLASS_LIST_BYTES = 2**20  # a class list file larger than this is refused (ImageNet-1k's 1,000 ids take 10 KB)
+
+
 class ImageArrays(NamedTuple):
     """Decoded images (N, H, W, 3) uint8, labels (N,) int64 and the class names."""
 
@@ -231,6 +235,14 @@ def cifar_dir(name: str, root: str | os.PathLike) -> Path:
 
 def _integer_labels(path: Path, key: str, value: Any) -> np.ndarray:
     """The labels of a CIFAR batch as int64 (N,): integers only, else a ValueError naming the file."""
+    # checked before np.asarray: a pickle can nest one list in another many times over (a few KB on disk), and
+    # converting that visits every copy; real batches hold a flat list of ints (or an integer array)
+    if not isinstance(value, np.ndarray):
+        if not isinstance(value, list):
+            raise ValueError(f"{path}: {key!r} must be a list of integer labels, found {type(value).__name__}")
+        for v in value:
+            if not isinstance(v, (int, np.integer)):
+                raise ValueError(f"{path}: {key!r} must be a list of integer labels, found a {type(v).__name__} in it")
     try:
         y = np.asarray(value)
     except (ValueError, TypeError) as e:
@@ -238,8 +250,9 @@ def _integer_labels(path: Path, key: str, value: Any) -> np.ndarray:
     if y.size == 0:
         return np.zeros(0, dtype=np.int64)
     if y.dtype.kind not in "iu" or y.ndim != 1:
-        shown = ", ".join(repr(v) for v in y.reshape(-1)[:3].tolist())
-        raise ValueError(f"{path}: {key!r} must be a list of integer labels, found {y.dtype} {y.shape} ({shown} ...)")
+        # no repr of an object array's items: they may be nested lists as large as above
+        shown = "" if y.dtype.kind == "O" else f" ({', '.join(repr(v) for v in y.reshape(-1)[:3].tolist())} ...)"
+        raise ValueError(f"{path}: {key!r} must be a list of integer labels, found {y.dtype} {y.shape}{shown}")
     return y.astype(np.int64)
 
 
@@ -261,7 +274,10 @@ def read_cifar(name: str, root: str | os.PathLike, split: str, label_mode: str =
         names_key, num_classes = f"{label_mode}_label_names", (100 if label_mode == "fine" else 20)
     if names_key not in meta:
         raise ValueError(f"{folder / layout.meta_file}: no key {names_key!r} (found {sorted(meta)})")
-    class_names = [_text(n) for n in meta[names_key]]
+    names = meta[names_key]
+    if not isinstance(names, list) or not all(isinstance(n, (str, bytes)) for n in names):  # not str() of nested lists
+        raise ValueError(f"{folder / layout.meta_file}: {names_key!r} must be a list of class names (strings)")
+    class_names = [_text(n) for n in names]
     if len(class_names) != num_classes:
         raise ValueError(
             f"{folder / layout.meta_file}: {len(class_names)} class names, expected {num_classes}"
@@ -274,7 +290,10 @@ def read_cifar(name: str, root: str | os.PathLike, split: str, label_mode: str =
         for key in ("data", labels_key):
             if key not in batch:
                 raise ValueError(f"{path}: no key {key!r} (found {sorted(batch)})")
-        data = np.asarray(batch["data"])
+        data = batch["data"]
+        if not isinstance(data, np.ndarray):  # real batches hold an array; np.asarray of shared nested lists never ends
+            raise ValueError(f"{path}: 'data' must be a uint8 numpy array of shape (N, 3072), found "
+                             f"{type(data).__name__}")
         if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3 * 32 * 32:
             raise ValueError(
                 f"{path}: 'data' must be uint8 of shape (N, 3072), found {data.dtype} {data.shape}"
@@ -366,14 +385,34 @@ def download_cifar(
 
 
 def read_class_list(path: str | os.PathLike) -> list[str]:
-    """Read a class list (CMC's ``imagenet100.txt``): one WordNet id a line; blanks, '#' comments skipped."""
+    """Read a class list (CMC's ``imagenet100.txt``): one WordNet id a line; blanks, '#' comments skipped.
+
+    The file must be a regular file of at most ``MAX_CLASS_LIST_BYTES``, else a ValueError naming it.
+    """
     path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such class list file")
+    # a device (/dev/zero) or a FIFO would be read without end; a large file is no class list
+    if not path.is_file():
+        raise ValueError(f"{path}: not a regular file (a class list is a text file of WordNet ids)")
+    try:
+        with open(path, "rb") as f:
+            raw_bytes = f.read(MAX_CLASS_LIST_BYTES + 1)
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read the class list ({e.strerror or e})") from None
+    if len(raw_bytes) > MAX_CLASS_LIST_BYTES:
+        raise ValueError(f"{path}: larger than {MAX_CLASS_LIST_BYTES:,} bytes, too large for a class list "
+                         "(CMC's imagenet100.txt is 1 KB)")
+    try:
+        text = raw_bytes.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not UTF-8 text (a class list is a text file of WordNet ids)") from None
     wnids: list[str] = []
-    for lineno, raw in enumerate(path.read_text().splitlines(), start=1):
+    for lineno, raw in enumerate(text.splitlines(), start=1):
         line = raw.split("#", 1)[0].strip()
         if not line:
             continue
-        if not re.fullmatch(r"n\d{8}", line):
+        if not WNID_RE.fullmatch(line):
             raise ValueError(f"{path}:{lineno}: {line!r} is not a WordNet id like n01558993")
         if line in wnids:
             raise ValueError(f"{path}:{lineno}: {line} is listed twice")
