@@ -17,6 +17,7 @@ import errno
 import ipaddress
 import socket
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -255,7 +256,14 @@ def serve(args: Any) -> int:
     print(f"Running on {demo.local_url}", flush=True)
     if args.share and getattr(demo, "share_url", None):
         print(f"Public link: {demo.share_url}", flush=True)
-    demo.block_thread()  # until Ctrl+C; closes the server
+    try:  # gradio's block_thread() swallows the Ctrl-C and returns: the exit code would be 0
+        while demo.is_running:
+            time.sleep(0.1)
+    except KeyboardInterrupt:
+        print("hyperset-app: interrupted", file=sys.stderr)
+        with contextlib.suppress(Exception):
+            demo.close()
+        return 130
     return 0
 
 

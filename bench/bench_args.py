@@ -261,6 +261,9 @@ def input_errors_exit(main: Callable[..., Any]) -> Callable[..., Any]:
         except INPUT_ERRORS as e:
             print(f"{Path(sys.argv[0]).name}: error: {reason(e)}", file=sys.stderr)
             sys.exit(2)
+        except KeyboardInterrupt:  # Ctrl-C: one line and the shell's 130, as the hyperset-* commands
+            print(f"{Path(sys.argv[0]).name}: interrupted", file=sys.stderr)
+            sys.exit(130)
 
     return run
 

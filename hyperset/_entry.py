@@ -8,7 +8,19 @@ import sys
 from typing import Any
 
 
+def _tolerant_stdout() -> None:
+    """What standard output's encoding cannot hold (a cp1252 file or pipe on Windows, a Latin-1 locale) is printed
+    as '?', not a UnicodeEncodeError after the work is done."""
+    reconfigure = getattr(sys.stdout, "reconfigure", None)
+    if reconfigure is not None:
+        try:
+            reconfigure(errors="replace")
+        except (ValueError, OSError):  # a stream that cannot change now
+            pass
+
+
 def _run(prog: str, target: str) -> Any:
+    _tolerant_stdout()
     module, _, name = target.partition(":")
     try:
         command = getattr(importlib.import_module(module), name)

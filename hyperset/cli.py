@@ -12,11 +12,10 @@ from typing import Any, NoReturn
 
 import click
 
-from .checkpoint import CheckpointError, atomic_write_bytes
-from .cli_options import OneLineCommand
+from .cli_options import OneLineCommand, stdout_to_devnull
 from .config import MAX_ITERS
+from .defaults import CPU_BATCH_SIZE, DEFAULT_PASSES, DEFAULT_STRATEGY, GPU_BATCH_SIZE
 from .extras import require
-from .solve import CPU_BATCH_SIZE, DEFAULT_PASSES, DEFAULT_STRATEGY, GPU_BATCH_SIZE
 from .sudoku.board import Puzzle, PuzzleError, cell_name, format_grid, parse_file
 
 # exit codes (README, "Exit codes"); 130 is the shell's code for a process stopped by Ctrl-C (128 + SIGINT)
@@ -112,7 +111,7 @@ def _sparkline(values: list[float], width: int = SPARK_WIDTH) -> str:
     if len(values) > width:
         edges = [round(i * len(values) / width) for i in range(width + 1)]
         values = [_mean(values[a:b]) for a, b in zip(edges, edges[1:])]
-    ticks = "▁▂▃▄▅▆▇█"
+    ticks = TICKS if _encodable(TICKS) else ASCII_TICKS
     finite = [v for v in values if math.isfinite(v)]
     if not finite:
         return "?" * len(values)
@@ -120,6 +119,18 @@ def _sparkline(values: list[float], width: int = SPARK_WIDTH) -> str:
     span = (hi - lo) or 1.0
     return "".join(ticks[min(int((v - lo) / span * (len(ticks) - 1) + 0.5), len(ticks) - 1)]
                    if math.isfinite(v) else "?" for v in values)
+
+
+TICKS, ASCII_TICKS = "▁▂▃▄▅▆▇█", "_.-:=+*#"
+
+
+def _encodable(text: str) -> bool:
+    """Whether standard output's encoding holds `text` (not cp1252, Latin-1 or ASCII for block characters)."""
+    try:
+        text.encode(getattr(sys.stdout, "encoding", None) or "utf-8")
+    except (UnicodeEncodeError, LookupError):
+        return False
+    return True
 
 
 def _mean(run: list[float]) -> float:
@@ -188,6 +199,8 @@ def plot_energy(path: str, results: list[Any], trained: int) -> None:
         fig.savefig(image, format=plot_format(path), dpi=120)
     finally:
         plt.close(fig)
+    from .checkpoint import atomic_write_bytes
+
     atomic_write_bytes(path, image.getvalue())
 
 
@@ -223,7 +236,8 @@ def _load_puzzles(files: tuple[str, ...]) -> list[Puzzle]:
               help="most passes of the commit strategy")
 @click.option("--checkpoint", type=click.Path(), default=None, help="checkpoint folder [default: the shipped model]")
 @click.option("--device", default="auto", show_default=True, help="auto | cpu | cuda")
-@click.option("--backend", type=click.Choice(["torch", "onnx"]), default="torch", show_default=True)
+@click.option("--backend", type=click.Choice(["torch", "onnx"]), default="torch", show_default=True,
+              help="run the model in PyTorch, or as an ONNX graph in ONNX Runtime (the 'onnx' extra)")
 @click.option("--onnx-model", type=click.Path(), default=None, help="ONNX Loop graph for --backend onnx")
 @click.option("--batch-size", type=click.IntRange(1, 65536), default=None,
               help=f"boards per forward pass [default: {CPU_BATCH_SIZE} on a CPU, {GPU_BATCH_SIZE} on a GPU]")
@@ -259,6 +273,7 @@ def solve_main(files: tuple[str, ...], iters: str | None, strategy: str, passes:
 def _solve(files: tuple[str, ...], iters: str | None, strategy: str, passes: int, checkpoint: str | None,
            device: str, backend: str, onnx_model: str | None, batch_size: int | None, threads: int | None,
            as_json: bool, quiet: bool, trace: bool, plot: str | None, color: bool | None) -> NoReturn:
+    from .checkpoint import CheckpointError
     from .device import check_device_name, set_cpu_threads
     from .solve import Solver, summarize
 
@@ -288,7 +303,7 @@ def _solve(files: tuple[str, ...], iters: str | None, strategy: str, passes: int
         for p in puzzles:
             for w in p.warnings:
                 click.echo(f"warning: {p.source}, line {p.line}: {w}", err=True)
-    use_color = sys.stdout.isatty() if color is None else color
+    use_color = default_color(sys.stdout) if color is None else color
     show = None if as_json or quiet else (
         lambda p, r: _print_result(p, r, solver.trained_iters, use_color, trace))
     results, seconds, interrupted = _stream(solver, puzzles, show, iters=n_iters, strategy=strategy, passes=passes,
@@ -307,11 +322,17 @@ def _solve(files: tuple[str, ...], iters: str | None, strategy: str, passes: int
             plot_energy(plot, results, solver.trained_iters)
         except OSError as e:
             _fail(f"--plot: cannot write {plot}: {e.strerror or e}")
-        if not as_json:
+        if not as_json and not quiet:  # --quiet: the summary only
             click.echo(f"energy plot written to {plot}")
     if interrupted:
         sys.exit(EXIT_INTERRUPTED)
     sys.exit(EXIT_SOLVED if summary.valid == summary.puzzles else EXIT_UNSOLVED)
+
+
+def default_color(stream: Any) -> bool:
+    """Colour by default on a terminal, unless NO_COLOR is set (no-color.org) or the terminal is dumb."""
+    return (bool(stream is not None and stream.isatty()) and not os.environ.get("NO_COLOR")
+            and os.environ.get("TERM") != "dumb")
 
 
 def make_backend(name: str, solver: Any, path: str | None, device: str, threads: int | None) -> Any:
@@ -329,7 +350,7 @@ def _stream(solver: Any, puzzles: list[Puzzle], show: Any, **kw: Any) -> tuple[l
     from tqdm.auto import tqdm
 
     bar = tqdm(total=len(puzzles), unit="board", file=sys.stderr, leave=False, dynamic_ncols=True,
-               disable=show is None or len(puzzles) < 2 or not sys.stderr.isatty())
+               disable=show is None or len(puzzles) < 2 or sys.stderr is None or not sys.stderr.isatty())
     t0 = time.perf_counter()
     results: list[Any] = []
     interrupted = False
@@ -376,10 +397,7 @@ def _fail(message: str) -> NoReturn:
 def _output_failed(error: OSError) -> NoReturn:
     """Standard output cannot be written (a full disk, a closed pipe): say so once. What is still buffered goes
     to /dev/null, or Python would fail again flushing it at exit."""
-    try:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    except (OSError, ValueError):  # not a real file (a test runner's capture)
-        pass
+    stdout_to_devnull()
     _fail(f"cannot write the results: {error.strerror or error}")
 
 
@@ -397,7 +415,7 @@ def _print_result(p: Puzzle, r: Any, trained: int, color: bool, trace: bool) -> 
     if r.correct is not None:
         verdict += " (matches the known solution)" if r.correct else " (differs from the known solution)"
     click.echo(f"{p.source}, puzzle {p.index + 1} (line {p.line}, {_count(p.n_givens, 'given')}):")
-    click.echo(side_by_side(r.puzzle, r.prediction, color))
+    click.echo(side_by_side(r.puzzle, r.prediction, color), color=color)  # --color: also into a pipe or file
     cells = r.conflicting_cells
     more = f" (+{len(cells) - 10} more)" if len(cells) > 10 else ""
     passes = f" in {r.passes} passes" if r.passes > 1 else ""

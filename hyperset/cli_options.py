@@ -61,6 +61,29 @@ class _OneLineErrors:
         # without standalone mode click returns the command's value, or the code of a ctx.exit (--help: 0)
         sys.exit(code if isinstance(code, int) and not isinstance(code, bool) else 0)
 
+    def invoke(self, ctx: click.Context) -> Any:
+        """The command, with standard output that cannot be written (a reader that closed: `| head`, `| true`)
+        ending it with one line and exit 2, as the README says, before click's own handler turns it into a silent
+        exit 1 (which means "some boards not solved" / "parity mismatch")."""
+        try:
+            return super().invoke(ctx)  # type: ignore[misc]
+        except BrokenPipeError as e:
+            stdout_to_devnull()
+            try:
+                click.echo(f"{ctx.command_path}: error: cannot write the output: {e.strerror or e}", err=True)
+            except OSError:  # standard error is the same closed pipe (2>&1 | head)
+                pass
+            sys.exit(2)
+
+
+def stdout_to_devnull() -> None:
+    """After a failed write to standard output: what is still buffered goes to /dev/null, or Python would fail
+    again flushing it at exit."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # not a real file (a test runner's capture), or no stdout
+        pass
+
 
 class OneLineCommand(_OneLineErrors, click.Command):
     """A click command whose usage errors are one line (`cls=OneLineCommand`)."""

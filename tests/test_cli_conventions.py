@@ -32,6 +32,14 @@ def test_version(main: click.Command, prog: str) -> None:
     assert run.exit_code == 0 and run.output.strip() == f"{prog} {package_version()}"
 
 
+@pytest.mark.parametrize("name", [*sorted(_commands()), "hyperset-solve"])
+def test_every_option_says_what_it_does(name: str) -> None:
+    from hyperset.cli import solve_main
+    command = solve_main if name == "hyperset-solve" else _commands()[name]
+    bare = [p.opts[0] for p in command.params if isinstance(p, click.Option) and not p.hidden and not p.help]
+    assert not bare, f"{name}: {', '.join(bare)} without help"
+
+
 def test_package_version_falls_back_to_the_source_tree(monkeypatch: pytest.MonkeyPatch) -> None:
     import importlib.metadata
 

@@ -13,7 +13,7 @@ import click
 import torch
 
 from hyperset.checkpoint import CheckpointError
-from hyperset.cli_options import OneLineGroup, device_option, threads_option, version_option
+from hyperset.cli_options import OneLineGroup, device_option, stdout_to_devnull, threads_option, version_option
 from hyperset.config import ModelConfig, TableError, check_table, preset_config
 from hyperset.device import pick_device
 from hyperset.download import DownloadError
@@ -139,14 +139,17 @@ def _run(task: str, recipe_name: str, data: str, out: str, resume: bool, device:
     if result.get("rank", 0):  # under torchrun the main process reports the run, once
         return
     best = "" if result["best"] is None else f"best {result['best']:.4f}; best checkpoint in {out}/best"
-    if as_json:
-        click.echo(json.dumps(result))
-    elif result["finished"]:
-        click.echo(f"done: step {result['step']}" + (f", {best}" if best else ""))
-    else:
-        so_far = f"; {best.replace('best checkpoint', 'best checkpoint so far')}" if best else ""
-        click.echo(f"stopped ({result['stopped_by']}) at step {result['step']} of {result['steps']}: the state is in "
-                   f"{out}/last, continue with --resume{so_far}")
+    try:
+        if as_json:
+            click.echo(json.dumps(result))
+        elif result["finished"]:
+            click.echo(f"done: step {result['step']}" + (f", {best}" if best else ""))
+        else:
+            so_far = f"; {best.replace('best checkpoint', 'best checkpoint so far')}" if best else ""
+            click.echo(f"stopped ({result['stopped_by']}) at step {result['step']} of {result['steps']}: the state is "
+                       f"in {out}/last, continue with --resume{so_far}")
+    except OSError:  # stdout gone (a `| tee` the Ctrl-C also ended): the state is saved; the exit code still says how
+        stdout_to_devnull()
     if not result["finished"]:  # stopped by a signal: the shell's convention, 128 + its number (SIGINT: 130)
         by = result["stopped_by"]
         sys.exit(128 + (signal.Signals[by].value if by in signal.Signals.__members__ else signal.SIGTERM.value))

@@ -198,7 +198,8 @@ def print_table(result: dict[str, Any]) -> None:
 @checkpoint_input(None, "the shipped models")
 @click.option("--data", required=True, type=click.Path(path_type=Path),
               help="CIFAR-10 root (cifar-10-batches-py/) or an ImageFolder tree (train/, val/)")
-@click.option("--split", type=click.Choice(["test", "train"]), default="test", show_default=True)
+@click.option("--split", type=click.Choice(["test", "train"]), default="test", show_default=True,
+              help="the split of --data whose images are masked and reconstructed")
 @click.option("--mask-ratio", type=click.FloatRange(0.0, 1.0), default=0.4, show_default=True,
               help="fraction of each image's tokens that is masked (exactly, at seeded random positions)")
 @click.option("--iters", type=click.IntRange(1, MAX_ITERS), default=None,
@@ -223,7 +224,8 @@ def print_table(result: dict[str, Any]) -> None:
 @click.option("--image-size", type=click.IntRange(min=1), default=None, help="image side (default: the tokenizer's)")
 @renamed_option("--batch-size", "batch", old="--batch", type=click.IntRange(min=1), default=250, show_default=True,
                help="images per forward pass")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="seed of the masked positions and of MaskGIT's sampling")
 @click.option("--lpips-weights", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="torchvision's ImageNet AlexNet weights (alexnet-owt-7be5be79.pth) for LPIPS [default: "
                    "$HYPERSET_LPIPS_WEIGHTS, else the torch hub cache]; needs the 'metrics' extra")

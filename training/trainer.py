@@ -25,6 +25,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from hyperset.checkpoint import CheckpointError, atomic_write_bytes, checkpoint_dir, load_weights_into, read_json_file
+from hyperset.cli_options import stdout_to_devnull
 from hyperset.config import TableError, check_table
 from hyperset.device import autocast_dtype, describe, dtype_name, pick_device
 
@@ -371,7 +372,8 @@ class Trainer:
     def _train(self, env: DistEnv) -> dict[str, Any]:
         cfg = self.cfg
         run = self._start(env)
-        old_handlers = {s: signal.signal(s, self._handle_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        stops = [signal.SIGTERM, signal.SIGINT] + ([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])
+        old_handlers = {s: signal.signal(s, self._handle_signal) for s in stops}  # SIGHUP: a closed ssh session
         bar = tqdm(total=cfg.steps, initial=run.step, disable=self.quiet, dynamic_ncols=True,
                    mininterval=1.0 if sys.stderr.isatty() else 60.0, desc=self.task.name)
         try:
@@ -584,7 +586,9 @@ class Trainer:
         if not math.isfinite(means.get("loss", 0.0)):
             raise self._diverged(run.step, f"the loss became {means['loss']}")
         if run.env.is_main:
-            bar.set_postfix({k: f"{v:.3f}" for k, v in means.items() if k in ("loss", "acc")})
+            # refresh=False: drawn at the bar's next update, within its mininterval (60 s off a terminal: a log
+            # file gets a frame a minute, not one at every log line)
+            bar.set_postfix({k: f"{v:.3f}" for k, v in means.items() if k in ("loss", "acc")}, refresh=False)
             self._log({"step": run.step, "time": round(run.elapsed, 3), "lr": run.lr,
                        **{k: means[k] for k in ("loss", *sorted(set(keys) - {"loss", "grad_norm"}), "grad_norm")}})
 
@@ -605,7 +609,6 @@ class Trainer:
                                  f"{self.out / 'last'}: fix the cause and continue with --resume") from None
             run.eval_pending = False
             self._log({"step": run.step, "time": round(run.elapsed, 3), "eval": metrics})
-            self._say(f"step {run.step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
             score = metrics[self.task.select_metric]
             if score > run.best:
                 self._check_finite(run)
@@ -614,6 +617,7 @@ class Trainer:
                 with self._writing(self.out / "best", run.step):
                     replace_folder(self.out / "best", partial(self._save, model=run.model, info=info))
             self._save_last(run, pending)
+            self._say(f"step {run.step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
         run.env.barrier()
         run.last_save = time.time()
 
@@ -759,11 +763,23 @@ class Trainer:
         return "fp32" if dtype is None else f"{dtype_name(dtype)} autocast"
 
     def _handle_signal(self, signum: int, frame: Any) -> None:
+        first = not self._stop
         self._stop, self._stop_signal = True, signum
+        if self._main:  # at once, not when the step or the evaluation under way is done (tens of seconds later)
+            message = (f"{signal.Signals(signum).name}: stopping after the current step, then saving last/"
+                       if first else f"{signal.Signals(signum).name}: already stopping; last/ is being saved")
+            with contextlib.suppress(OSError, ValueError, AttributeError):  # stderr gone with the terminal
+                sys.stderr.write(f"\n{message}\n")
+                sys.stderr.flush()
 
     def _say(self, message: str) -> None:
-        if not self.quiet:
+        if self.quiet:
+            return
+        try:
             tqdm.write(message)
+        except OSError:  # standard output went away (`| tee` ended by the same Ctrl-C, a closed terminal):
+            self.quiet = True  # train and save on, silently; never lose the state for a progress line
+            stdout_to_devnull()
 
     def _warn(self, message: str) -> None:
         """What the run does differently from what was asked: on standard error from the main process, also when

@@ -535,6 +535,11 @@ def _read_limited(stream: BinaryIO, source: str, what: str) -> bytes:
 
 def _read_bytes(path: str) -> tuple[bytes, str]:
     if path == "-":
+        if sys.stdin is None:  # `<&-`, or pythonw on Windows
+            raise PuzzleError("<stdin>", None, "standard input is closed")
+        if sys.stdin.isatty():  # nothing piped in: say what it waits for instead of hanging silently
+            end = "Ctrl-Z then Enter" if os.name == "nt" else "Ctrl-D"
+            print(f"reading puzzles from standard input (type or paste them, then {end})", file=sys.stderr)
         return _read_limited(sys.stdin.buffer, "<stdin>", "input larger than"), "<stdin>"
     if not path.strip():
         raise PuzzleError("''", None, "an empty file name (give a path, or - for standard input)")

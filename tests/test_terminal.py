@@ -1,0 +1,225 @@
+"""The commands in terminals and pipelines: closed pipes and streams, legacy code pages, colour, signals (Ctrl-C,
+a closed ssh session), progress output in log files, and a --help that does not wait for torch."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from conftest import write_sudoku_csvs, write_tiny_sudoku_checkpoint
+
+BIN = Path(sys.executable).parent
+EASY = "530070000600195000098000060800060003400803001700020006060000280000419005000080079"
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_sudoku_checkpoint(tmp_path_factory.mktemp("ckpt") / "sudoku-tiny")
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_sudoku_csvs(tmp_path_factory.mktemp("sudoku-data"), 90, 30, seed=1)
+
+
+def test_a_stdout_that_closes_mid_run_does_not_lose_the_trainers_state(data_dir: Path, tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """`hyperset-train ... | tee log` and Ctrl-C: tee dies first; the run must still save best/ and last/."""
+    from hyperset.config import preset_config
+    from hyperset.training.sudoku_task import SudokuData, SudokuTask
+    from hyperset.training.trainer import TrainConfig, Trainer
+
+    class ClosedPipe(io.StringIO):
+        def write(self, s: str) -> int:
+            raise BrokenPipeError(32, "Broken pipe")
+
+    cfg = preset_config("sudoku-cpu", dim=32, heads=2, ff_hidden=64, time_dim=16, iters=2)
+    task = SudokuTask(model=cfg, data=SudokuData(data_dir=str(data_dir), n_train=0, n_val=15, n_select=15))
+    train = TrainConfig(steps=4, batch_size=8, lr=3e-3, min_lr=3e-4, warmup_steps=2, amp="off", eval_every=2,
+                        log_every=1, save_every_seconds=1e9, threads=1)
+    monkeypatch.setattr(sys, "stdout", ClosedPipe())
+    Trainer(task, train, tmp_path / "run", quiet=False).fit()
+    assert json.loads((tmp_path / "run" / "last" / "trainer.json").read_text())["step"] == 4
+    assert (tmp_path / "run" / "best" / "model.safetensors").is_file()
+
+
+@pytest.mark.parametrize("encoding", ["cp1252", "latin-1"])
+@pytest.mark.parametrize("quiet", [[], ["-q"]])
+def test_solve_prints_to_a_legacy_code_page_without_crashing(tiny_checkpoint: Path, tmp_path: Path, encoding: str,
+                                                             quiet: list[str]) -> None:
+    """Windows: stdout redirected to a file or pipe is cp1252; a Latin-1 locale on Linux."""
+    (tmp_path / "p.txt").write_text(EASY + "\n")
+    run = subprocess.run([str(BIN / "hyperset-solve"), str(tmp_path / "p.txt"), "--checkpoint", str(tiny_checkpoint),
+                          "--strategy", "single", "--threads", "1", *quiet], capture_output=True,
+                         env={**ENV, "PYTHONIOENCODING": encoding})
+    assert run.returncode in (0, 1), run.stderr.decode(errors="replace")[-400:]
+    assert b"Traceback" not in run.stderr and b"boards valid" in run.stdout
+
+
+def _closed_pipe_run(args: list[str]) -> subprocess.CompletedProcess:
+    r, w = os.pipe()
+    os.close(r)  # the reader is gone before anything is written (`| head` that already exited, `| true`)
+    try:
+        return subprocess.run(args, stdout=w, stderr=subprocess.PIPE, env=ENV)
+    finally:
+        os.close(w)
+
+
+def test_a_closed_pipe_is_exit_2_as_the_readme_says_not_1(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    """README: 2 = output that cannot be written; 1 means 'some boards not solved' / 'parity mismatch'."""
+    write_sudoku_csvs(tmp_path, 0, 8, seed=3)
+    run = _closed_pipe_run([str(BIN / "hyperset-eval"), "sudoku", str(tiny_checkpoint), "--data",
+                            str(tmp_path / "valid.csv"), "--threads", "1"])
+    assert run.returncode == 2 and b"cannot write" in run.stderr, (run.returncode, run.stderr[-300:])
+
+
+def test_color_flag_keeps_colours_when_stdout_is_not_a_terminal(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    from hyperset.cli import solve_main
+
+    (tmp_path / "p.txt").write_text(EASY + "\n")
+    result = CliRunner().invoke(solve_main, [str(tmp_path / "p.txt"), "--checkpoint", str(tiny_checkpoint),
+                                             "--strategy", "single", "--color"])
+    assert "\x1b[" in result.stdout
+
+
+def test_ctrl_c_in_a_bench_script_is_one_line_and_130(capsys: pytest.CaptureFixture) -> None:
+    import hyperset
+
+    sys.path.insert(0, str(Path(hyperset.__file__).parents[1] / "bench"))
+    import bench_args
+
+    @bench_args.input_errors_exit
+    def main() -> None:
+        raise KeyboardInterrupt
+
+    try:
+        main()
+    except KeyboardInterrupt:
+        pytest.fail("KeyboardInterrupt escaped: Python prints its traceback")
+    except SystemExit as stop:
+        code = stop.code
+    assert code == 130 and capsys.readouterr().err.strip().endswith(": interrupted")
+
+
+@pytest.mark.parametrize("closed, args", [(1, []), (2, []), (0, ["-"])])
+def test_solve_with_a_closed_standard_stream_has_no_traceback(tiny_checkpoint: Path, tmp_path: Path, closed: int,
+                                                              args: list[str]) -> None:
+    """`>&-`, `2>&-`, `<&-` (and pythonw on Windows, where the streams are None)."""
+    (tmp_path / "p.txt").write_text(EASY + "\n" + EASY + "\n")
+    files = args or [str(tmp_path / "p.txt")]
+    log = tmp_path / "log"
+    code = (f"import sys, traceback\nsys.argv = ['hyperset-solve', *{files!r}, '--checkpoint', "
+            f"{str(tiny_checkpoint)!r}, '--strategy', 'single', '--threads', '1']\n"
+            "try:\n    from hyperset._entry import solve; solve()\n"
+            f"except SystemExit as e:\n    open({str(log)!r}, 'w').write(f'exit {{e.code}}')\n"
+            f"except BaseException:\n    open({str(log)!r}, 'w').write(traceback.format_exc())\n")
+    subprocess.run([sys.executable, "-c", code], env=ENV, preexec_fn=lambda: os.close(closed),
+                   stdout=subprocess.DEVNULL if closed != 1 else None,
+                   stderr=subprocess.DEVNULL if closed != 2 else None)
+    assert log.read_text().startswith("exit "), log.read_text()[-300:]
+
+
+def test_the_trainers_bar_off_a_terminal_is_throttled(data_dir: Path, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """mininterval=60 off a terminal; set_postfix(refresh=True) redraws it at every log line anyway."""
+    from hyperset.config import preset_config
+    from hyperset.training.sudoku_task import SudokuData, SudokuTask
+    from hyperset.training.trainer import TrainConfig, Trainer
+
+    err = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", err)
+    cfg = preset_config("sudoku-cpu", dim=16, heads=2, ff_hidden=16, time_dim=16, iters=1)
+    task = SudokuTask(model=cfg, data=SudokuData(data_dir=str(data_dir), n_train=0, n_val=4, n_select=4))
+    train = TrainConfig(steps=40, batch_size=4, lr=3e-3, min_lr=3e-4, warmup_steps=2, amp="off", eval_every=1000,
+                        log_every=1, save_every_seconds=1e9, threads=1)
+    Trainer(task, train, tmp_path / "run", quiet=False).fit()
+    assert err.getvalue().count("\r") <= 6, err.getvalue().count("\r")
+
+
+@pytest.mark.parametrize("entry", ["solve", "export", "app"])
+def test_help_imports_no_torch(entry: str) -> None:
+    code = (f"import sys\nsys.argv = ['x', '--help']\nfrom hyperset import _entry\n"
+            f"try:\n    _entry.{entry}()\nexcept SystemExit:\n    pass\n"
+            "sys.stderr.write('TORCH' if 'torch' in sys.modules else 'LIGHT')\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV)
+    assert run.stderr.endswith("LIGHT"), run.stderr[-200:]
+
+
+@pytest.mark.parametrize("sig", ["SIGHUP"])
+def test_a_hangup_stops_the_trainer_with_its_state_saved(data_dir: Path, tmp_path: Path, sig: str) -> None:
+    """An ssh session that drops sends SIGHUP: save last/ as for SIGTERM, exit 128 + 1."""
+    args = [str(BIN / "hyperset-train"), "sudoku", "--recipe", "sudoku-cpu", "--data", str(data_dir), "--out",
+            str(tmp_path / "run"), "--threads", "1", "--steps", "100000", "--quiet", "--set", "model.dim=16",
+            "--set", "model.heads=2", "--set", "model.ff_hidden=16", "--set", "model.time_dim=16", "--set",
+            "model.iters=1", "--set", "train.batch_size=4", "--set", "train.amp='off'"]
+    p = subprocess.Popen(args, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    deadline = time.time() + 60
+    while time.time() < deadline and not (tmp_path / "run" / "metrics.jsonl").exists():
+        time.sleep(0.2)
+    p.send_signal(getattr(signal, sig))
+    p.communicate(timeout=120)
+    assert p.returncode == 128 + getattr(signal, sig)
+    assert (tmp_path / "run" / "last" / "trainer.json").is_file()
+
+
+def test_the_first_ctrl_c_is_acknowledged_at_once(data_dir: Path, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    from hyperset.training.trainer import Trainer
+
+    trainer = Trainer.__new__(Trainer)
+    trainer._stop, trainer._stop_signal, trainer._main, trainer.quiet = False, None, True, False
+    err = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", err)
+    trainer._handle_signal(signal.SIGINT, None)
+    assert "stopping after the current step" in err.getvalue()
+
+
+def test_ctrl_c_stops_the_app_with_130(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    from types import SimpleNamespace
+
+    from hyperset.apps import app as app_module
+    from hyperset.apps import cli
+
+    class Demo:
+        local_url, share_url = "http://127.0.0.1:1/", None
+
+        def launch(self, **kw: object) -> None:
+            pass
+
+        def block_thread(self) -> None:  # gradio's: catches the KeyboardInterrupt and returns
+            print("Keyboard interruption in main thread... closing server.")
+
+        @property
+        def is_running(self) -> bool:
+            raise KeyboardInterrupt
+
+        def close(self) -> None:
+            pass
+
+    solver = SimpleNamespace(backend_name="torch", device_name=lambda: "cpu", trained_iters=16, backend=None)
+    monkeypatch.setattr(cli, "load_models", lambda args: (solver, None, "", "mim off"))
+    monkeypatch.setattr(app_module, "build_demo", lambda *a: Demo())
+    monkeypatch.setattr(app_module, "launch_kwargs", lambda: {})
+    assert cli.serve(cli.options(["--threads", "1"])) == 130
+
+
+def test_stdin_on_a_terminal_says_what_it_waits_for(monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture) -> None:
+    from hyperset.sudoku.board import parse_file
+
+    class Tty(io.TextIOWrapper):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setattr(sys, "stdin", Tty(io.BytesIO((EASY + "\n").encode())))
+    assert len(parse_file("-")) == 1
+    assert "standard input" in capsys.readouterr().err
