@@ -339,3 +339,38 @@ def test_augment_is_reproducible_with_the_same_generator_seed(pairs) -> None:
 def test_augment_rejects_mismatched_shapes() -> None:
     with pytest.raises(ValueError, match=r"\(n, 81\)"):
         augment(np.zeros((2, 81), np.uint8), np.zeros((3, 81), np.uint8), np.random.default_rng(0))
+
+
+@pytest.mark.parametrize("encoding", ["utf-8-sig", "utf-16"])
+def test_csv_files_from_spreadsheets_are_read(tmp_path, encoding: str) -> None:
+    # Excel's "CSV UTF-8" starts with a byte order mark, "Unicode text" is UTF-16: hyperset-solve read both, the
+    # data loader refused them
+    from hyperset.sudoku.data import load_csv
+    from hyperset.sudoku.exact import generate
+
+    rows = [f"{p},{s}" for p, s in generate(5, seed=0)]
+    (tmp_path / "boards.csv").write_text("\n".join(rows) + "\n", encoding=encoding)
+    puzzles, solutions = load_csv(tmp_path / "boards.csv")
+    assert len(puzzles) == 5 and len(load_csv(tmp_path / "boards.csv", limit=2)[0]) == 2
+    plain = tmp_path / "plain.csv"
+    plain.write_text("\n".join(rows) + "\n")
+    assert (puzzles == load_csv(plain)[0]).all() and (solutions == load_csv(plain)[1]).all()
+
+
+def test_csv_from_a_pipe_is_read(tmp_path) -> None:
+    # `--data <(zcat big.csv.gz | head -2000)`: a pipe was "file not found", and a gzip check opened it twice
+    import gzip
+    import os
+    import threading
+
+    from hyperset.sudoku.data import load_csv
+    from hyperset.sudoku.exact import generate
+
+    text = "".join(f"{p},{s}\n" for p, s in generate(4, seed=1))
+    for name, data in (("plain", text.encode()), ("gzip", gzip.compress(text.encode()))):
+        fifo = tmp_path / f"{name}.fifo"
+        os.mkfifo(fifo)
+        writer = threading.Thread(target=lambda f=fifo, d=data: f.write_bytes(d))
+        writer.start()
+        assert len(load_csv(fifo)[0]) == 4, name
+        writer.join()

@@ -94,21 +94,26 @@ def _read_lines(path: Path, limit: int | None) -> bytes:
         if data.count(b"\n") > MAX_CSV_LINES:
             raise PuzzleError(source, None, f"more than {MAX_CSV_LINES:,} lines, far more than a Sudoku dataset "
                                             "(the RRN train.csv has 180,000); refusing to read it")
-        return data
+        # what spreadsheets write: UTF-16 with its byte order mark, or UTF-8 behind one ("CSV UTF-8"), as
+        # hyperset-solve reads them
+        if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+            try:
+                data = data[:len(data) // 2 * 2].decode("utf-16").encode("utf-8")
+            except UnicodeDecodeError:
+                raise PuzzleError(source, None, "not valid UTF-16 text after its byte order mark") from None
+        return data.removeprefix(b"\xef\xbb\xbf")
 
-    if path.is_file():
+    if path.exists() and not path.is_dir():  # a file, or a pipe (`--data <(zcat big.csv.gz | head -2000)`)
         if path.suffix.lower() == ".zip":
             raise PuzzleError(
                 source, None, f"is a zip archive: name a member, e.g. {path}/{_DIR_NAME}/test.csv"
             )
         try:
-            with open(path, "rb") as raw:
-                is_gz = raw.read(2) == b"\x1f\x8b"
-            if is_gz:
-                with gzip.open(path, "rb") as f:
-                    return take(f, True)
-            with open(path, "rb") as f:
-                return take(f, False)
+            with open(path, "rb") as raw:  # opened once: a pipe cannot be read twice
+                if raw.peek(2)[:2] == b"\x1f\x8b":
+                    with gzip.GzipFile(fileobj=raw, mode="rb") as f:
+                        return take(f, True)
+                return take(raw, False)
         except (OSError, EOFError) as err:
             raise PuzzleError(source, None, f"cannot read file ({err})") from None
     member = _zip_member_path(path)
