@@ -256,7 +256,13 @@ def serve(args: Any) -> int:
     print(f"Running on {demo.local_url}", flush=True)
     if args.share and getattr(demo, "share_url", None):
         print(f"Public link: {demo.share_url}", flush=True)
-    try:  # gradio's block_thread() swallows the Ctrl-C and returns: the exit code would be 0
+    return serve_until_stopped(demo)
+
+
+def serve_until_stopped(demo: Any) -> int:
+    """Wait while the server runs; Ctrl-C closes it with one line and the shell's 130 (gradio's block_thread()
+    swallows the Ctrl-C and returns, so the exit code would be 0). 0 when the server stops by itself."""
+    try:
         while demo.is_running:
             time.sleep(0.1)
     except KeyboardInterrupt:

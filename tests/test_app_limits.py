@@ -395,7 +395,7 @@ def quick_serve(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list:
     build = app_module.build_demo
     monkeypatch.setattr(app_module, "build_demo", lambda *a: demos.append(build(*a)) or demos[-1])
     monkeypatch.setattr(cli_module, "load_models", lambda args: (tiny_solver(tmp_path), None, "", "not loaded"))
-    monkeypatch.setattr(gr.Blocks, "block_thread", lambda self: None)
+    monkeypatch.setattr(cli_module, "serve_until_stopped", lambda demo: 0)
     yield demos
     for demo in demos:
         demo.close()
