@@ -454,8 +454,9 @@ def _output_contract(model: HyperSETModel, energies: bool) -> str:
         return logits
     if not energy_names(model):
         return logits + "; energy_attn, energy_ff: zeros (this layer has no energy)"
-    return logits + ("; energy_attn, energy_ff: float32 [iterations, batch], the attention and feedforward energies "
-                     "after every iteration")
+    rows = "iterations" if model.cfg.n_layers == 1 else f"{model.cfg.n_layers} x iterations"
+    return logits + (f"; energy_attn, energy_ff: float32 [{rows}, batch], the attention and feedforward energies "
+                     "after every update")
 
 
 def _input_contract(cfg: Any, info: Mapping[str, Any] | None) -> dict[str, str]:

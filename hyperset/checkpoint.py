@@ -182,7 +182,10 @@ def stored_header(path: Path, what: str) -> dict[str, tuple[tuple[int, ...], str
         # fail where address space is limited; its loader validates the rest when the weights are read
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
-            length = struct.unpack("<Q", f.read(8).ljust(8, b"\xff"))[0]
+            head = f.read(8)
+            if len(head) < 8:
+                raise ValueError(f"{size} bytes: shorter than a safetensors header")
+            length = struct.unpack("<Q", head)[0]
             if length > min(size - 8, MAX_HEADER_BYTES):
                 raise ValueError(f"a header of {length:,} bytes in a file of {size:,}")
             header = json.loads(f.read(length).decode("utf-8"))

@@ -185,8 +185,6 @@ class RecurrentCore(nn.Module):
             return None
         if torch.is_grad_enabled() and (torch.jit.is_tracing() or not fused.enabled()):
             return None
-        if torch._C._are_functorch_transforms_active():  # the weight check below cannot run under vmap
-            return None
         if not sizes.constant_in_t():
             return None
         return self.steps_at(x0, x0, 1)

@@ -96,6 +96,8 @@ class StepSizes(nn.Module):
         zero (c_t = L2's bias for every t)."""
         if self.cfg.step == "fixed":
             return True
+        if torch._C._are_functorch_transforms_active():  # under vmap the weight cannot be read: made at every t
+            return False
         return self.cfg.time_mlp and not bool(self.L2.weight.any())
 
     def time_embedding(self, t: Tensor) -> Tensor:

@@ -134,6 +134,8 @@ CASES = [
          files={"ckpt/config.json": b'{"format": ' + b"7" * 5000 + b"}"}, stdin=PUZZLE.encode()),
     Case("solve-config-over-the-size-limit", "solve", ["-", "--checkpoint", "{ckpt}"], "config.json is at most",
          stdin=PUZZLE.encode(), patch={"hyperset.checkpoint.MAX_JSON_BYTES": 100}),
+    Case("solve-weights-empty", "solve", ["-", "--checkpoint", "{ckpt}"], "0 bytes: shorter than a safetensors header",
+         files={"ckpt/model.safetensors": b""}, stdin=PUZZLE.encode()),
     Case("export-config-nested-deeply", "export", ["{ckpt}", "-o", "{tmp}/x.onnx"], "config.json: not valid JSON",
          files={"ckpt/config.json": b"[" * 100_000}),
     # export

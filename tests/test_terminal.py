@@ -171,16 +171,77 @@ def test_a_hangup_stops_the_trainer_with_its_state_saved(data_dir: Path, tmp_pat
     assert (tmp_path / "run" / "last" / "trainer.json").is_file()
 
 
-def test_the_first_ctrl_c_is_acknowledged_at_once(data_dir: Path, tmp_path: Path,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_hangup_under_nohup_is_still_ignored(data_dir: Path, tmp_path: Path) -> None:
+    """`nohup hyperset-train ... &` ignores SIGHUP before the trainer starts: the run must outlive the session."""
+    args = [str(BIN / "hyperset-train"), "sudoku", "--recipe", "sudoku-cpu", "--data", str(data_dir), "--out",
+            str(tmp_path / "run"), "--threads", "1", "--steps", "100000", "--quiet", "--set", "model.dim=16",
+            "--set", "model.heads=2", "--set", "model.ff_hidden=16", "--set", "model.time_dim=16", "--set",
+            "model.iters=1", "--set", "train.batch_size=4", "--set", "train.amp='off'"]
+    p = subprocess.Popen(args, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    deadline = time.time() + 60
+    while time.time() < deadline and not (tmp_path / "run" / "metrics.jsonl").exists():
+        time.sleep(0.2)
+    p.send_signal(signal.SIGHUP)
+    time.sleep(3)
+    still = p.poll() is None
+    p.send_signal(signal.SIGTERM)
+    p.communicate(timeout=120)
+    assert still and p.returncode == 128 + signal.SIGTERM
+    assert (tmp_path / "run" / "last" / "trainer.json").is_file()
+
+
+def test_a_signal_during_a_blocked_write_to_stderr_does_not_break_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the handler ran while the interrupted write held sys.stderr's lock: its own write raised "reentrant call"
     from hyperset.training.trainer import Trainer
 
     trainer = Trainer.__new__(Trainer)
-    trainer._stop, trainer._stop_signal, trainer._main, trainer.quiet = False, None, True, False
-    err = io.StringIO()
-    monkeypatch.setattr(sys, "stderr", err)
-    trainer._handle_signal(signal.SIGINT, None)
-    assert "stopping after the current step" in err.getvalue()
+    trainer._stop, trainer._stop_signal, trainer._main = False, None, True
+
+    class Reentrant(io.StringIO):
+        def write(self, s: str) -> int:
+            raise RuntimeError("reentrant call inside <_io.BufferedWriter name='<stderr>'>")
+
+    monkeypatch.setattr(sys, "stderr", Reentrant())
+    r, w = os.pipe()
+    saved = os.dup(2)
+    os.dup2(w, 2)
+    try:
+        trainer._handle_signal(signal.SIGINT, None)
+        trainer._handle_signal(signal.SIGINT, None)
+    finally:
+        os.dup2(saved, 2)
+        os.close(w)
+    said = os.read(r, 4096).decode()
+    os.close(r)
+    assert trainer._stop and "SIGINT: stopping after the current step" in said and "already stopping" in said
+
+
+def test_a_progress_bar_on_a_broken_pipe_does_not_stop_the_run(data_dir: Path, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    # `hyperset-train ... 2>&1 | tee log` and Ctrl-C: the bar's writes to stderr failed and the run died unsaved
+    from hyperset.config import preset_config
+    from hyperset.training.sudoku_task import SudokuData, SudokuTask
+    from hyperset.training.trainer import TrainConfig, Trainer
+
+    class ClosedPipe(io.StringIO):
+        def isatty(self) -> bool:
+            return False
+
+        def write(self, s: str) -> int:
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def flush(self) -> None:
+            raise BrokenPipeError(32, "Broken pipe")
+
+    cfg = preset_config("sudoku-cpu", dim=16, heads=2, ff_hidden=16, time_dim=16, iters=1)
+    task = SudokuTask(model=cfg, data=SudokuData(data_dir=str(data_dir), n_train=0, n_val=8, n_select=8))
+    train = TrainConfig(steps=4, batch_size=4, lr=3e-3, min_lr=3e-4, warmup_steps=1, amp="off", eval_every=2,
+                        log_every=1, save_every_seconds=1e9, threads=1)
+    monkeypatch.setattr(sys, "stderr", ClosedPipe())
+    monkeypatch.setattr(sys, "stdout", ClosedPipe())
+    Trainer(task, train, tmp_path / "run", quiet=False).fit()
+    assert json.loads((tmp_path / "run" / "last" / "trainer.json").read_text())["step"] == 4
 
 
 def test_ctrl_c_stops_the_app_with_130(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:

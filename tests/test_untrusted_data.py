@@ -253,3 +253,22 @@ def test_a_device_as_class_list_in_a_checkpoint_is_not_read(tmp_path: Path) -> N
     proc = _limited([str(BIN / "hyperset-eval"), "classify", str(d), "--data", str(tmp_path / "imnet"),
                      "--threads", "1"], timeout=60)
     _one_line_error(proc, "hyperset-eval classify", "data.classes is a path")
+
+
+def test_a_large_real_collection_is_not_taken_for_a_bomb(tmp_path: Path, small_cap: int,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    # a plain file is bounded by its own size, a compressed one by CSV_EXPANSION times it: a dataset larger than
+    # MAX_CSV_BYTES (Kaggle's 9 M puzzles are 1.5 GB) loads, plain or compressed
+    import random
+
+    from hyperset.sudoku.exact import generate
+
+    monkeypatch.setattr(sd, "MAX_CSV_LINES", 1000, raising=False)
+    pairs = [f"{p},{s}\n" for p, s in generate(40, seed=2)]
+    rng = random.Random(0)
+    text = "".join(rng.choice(pairs) for _ in range(2 * small_cap // 164 + 1000))  # past the cap and the line cap
+    assert len(text) > small_cap
+    (tmp_path / "plain.csv").write_text(text)
+    (tmp_path / "packed.csv.gz").write_bytes(gzip.compress(text.encode()))
+    for name in ("plain.csv", "packed.csv.gz"):
+        assert len(sd.load_csv(tmp_path / name)[0]) == text.count("\n"), name

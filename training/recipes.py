@@ -46,10 +46,12 @@ def recipe_text(name_or_path: str | os.PathLike) -> tuple[str, str, str]:
             raise ValueError(f"recipe {name_or_path}: no such file (shipped recipes, by name: "
                              f"{', '.join(recipe_names())})")
         try:
-            if path.stat().st_size > MAX_RECIPE_BYTES:
-                raise ValueError(f"recipe {name_or_path}: {path.stat().st_size:,} bytes; a recipe is a TOML file of "
-                                 f"at most {MAX_RECIPE_BYTES >> 20} MiB")
-            return path.stem, name_or_path, path.read_bytes().decode("utf-8")
+            with open(path, "rb") as f:  # bounded by the read, not the size the file claims (a pipe has none)
+                data = f.read(MAX_RECIPE_BYTES + 1)
+            if len(data) > MAX_RECIPE_BYTES:
+                raise ValueError(f"recipe {name_or_path}: more than {MAX_RECIPE_BYTES >> 20} MiB; a recipe is a "
+                                 "TOML file of a few kB")
+            return path.stem, name_or_path, data.decode("utf-8")
         except UnicodeDecodeError as e:
             raise ValueError(f"{name_or_path}: not UTF-8 text (byte {e.object[e.start]:#04x} at offset "
                              f"{e.start}); a recipe is a TOML file") from None

@@ -307,6 +307,23 @@ class _Run:
         return time.time() - self.t0
 
 
+class _Unbreakable:
+    """Standard error for the progress bar, as it is when each write happens (a test may replace it), where a
+    failed write (the reader of a `2>&1 | tee` pipe ended by the same Ctrl-C, a closed terminal) is dropped: the
+    bar must never stop a run before it saves."""
+
+    def write(self, text: str) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            sys.stderr.write(text)
+
+    def flush(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            sys.stderr.flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(sys.stderr, name)
+
+
 @dataclass
 class Trainer:
     """One training run of a task: ``fit`` = resume, then train steps, with logging, evaluation and checkpoints
@@ -372,9 +389,11 @@ class Trainer:
     def _train(self, env: DistEnv) -> dict[str, Any]:
         cfg = self.cfg
         run = self._start(env)
-        stops = [signal.SIGTERM, signal.SIGINT] + ([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])
-        old_handlers = {s: signal.signal(s, self._handle_signal) for s in stops}  # SIGHUP: a closed ssh session
-        bar = tqdm(total=cfg.steps, initial=run.step, disable=self.quiet, dynamic_ncols=True,
+        # SIGHUP: a closed ssh session; a signal already ignored (SIGHUP under nohup) stays ignored
+        stops = [s for s in (signal.SIGTERM, signal.SIGINT, getattr(signal, "SIGHUP", None))
+                 if s is not None and signal.getsignal(s) is not signal.SIG_IGN]
+        old_handlers = {s: signal.signal(s, self._handle_signal) for s in stops}
+        bar = tqdm(total=cfg.steps, initial=run.step, disable=self.quiet, dynamic_ncols=True, file=_Unbreakable(),
                    mininterval=1.0 if sys.stderr.isatty() else 60.0, desc=self.task.name)
         try:
             if run.eval_pending:  # the evaluation that failed at the step last/ holds
@@ -766,11 +785,12 @@ class Trainer:
         first = not self._stop
         self._stop, self._stop_signal = True, signum
         if self._main:  # at once, not when the step or the evaluation under way is done (tens of seconds later)
-            message = (f"{signal.Signals(signum).name}: stopping after the current step, then saving last/"
-                       if first else f"{signal.Signals(signum).name}: already stopping; last/ is being saved")
-            with contextlib.suppress(OSError, ValueError, AttributeError):  # stderr gone with the terminal
-                sys.stderr.write(f"\n{message}\n")
-                sys.stderr.flush()
+            name = signal.Signals(signum).name
+            message = (f"{name}: stopping after the current step, then saving last/" if first else
+                       f"{name}: already stopping after the current step; last/ will be saved")
+            # straight to the descriptor: the signal may have interrupted a write to sys.stderr, whose lock it holds
+            with contextlib.suppress(OSError, ValueError):  # stderr gone with the terminal
+                os.write(2, f"\n{message}\n".encode(errors="replace"))
 
     def _say(self, message: str) -> None:
         if self.quiet:
@@ -785,4 +805,5 @@ class Trainer:
         """What the run does differently from what was asked: on standard error from the main process, also when
         quiet (--quiet, --json)."""
         if self._main:
-            tqdm.write(f"warning: {message}", file=sys.stderr)
+            with contextlib.suppress(OSError):  # standard error gone (a closed pipe): the run goes on
+                tqdm.write(f"warning: {message}", file=sys.stderr)

@@ -44,12 +44,26 @@ _DIR_NAME = "sudoku-hard"
 _LINE_LEN = 163  # 81 + ',' + 81
 _UNITS = np.array(UNITS, dtype=np.intp)  # (27, 9)
 _FULL_UNIT = 0b1111111110  # bits 1..9
-#: most bytes a CSV may hold once decompressed: the RRN train.csv is 29.5 MB (180,000 lines); this leaves room for
-#: ~6.5 M puzzles (larger collections, such as the 3.8 M of Sudoku-Extreme, fit) while a gzip or zip member that
-#: expands without end (a decompression bomb) is refused first
+#: what a CSV may hold, so that a gzip or zip member that expands without end (a decompression bomb) or a flood of
+#: blank lines is refused before it fills the memory: at least MAX_CSV_BYTES (the RRN train.csv is 29.5 MB), and for
+#: a file of known size its own size (plain) or CSV_EXPANSION times it (compressed: text of digits compresses
+#: 3-5x), so that large collections (Kaggle's 9 M puzzles, 1.5 GB) load; a pipe, of unknown size, MAX_STREAM_BYTES
 MAX_CSV_BYTES = 2**30
-#: most lines a CSV may hold: load_csv keeps ~16 bytes per line, so a flood of blank lines is bounded too
+MAX_STREAM_BYTES = 2**32
+CSV_EXPANSION = 64
+#: lines: at least MAX_CSV_LINES, else one per 64 bytes of the cap (load_csv keeps ~16 bytes per line)
 MAX_CSV_LINES = 8_000_000
+
+
+def _csv_caps(size: int | None, compressed: bool) -> tuple[int, int]:
+    """(bytes, lines) a CSV may hold: `size` is the file's (compressed: the archive member's) size, None for a
+    pipe. For a plain file of known size its size bounds both."""
+    if size is None:
+        return MAX_STREAM_BYTES, max(MAX_CSV_LINES, MAX_STREAM_BYTES // 64)
+    if compressed:
+        cap = max(MAX_CSV_BYTES, CSV_EXPANSION * size)
+        return cap, max(MAX_CSV_LINES, cap // 64)
+    return max(MAX_CSV_BYTES, size), max(MAX_CSV_LINES, size // 64)
 
 
 class DataNotFoundError(FileNotFoundError):
@@ -72,27 +86,28 @@ def _read_lines(path: Path, limit: int | None) -> bytes:
     """Raw bytes of the CSV at ``path`` (plain, gzip or zip member); with ``limit`` only the first lines."""
     source = str(path)
 
-    def take(f: io.BufferedIOBase, unpacked: bool) -> bytes:
-        # every read is bounded: one byte past MAX_CSV_BYTES tells an oversized file from one at the cap
+    def take(f: io.BufferedIOBase, unpacked: bool, size: int | None) -> bytes:
+        # every read is bounded: one byte past the cap tells an oversized file from one at the cap
+        max_bytes, max_lines = _csv_caps(size, unpacked)
         if limit is None:
-            data = f.read(MAX_CSV_BYTES + 1)
+            data = f.read(max_bytes + 1)
         else:
             # read up to ``limit`` + 1 non-blank lines (one may be a header); the caller trims to ``limit``
-            out, count, size = [], 0, 0
-            while count <= limit and size <= MAX_CSV_BYTES and len(out) <= MAX_CSV_LINES:
-                line = f.readline(MAX_CSV_BYTES + 1 - size)
+            out, count, total = [], 0, 0
+            while count <= limit and total <= max_bytes and len(out) <= max_lines:
+                line = f.readline(max_bytes + 1 - total)
                 if not line:
                     break
                 out.append(line)
-                size += len(line)
-                count += bool(line.strip())
+                total += len(line)
+                count += bool(line.strip(b" \t\r\n\x00"))  # NULs: a blank line in UTF-16
             data = b"".join(out)
-        if len(data) > MAX_CSV_BYTES:
+        if len(data) > max_bytes:
             grows = "expands to" if unpacked else "holds"
-            raise PuzzleError(source, None, f"{grows} more than {MAX_CSV_BYTES:,} bytes, far more than a Sudoku "
+            raise PuzzleError(source, None, f"{grows} more than {max_bytes:,} bytes, far more than a Sudoku "
                                             "dataset (the RRN train.csv is 29.5 MB); refusing to read it")
-        if data.count(b"\n") > MAX_CSV_LINES:
-            raise PuzzleError(source, None, f"more than {MAX_CSV_LINES:,} lines, far more than a Sudoku dataset "
+        if data.count(b"\n") > max_lines:
+            raise PuzzleError(source, None, f"more than {max_lines:,} lines, far more than a Sudoku dataset "
                                             "(the RRN train.csv has 180,000); refusing to read it")
         # what spreadsheets write: UTF-16 with its byte order mark, or UTF-8 behind one ("CSV UTF-8"), as
         # hyperset-solve reads them
@@ -109,11 +124,12 @@ def _read_lines(path: Path, limit: int | None) -> bytes:
                 source, None, f"is a zip archive: name a member, e.g. {path}/{_DIR_NAME}/test.csv"
             )
         try:
+            size = path.stat().st_size if path.is_file() else None  # None: a pipe
             with open(path, "rb") as raw:  # opened once: a pipe cannot be read twice
                 if raw.peek(2)[:2] == b"\x1f\x8b":
                     with gzip.GzipFile(fileobj=raw, mode="rb") as f:
-                        return take(f, True)
-                return take(raw, False)
+                        return take(f, True, size)
+                return take(raw, False, size)
         except (OSError, EOFError) as err:
             raise PuzzleError(source, None, f"cannot read file ({err})") from None
     member = _zip_member_path(path)
@@ -121,7 +137,7 @@ def _read_lines(path: Path, limit: int | None) -> bytes:
         zpath, name = member
         try:
             with zipfile.ZipFile(zpath) as zf, zf.open(name) as f:
-                return take(f, True)
+                return take(f, True, zf.getinfo(name).compress_size)
         except KeyError:
             raise PuzzleError(source, None, f"{zpath.name} has no member {name!r}") from None
         except (zipfile.BadZipFile, OSError, EOFError) as err:
@@ -315,9 +331,10 @@ def _zip_problem(path: Path) -> str | None:
             if missing:
                 return f"the archive lacks {', '.join(missing)}"
             # a member's declared size bounds what zipfile unpacks of it: refuse a bomb before testzip unpacks it
-            large = [i.filename for i in zf.infolist() if i.file_size > MAX_CSV_BYTES]
+            large = [i for i in zf.infolist() if i.file_size > _csv_caps(i.compress_size, True)[0]]
             if large:
-                return f"the archive member {large[0]} expands to more than {MAX_CSV_BYTES:,} bytes"
+                return (f"the archive member {large[0].filename} expands to more than "
+                        f"{_csv_caps(large[0].compress_size, True)[0]:,} bytes")
             damaged = zf.testzip()
             if damaged is not None:
                 return f"the archive member {damaged} is damaged (CRC mismatch)"
@@ -332,12 +349,13 @@ def _extract(zpath: Path, target: Path) -> None:
     try:
         with zipfile.ZipFile(zpath) as zf:
             for split, member in _zip_members(zf).items():
+                cap = _csv_caps(zf.getinfo(member).compress_size, True)[0]
                 with zf.open(member) as src, open(tmp / f"{split}.csv", "wb") as dst:
                     size = 0
                     while chunk := src.read(1 << 20):
                         size += len(chunk)
-                        if size > MAX_CSV_BYTES:  # counted, not trusted from the header: extraction fills the disk
-                            raise PuzzleError(f"{zpath}/{member}", None, f"expands to more than {MAX_CSV_BYTES:,} "
+                        if size > cap:  # counted, not trusted from the header: extraction fills the disk
+                            raise PuzzleError(f"{zpath}/{member}", None, f"expands to more than {cap:,} "
                                               "bytes, far more than a sudoku-hard split; not extracted")
                         dst.write(chunk)
         if target.exists():  # a partial earlier extraction: replace file by file

@@ -43,6 +43,7 @@ from ..checkpoint import (
     checkpoint_dir,
     load_checkpoint,
     load_weights_into,
+    model_bytes,
     read_config,
 )
 from ..config import check_table, whole_number
@@ -161,7 +162,7 @@ def load_tokenizer(path: str | Path | None = None, device: str | torch.device = 
     cfg, stored_size = _tokenizer_config(meta, path / "config.json")
     with torch.device("meta"):  # shapes only: checked against the weights' header before anything is allocated
         shapes = VQTokenizer(cfg)
-    size = sum(t.numel() * t.element_size() for t in (*shapes.parameters(), *shapes.buffers()))
+    size = model_bytes(shapes)
     if size > MAX_TOKENIZER_BYTES:
         raise CheckpointError(f"{path / 'config.json'}: describes a tokenizer of {size / 2**30:.1f} GiB; a tokenizer "
                               f"checkpoint is at most {MAX_TOKENIZER_BYTES / 2**30:.0f} GiB")
