@@ -138,13 +138,15 @@ def _mean(run: list[float]) -> float:
 
 
 def _energy_summary(energy: dict[str, list[float]], trained: int) -> str:
-    """A line per energy (first -> last value, the value at the trained depth, a sparkline), short enough for an
-    80-column terminal."""
+    """A line per energy and one for their sum (first -> last value, the value at the trained depth, a sparkline),
+    short enough for an 80-column terminal."""
     if not energy:
         return "energy: not defined for this layer"
     parts = []
-    for name, label in (("attn", "E_ATTN"), ("ff", "E_FF")):
-        v = energy.get(name)
+    both = [energy.get("attn"), energy.get("ff")]
+    # their sum, the energy the iterations descend: E_ATTN alone may rise while the total falls
+    total = [a + f for a, f in zip(*both)] if all(both) else None
+    for v, label in ((energy.get("attn"), "E_ATTN"), (energy.get("ff"), "E_FF"), (total, "total")):
         if v:
             at = v[min(trained, len(v)) - 1]
             parts.append(f"{label:<6} {v[0]:.1f} -> {v[-1]:.1f} (at t={min(trained, len(v))}: {at:.1f}) "

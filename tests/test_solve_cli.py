@@ -597,3 +597,18 @@ def test_plot_is_not_written_when_no_board_ran(tiny_checkpoint: Path, tmp_path: 
     code, _, err = run(["-", "--checkpoint", str(tiny_checkpoint), "--plot", str(tmp_path / "e.png")],
                        stdin=none + "\n")
     assert code == 1 and "--plot: no board ran an iteration" in err and not (tmp_path / "e.png").exists()
+
+
+def test_the_energy_lines_end_with_their_sum(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    # the sum is what the iterations descend; E_ATTN alone may rise while it falls
+    import re
+
+    (tmp_path / "p.txt").write_text(EASY + "\n")
+    code, out, _ = run([str(tmp_path / "p.txt"), "--checkpoint", str(tiny_checkpoint), "--strategy", "single",
+                        "--iters", "4"])
+    assert code in (0, 1)
+    values = {m[1]: (float(m[2]), float(m[3])) for m in
+              re.finditer(r"^  (E_ATTN|E_FF|total) +(-?[\d.]+) -> (-?[\d.]+) \(at t=", out, re.MULTILINE)}
+    assert set(values) == {"E_ATTN", "E_FF", "total"}, out
+    for k in (0, 1):
+        assert abs(values["total"][k] - values["E_ATTN"][k] - values["E_FF"][k]) <= 0.11
