@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from hyperset.backends import BackendStep
-from hyperset.config import MAX_ITERS, check_iterations
+from hyperset.config import MAX_ITERS, MAX_SIZES, check_iterations
 
 from .runtime import OnnxModelError, OrtSession, ProviderError, expect_task
 
@@ -142,9 +142,9 @@ def by_rows(run: Any, feeds: dict[str, np.ndarray], batched: set[str], rows: int
             for k, v in parts[0].items()}
 
 
-# the most distinct layers a graph's metadata may name (each has a step graph file of its own): far above any model
-# of the paper's, so that a file received from someone else cannot make the backend list paths without end
-MAX_LAYERS = 64
+# the most distinct layers a graph's metadata may name (each has a step graph file of its own), as for a checkpoint's
+# config: a file received from someone else cannot make the backend list paths without end
+MAX_LAYERS = MAX_SIZES["n_layers"]
 ENERGIES = ("attn", "ff")  # the energies a graph may report, as its outputs energy_attn and energy_ff
 
 
@@ -265,8 +265,6 @@ class OnnxSolverBackend:
         if self.config is not None and self.config.n_layers != self.n_layers:
             raise OnnxModelError(f"{name}: metadata n_layers = {self.n_layers}, but its config has "
                                  f"n_layers = {self.config.n_layers}")
-        if not 1 <= self.n_layers <= MAX_LAYERS:
-            raise OnnxModelError(f"{name}: metadata config n_layers = {self.n_layers}: expected 1 to {MAX_LAYERS}")
         import onnxruntime
 
         self.name = f"onnxruntime ({session.provider})"

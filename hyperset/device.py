@@ -56,6 +56,12 @@ def dtype_name(dtype: torch.dtype) -> str:
     return DTYPE_NAMES.get(dtype, str(dtype).removeprefix("torch."))
 
 
+def autocast_name(dtype: torch.dtype | None) -> str:
+    """How reports name the precision of work run under autocast to `dtype` (None: no autocast): "fp32" or e.g.
+    "bf16 autocast"."""
+    return "fp32" if dtype is None else f"{dtype_name(dtype)} autocast"
+
+
 def autocast_dtype(device: torch.device) -> torch.dtype | None:
     """Mixed precision: bf16 on CUDA with bf16 support (else fp16), bf16 on CPUs with native support."""
     if device.type == "cuda":

@@ -1,5 +1,5 @@
 """The commands in terminals and pipelines: closed pipes and streams, legacy code pages, colour, signals (Ctrl-C,
-a closed ssh session), progress output in log files, and a --help that does not wait for torch."""
+a closed ssh connection), progress output in log files, and a --help that does not wait for torch."""
 from __future__ import annotations
 
 import io
@@ -180,7 +180,7 @@ def _training_in_the_background(data_dir: Path, run: Path, before: Any) -> subpr
 
 
 def test_a_hangup_stops_the_trainer_with_its_state_saved(data_dir: Path, tmp_path: Path) -> None:
-    """An ssh session that drops sends SIGHUP: save last/ as for SIGTERM, exit 128 + 1."""
+    """An ssh connection that drops sends SIGHUP: save last/ as for SIGTERM, exit 128 + 1."""
     p = _training_in_the_background(data_dir, tmp_path / "run", lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     p.send_signal(signal.SIGHUP)
     p.communicate(timeout=120)

@@ -30,7 +30,7 @@ from hyperset.cli_options import (
     write_json_out,
 )
 from hyperset.config import MAX_ITERS
-from hyperset.device import autocast_dtype, describe, dtype_name, pick_device, set_cpu_threads
+from hyperset.device import autocast_dtype, autocast_name, describe, pick_device, set_cpu_threads
 
 from .classify_task import ClassifyData, ImageSplit, check_class_ids, dataset_classes, load_split, sample, top1
 
@@ -121,7 +121,7 @@ def run_eval(checkpoint: str | None, data_dir: str, split: str, iters: Sequence[
                         f"{labels_max}; pass the dataset it was trained on")
     dtype = autocast_dtype(device) if precision == "auto" else None
     autocast = (lambda: torch.autocast(device.type, dtype=dtype)) if dtype is not None else contextlib.nullcontext
-    used = "fp32" if dtype is None else f"{dtype_name(dtype)} autocast"
+    used = autocast_name(dtype)
     depths = list(dict.fromkeys(iters or [model.cfg.iters]))
     start = time.time()
     accuracy, images = top1(model, split_data, depths, device, autocast, batch_size, progress=True)

@@ -27,7 +27,7 @@ from tqdm import tqdm
 from hyperset.checkpoint import CheckpointError, atomic_write_bytes, checkpoint_dir, load_weights_into, read_json_file
 from hyperset.cli_options import stdout_to_devnull
 from hyperset.config import TableError, check_table
-from hyperset.device import autocast_dtype, describe, dtype_name, pick_device
+from hyperset.device import autocast_dtype, autocast_name, describe, pick_device
 
 from .state import check_run, load_training_state, recover_folder, replace_folder, run_lock, save_training_state
 from .task import Task
@@ -389,7 +389,7 @@ class Trainer:
     def _train(self, env: DistEnv) -> dict[str, Any]:
         cfg = self.cfg
         run = self._start(env)
-        # SIGHUP: a closed ssh session; a signal already ignored (SIGHUP under nohup) stays ignored
+        # SIGHUP: the terminal or ssh connection closed; a signal already ignored (SIGHUP under nohup) stays ignored
         stops = [s for s in (signal.SIGTERM, signal.SIGINT, getattr(signal, "SIGHUP", None))
                  if s is not None and signal.getsignal(s) is not signal.SIG_IGN]
         old_handlers = {s: signal.signal(s, self._handle_signal) for s in stops}
@@ -778,8 +778,7 @@ class Trainer:
 
     def _precision(self, device: torch.device) -> str:
         """The precision the evaluations (the recorded metrics) ran in: "fp32" or e.g. "bf16 autocast"."""
-        dtype = self._amp_dtype(device)
-        return "fp32" if dtype is None else f"{dtype_name(dtype)} autocast"
+        return autocast_name(self._amp_dtype(device))
 
     def _handle_signal(self, signum: int, frame: Any) -> None:
         first = not self._stop
@@ -805,5 +804,4 @@ class Trainer:
         """What the run does differently from what was asked: on standard error from the main process, also when
         quiet (--quiet, --json)."""
         if self._main:
-            with contextlib.suppress(OSError):  # standard error gone (a closed pipe): the run goes on
-                tqdm.write(f"warning: {message}", file=sys.stderr)
+            tqdm.write(f"warning: {message}", file=_Unbreakable())  # stderr gone (a closed pipe): the run goes on

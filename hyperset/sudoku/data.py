@@ -331,10 +331,10 @@ def _zip_problem(path: Path) -> str | None:
             if missing:
                 return f"the archive lacks {', '.join(missing)}"
             # a member's declared size bounds what zipfile unpacks of it: refuse a bomb before testzip unpacks it
-            large = [i for i in zf.infolist() if i.file_size > _csv_caps(i.compress_size, True)[0]]
-            if large:
-                return (f"the archive member {large[0].filename} expands to more than "
-                        f"{_csv_caps(large[0].compress_size, True)[0]:,} bytes")
+            for info in zf.infolist():
+                cap = _csv_caps(info.compress_size, True)[0]
+                if info.file_size > cap:
+                    return f"the archive member {info.filename} expands to more than {cap:,} bytes"
             damaged = zf.testzip()
             if damaged is not None:
                 return f"the archive member {damaged} is damaged (CRC mismatch)"
