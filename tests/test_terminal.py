@@ -181,7 +181,12 @@ def _training_in_the_background(data_dir: Path, run: Path, before: Any) -> subpr
 
 def test_a_hangup_stops_the_trainer_with_its_state_saved(data_dir: Path, tmp_path: Path) -> None:
     """An ssh connection that drops sends SIGHUP: save last/ as for SIGTERM, exit 128 + 1."""
-    p = _training_in_the_background(data_dir, tmp_path / "run", lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+
+    def as_a_shell_starts_it() -> None:  # the default actions, also where the tests run under nohup (SIGHUP ignored)
+        for s in (signal.SIGINT, signal.SIGHUP):
+            signal.signal(s, signal.SIG_DFL)
+
+    p = _training_in_the_background(data_dir, tmp_path / "run", as_a_shell_starts_it)
     p.send_signal(signal.SIGHUP)
     p.communicate(timeout=120)
     assert p.returncode == 128 + signal.SIGHUP

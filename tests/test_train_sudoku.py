@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import signal
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -297,6 +299,15 @@ def test_a_recipe_file_that_is_missing_or_not_text_is_named(data_dir: Path, tmp_
     assert result.exit_code == 0 and result.stdout.startswith("done: step 2, best "), result.output
 
 
+@pytest.fixture
+def sigint_as_in_a_terminal() -> Iterator[None]:
+    """SIGINT with Python's default handler, as in a terminal, also where the suite runs as a background job
+    (`pytest &`), which starts with SIGINT ignored: the trainer rightly leaves an ignored signal ignored."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
 def ctrl_c_at_batch(monkeypatch: pytest.MonkeyPatch, at: int) -> object:
     """Make hyperset-train's task send this process a SIGINT when it draws batch `at` (a real Ctrl-C at a known
     step); returns the original build_task, to put back for a later command."""
@@ -323,6 +334,7 @@ def ctrl_c_at_batch(monkeypatch: pytest.MonkeyPatch, at: int) -> object:
     return build
 
 
+@pytest.mark.usefixtures("sigint_as_in_a_terminal")
 def test_a_stopped_run_exits_with_the_signal_and_claims_no_best_it_lacks(data_dir: Path, tmp_path: Path,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """Ctrl-C (SIGINT) stops a run at the next step with its state saved: the command says so and exits 130, and
@@ -484,6 +496,7 @@ def test_a_save_that_fails_names_the_folder_and_keeps_the_last_good_state(data_d
     load_checkpoint(out / "last")
 
 
+@pytest.mark.usefixtures("sigint_as_in_a_terminal")
 def test_a_second_ctrl_c_during_the_final_save_does_not_cut_it_short(data_dir: Path, tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """The default handlers came back before the final save, so a second Ctrl-C (or SIGTERM) while it wrote
@@ -584,6 +597,7 @@ def test_an_optimizer_state_that_does_not_fit_is_refused_before_training(data_di
     assert result.stderr.startswith("hyperset-train: error: ") and message in result.stderr, result.stderr
 
 
+@pytest.mark.usefixtures("sigint_as_in_a_terminal")
 def test_resume_alone_continues_the_run_with_the_settings_it_was_started_with(data_dir: Path, tmp_path: Path,
                                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """The stop message says "continue with --resume", but --resume alone went on with the recipe's own --steps
@@ -615,6 +629,7 @@ def test_resume_alone_continues_the_run_with_the_settings_it_was_started_with(da
     assert kept["steps"] == 8 and kept["set"].count("model.dim=16") == 1 and kept["set"][-1] == "model.dim=16"
 
 
+@pytest.mark.usefixtures("sigint_as_in_a_terminal")
 def test_a_stopped_and_resumed_run_logs_what_an_uninterrupted_one_does(data_dir: Path, tmp_path: Path,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """The losses of the steps between the last log line and a stop were never logged: the resumed run's next
