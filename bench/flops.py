@@ -27,13 +27,23 @@ backward ones with their transposed operands) is timed with torch at the chosen 
 bf16 where the CPU has native bf16 (avx512_bf16 or amx_bf16). The time the model's matmuls alone would need at those
 rates bounds the boards/s from above: `roofline_boards_per_s`. A measured rate divided by it is the share of the
 roofline. Writes bench/results/flops.json.
+
+That roofline is the rate of PyTorch's own matmul library (MKL in the PyPI wheels for x86), which is what the
+models run on; whether it is also the CPU's limit depends on the CPU. With `--other-blas` the same fp32 shapes are
+timed with numpy's BLAS (OpenBLAS in the PyPI wheels) in a subprocess at the same thread count, and the JSON gets
+`roofline_other_blas`: the rooflines at those rates, and the library's name. Where they are higher, the other
+library shows what the CPU can do that PyTorch's matmuls leave: on an AMD EPYC (Zen 4) OpenBLAS ran the Sudoku
+model's fp32 training matmuls 1.15-1.6x faster than MKL.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
@@ -379,6 +389,67 @@ def measure_rooflines(cfg: ModelConfig, batch: int, iters: int | None = None, en
     return out
 
 
+# timed in a fresh interpreter, so that the thread-count variables are read before numpy loads its BLAS
+_OTHER_BLAS_TIMING = r"""
+import json, sys, time
+import numpy as np
+shapes, min_seconds = json.loads(sys.argv[1]), float(sys.argv[2])
+rng = np.random.default_rng(0)
+rates = []
+for m, k, n, count, layout in shapes:
+    a = rng.standard_normal((count, k, m) if layout[0] == "t" else (count, m, k), dtype=np.float32)
+    b = rng.standard_normal((count, n, k) if layout[1] == "t" else (count, k, n), dtype=np.float32)
+    a = a.swapaxes(-1, -2) if layout[0] == "t" else a
+    b = b.swapaxes(-1, -2) if layout[1] == "t" else b
+    a, b = (a[0], b[0]) if count == 1 else (a, b)
+    np.matmul(a, b)
+    calls = 1
+    while True:
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            np.matmul(a, b)
+        if time.perf_counter() - t0 >= min_seconds:
+            break
+        calls *= 2
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            np.matmul(a, b)
+        best = min(best, (time.perf_counter() - t0) / calls)
+    rates.append(2 * count * m * k * n / best)
+try:
+    blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+    name = f"{blas.get('name', '?')} {blas.get('version', '')}".strip()
+except Exception:
+    name = "unknown"
+print(json.dumps({"rates": rates, "library": f"numpy {np.__version__}, {name}"}))
+"""
+
+
+def other_blas_rooflines(cfg: ModelConfig, batch: int, iters: int | None, threads: int,
+                         steps_every_t: bool = False, min_seconds: float = 0.02) -> dict[str, Any]:
+    """The fp32 inference and training rooflines at the rates numpy's BLAS reaches at the same shapes and layouts,
+    `threads` threads (timed in a subprocess: OPENBLAS_NUM_THREADS, OMP_NUM_THREADS and MKL_NUM_THREADS set). A
+    `bench_args.BenchInputError` where that subprocess fails (numpy not installed)."""
+    mms = matmuls(cfg, batch, False, steps_every_t) + training_matmuls(cfg, batch, steps_every_t)
+    keys = list(dict.fromkeys(_shape_key(mm) for mm in mms))
+    env = dict(os.environ) | {v: str(threads) for v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    run = subprocess.run([sys.executable, "-c", _OTHER_BLAS_TIMING, json.dumps(keys), str(min_seconds)], env=env,
+                         capture_output=True, text=True)
+    if run.returncode != 0:
+        last = (run.stderr.strip().splitlines() or ["no output"])[-1]
+        raise bench_args.BenchInputError(f"--other-blas: numpy's matmuls could not be timed: {last}")
+    timed = json.loads(run.stdout)
+    rates = dict(zip(keys, timed["rates"]))
+    steps = (cfg.iters if iters is None else iters) * cfg.n_layers
+    return {"library": timed["library"], "threads": threads,
+            "float32": {"inference": roofline(matmuls(cfg, batch, False, steps_every_t), steps, batch, rates=rates),
+                        "training": roofline(training_matmuls(cfg, batch, steps_every_t), steps, batch, rates=rates),
+                        "shapes": [{"m": k[0], "k": k[1], "n": k[2], "count": k[3], "layout": k[4], "flops_per_s": r}
+                                   for k, r in rates.items()]}}
+
+
 def share(boards_per_s: float, roof: dict[str, Any]) -> float:
     """A measured rate as a share of a roofline's boards/s."""
     return boards_per_s / roof["roofline_boards_per_s"]
@@ -394,18 +465,37 @@ def load_average() -> float | None:
 ISA_LIMITS = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA")  # env vars that cap the SIMD
 
 
+def cpuinfo_fields(text: str) -> dict[str, str]:
+    """The first processor's fields in /proc/cpuinfo's text: {"cpu family": "25", "model": "17", "flags": ...}."""
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if not key.strip():
+            if fields:
+                break  # the blank line that ends the first processor's block
+            continue
+        fields.setdefault(key.strip(), value.strip())
+    return fields
+
+
 def machine(threads: int) -> dict[str, Any]:
-    """Facts about this machine: CPU model, cores, native bf16, the SIMD level PyTorch's kernels use
-    (`cpu_capability`) and any environment variables set to cap it (`isa_limits`: ATen's and torch.compile's,
-    MKL's, oneDNN's), versions, the 1-minute load average now."""
-    cpu, flags = cpu_model(), ""
+    """Facts about this machine: CPU model (with the family and model numbers, which name the generation where a
+    virtual machine's model name does not: AMD family 25 model 17 is Zen 4), cores, native bf16, its widest SIMD
+    and matrix units (`simd_flags`), the SIMD level PyTorch's kernels use (`cpu_capability`) and any environment
+    variables set to cap it (`isa_limits`: ATen's and torch.compile's, MKL's, oneDNN's), versions, the 1-minute
+    load average now."""
+    cpu = cpu_model()
     try:
-        flags = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), "")
+        fields = cpuinfo_fields(Path("/proc/cpuinfo").read_text())
     except OSError:
-        pass
-    native = [f for f in ("avx512_bf16", "amx_bf16") if f in flags.split()]
-    return {"cpu": cpu, "logical_cpus": os.cpu_count(), "threads": threads, "native_bf16": bool(native),
-            "bf16_flags": native, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        fields = {}
+    flags = fields.get("flags", "").split()
+    native = [f for f in ("avx512_bf16", "amx_bf16") if f in flags]
+    numbers = {k: int(fields[f]) for k, f in (("cpu_family", "cpu family"), ("cpu_model_number", "model"))
+               if fields.get(f, "").isdigit()}
+    return {"cpu": cpu, **numbers, "logical_cpus": os.cpu_count(), "threads": threads, "native_bf16": bool(native),
+            "bf16_flags": native, "simd_flags": [f for f in ("avx2", "fma", "avx512f", "amx_tile") if f in flags],
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "isa_limits": {k: os.environ[k] for k in ISA_LIMITS if k in os.environ},
             "torch": torch.__version__, "python": platform.python_version(),
             "load_average_1min_at_start": load_average()}
@@ -444,6 +534,12 @@ def print_report(rep: dict[str, Any]) -> None:
               f"({r['inference']['matmul_flops_per_s'] / 1e9:.1f} GFLOP/s), training "
               f"{r['training']['roofline_boards_per_s']:.1f} boards/s "
               f"({r['training']['matmul_flops_per_s'] / 1e9:.1f} GFLOP/s)")
+    other = rep.get("roofline_other_blas")
+    if other:
+        mine, theirs = rep["roofline"]["float32"]["training"], other["float32"]["training"]
+        print(f"  float32 training roofline at {other['library']}'s rates: {theirs['roofline_boards_per_s']:.1f} "
+              f"boards/s ({theirs['matmul_flops_per_s'] / 1e9:.1f} GFLOP/s, "
+              f"{theirs['roofline_boards_per_s'] / mine['roofline_boards_per_s']:.2f}x PyTorch's)")
     m = rep["machine"]
     print(f"  {m['cpu']}, {m['threads']} thread(s), native bf16: {m['native_bf16']}, load "
           f"{m['load_average_1min_at_start']} -> {m['load_average_1min_at_end']}")
@@ -458,11 +554,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batch", type=bench_args.count, default=64)
     ap.add_argument("--iters", type=bench_args.count, default=None)
     ap.add_argument("--threads", type=bench_args.count, default=1)
+    ap.add_argument("--other-blas", action="store_true",
+                    help="also the fp32 rooflines at the rates numpy's BLAS reaches at the same shapes")
     ap.add_argument("--out", type=bench_args.output_file, default=RESULTS / "flops.json")
     args = ap.parse_args(argv)
     sets = args.set if args.set is not None else (PEER_D128 if args.preset == "sudoku" else [])
     cfg = bench_args.model_config(args.preset, sets)
     rep = report(cfg, args.batch, args.iters, args.threads)
+    if args.other_blas:
+        rep["roofline_other_blas"] = other_blas_rooflines(cfg, args.batch, args.iters, args.threads)
     rep["command"] = bench_args.command_line("flops", argv)
     print_report(rep)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -45,6 +45,7 @@ Writes bench/results/step_profile.json (step_profile_cuda.json on a GPU).
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import statistics
 import time
@@ -52,15 +53,19 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import bench_args
-import flops
-import peer_bench
-import torch
-import torch._inductor.config as inductor_config
-from torch.profiler import ProfilerActivity, profile
+# the profiler's library reads its log level when torch loads: without this it prints a few lines per profiled step
+# to stderr (torch 2.13)
+os.environ.setdefault("KINETO_LOG_LEVEL", "3")
 
-from hyperset.checkpoint import atomic_write_json
-from hyperset.models import HyperSETModel
+import bench_args  # noqa: E402
+import flops  # noqa: E402
+import peer_bench  # noqa: E402
+import torch  # noqa: E402
+import torch._inductor.config as inductor_config  # noqa: E402
+from torch.profiler import ProfilerActivity, profile  # noqa: E402
+
+from hyperset.checkpoint import atomic_write_json  # noqa: E402
+from hyperset.models import HyperSETModel  # noqa: E402
 
 MATMUL_OPS = ("aten::mm", "aten::bmm", "aten::baddbmm", "aten::addmm")
 TOP = 12

@@ -136,6 +136,37 @@ def test_machine_facts_name_the_simd_level_and_any_cap_on_it(monkeypatch: pytest
     assert flops.machine(1)["isa_limits"] == {"MKL_ENABLE_INSTRUCTIONS": "AVX2"}
 
 
+def test_machine_facts_name_the_cpu_generation_where_the_model_name_does_not() -> None:
+    # a virtual machine's model name can be just "AMD EPYC"; the family and model numbers tell Zen 4 from Zen 2
+    text = ("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\n"
+            "model name\t: AMD EPYC\nflags\t\t: fpu avx2 fma avx512f avx512_bf16\n\n"
+            "processor\t: 1\ncpu family\t: 6\nmodel\t\t: 143\n")
+    fields = flops.cpuinfo_fields(text)
+    assert (fields["cpu family"], fields["model"], fields["model name"]) == ("25", "17", "AMD EPYC")
+    assert "avx512_bf16" in fields["flags"].split()
+    facts = flops.machine(1)
+    assert {"cpu", "simd_flags", "bf16_flags"} <= facts.keys()
+    assert set(facts["bf16_flags"]) <= {"avx512_bf16", "amx_bf16"}
+    if Path("/proc/cpuinfo").is_file():
+        mine = flops.cpuinfo_fields(Path("/proc/cpuinfo").read_text())
+        if mine.get("cpu family", "").isdigit():
+            assert facts["cpu_family"] == int(mine["cpu family"])
+
+
+def test_the_other_blas_rooflines_time_the_same_shapes() -> None:
+    cfg = bench_args.model_config("sudoku", ["dim=32", "heads=4", "ff_hidden=64", "time_dim=16"])
+    other = flops.other_blas_rooflines(cfg, 2, 2, 1, min_seconds=0.001)
+    assert other["library"].startswith("numpy ") and other["threads"] == 1
+    mine = flops.measure_rooflines(cfg, 2, 2)["float32"]
+    shape = lambda r: (r["m"], r["k"], r["n"], r["count"], r["layout"])  # noqa: E731
+    assert sorted(map(shape, other["float32"]["shapes"])) == sorted(map(shape, mine["shapes"]))
+    assert all(r["flops_per_s"] > 0 for r in other["float32"]["shapes"])
+    for kind in ("inference", "training"):
+        assert other["float32"][kind]["roofline_boards_per_s"] > 0
+        assert other["float32"][kind]["seconds_per_batch"] * other["float32"][kind]["matmul_flops_per_s"] == \
+            pytest.approx(mine[kind]["seconds_per_batch"] * mine[kind]["matmul_flops_per_s"])  # the same FLOPs
+
+
 def test_the_cold_timing_sizes_its_copies_from_the_last_level_cache(tmp_path: Path) -> None:
     for index, size in (("index0", "48K"), ("index2", "2048K"), ("index3", "491520K")):
         (tmp_path / index).mkdir()

@@ -143,6 +143,17 @@ def test_the_goal_says_which_half_each_training_row_reaches() -> None:
     roof["training"]["roofline_boards_per_s"] = 70.0  # 64 / 70 = 91%
     g = peer_bench.goal({"float32": peer_bench.summarise(times, roof, {"training": 3e9, "inference": 1e9})})
     assert g["ours_compiled"]["share_reached"] and not g["ours"]["share_reached"]
+    # another library's matmuls are faster on this CPU: its roofline is the one the share must reach
+    other = {"library": "numpy 2, openblas", "float32": {"training": {"roofline_boards_per_s": 100.0}}}
+    g = peer_bench.goal({"float32": peer_bench.summarise(times, roof, {"training": 3e9, "inference": 1e9})}, other)
+    assert g["cpu_roofline_boards_per_s"] == 100.0 and g["other_blas_roofline_boards_per_s"] == 100.0
+    assert g["ours_compiled"]["share_of_roofline"] == pytest.approx(64 / 70)
+    assert g["ours_compiled"]["share_of_cpu_roofline"] == pytest.approx(0.64)
+    assert not g["ours_compiled"]["share_reached"]
+    # and where it is slower, PyTorch's stays the yardstick
+    other["float32"]["training"]["roofline_boards_per_s"] = 50.0
+    g = peer_bench.goal({"float32": peer_bench.summarise(times, roof, {"training": 3e9, "inference": 1e9})}, other)
+    assert g["cpu_roofline_boards_per_s"] == 70.0 and g["ours_compiled"]["share_reached"]
     # on a GPU (no roofline) there is no goal to hold the rows against
     assert peer_bench.goal({"float32": peer_bench.summarise(times, None, {"training": 3e9, "inference": 1e9})}) is None
 
@@ -159,3 +170,19 @@ def test_the_summary_prints_the_goal(capsys: pytest.CaptureFixture[str]) -> None
     peer_bench.print_summary(rep)
     assert "goal, fp32 training: >= 1.3x the authors' and >= 85% of the roofline: ours 2.00x (reached), " \
            "40% (not reached)" in capsys.readouterr().out
+    rep["goal"] = peer_bench.goal(results, {"library": "numpy 2, openblas",
+                                            "float32": {"training": {"roofline_boards_per_s": 100.0}}})
+    peer_bench.print_summary(rep)
+    out = capsys.readouterr().out
+    assert "float32 training roofline at numpy 2, openblas's rates: 100.0 boards/s (80.0 at PyTorch's); the goal's " \
+           "share is of the higher, 100.0" in out
+    assert "ours 2.00x (reached), 32% (not reached)" in out
+
+
+def test_the_other_blas_roofline_is_left_out_where_numpy_cannot_run(monkeypatch: pytest.MonkeyPatch,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    # as where numpy is not installed: the subprocess fails
+    monkeypatch.setattr(peer_bench.flops.sys, "executable", "/bin/false")
+    assert peer_bench.other_blas(peer_bench.our_config(), 1) is None
+    out = capsys.readouterr().out
+    assert "numpy's matmuls could not be timed" in out and "judged against PyTorch's roofline alone" in out
