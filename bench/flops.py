@@ -375,18 +375,22 @@ def measure_rooflines(cfg: ModelConfig, batch: int, iters: int | None = None, en
     """fp32 (and bf16 where native) rooflines for inference and a training step at this config and batch; with
     `steps_every_t` for the work of step sizes made at every iteration (see `count`). `cache` ({dtype name: rates
     by shape}) lets several calls time each shape once."""
-    steps = (cfg.iters if iters is None else iters) * cfg.n_layers
     dtypes = [torch.float32] + ([torch.bfloat16] if cpu_has_native_bf16() else [])
     cache = {} if cache is None else cache
-    out: dict[str, Any] = {}
-    for dtype in dtypes:
-        name = str(dtype).removeprefix("torch.")
-        rates = cache.setdefault(name, {})
-        out[name] = {"inference": roofline(matmuls(cfg, batch, energies, steps_every_t), steps, batch, dtype, rates),
-                     "training": roofline(training_matmuls(cfg, batch, steps_every_t), steps, batch, dtype, rates),
-                     "shapes": [{"m": k[0], "k": k[1], "n": k[2], "count": k[3], "layout": k[4], "flops_per_s": r}
-                                for k, r in rates.items()]}
-    return out
+    return {str(dtype).removeprefix("torch."): _rooflines_at(cfg, batch, iters, energies, steps_every_t, dtype,
+                                                            cache.setdefault(str(dtype).removeprefix("torch."), {}))
+            for dtype in dtypes}
+
+
+def _rooflines_at(cfg: ModelConfig, batch: int, iters: int | None, energies: bool, steps_every_t: bool,
+                  dtype: torch.dtype, rates: dict[tuple, float]) -> dict[str, Any]:
+    """The inference and training rooflines at `rates` (FLOP/s by shape; shapes missing from it are timed with
+    torch and filled in), and the rates by shape."""
+    steps = (cfg.iters if iters is None else iters) * cfg.n_layers
+    return {"inference": roofline(matmuls(cfg, batch, energies, steps_every_t), steps, batch, dtype, rates),
+            "training": roofline(training_matmuls(cfg, batch, steps_every_t), steps, batch, dtype, rates),
+            "shapes": [{"m": k[0], "k": k[1], "n": k[2], "count": k[3], "layout": k[4], "flops_per_s": r}
+                       for k, r in rates.items()]}
 
 
 # timed in a fresh interpreter, so that the thread-count variables are read before numpy loads its BLAS
@@ -441,13 +445,9 @@ def other_blas_rooflines(cfg: ModelConfig, batch: int, iters: int | None, thread
         last = (run.stderr.strip().splitlines() or ["no output"])[-1]
         raise bench_args.BenchInputError(f"--other-blas: numpy's matmuls could not be timed: {last}")
     timed = json.loads(run.stdout)
-    rates = dict(zip(keys, timed["rates"]))
-    steps = (cfg.iters if iters is None else iters) * cfg.n_layers
+    rates = dict(zip(keys, timed["rates"]))  # every shape: nothing is timed with torch
     return {"library": timed["library"], "threads": threads,
-            "float32": {"inference": roofline(matmuls(cfg, batch, False, steps_every_t), steps, batch, rates=rates),
-                        "training": roofline(training_matmuls(cfg, batch, steps_every_t), steps, batch, rates=rates),
-                        "shapes": [{"m": k[0], "k": k[1], "n": k[2], "count": k[3], "layout": k[4], "flops_per_s": r}
-                                   for k, r in rates.items()]}}
+            "float32": _rooflines_at(cfg, batch, iters, False, steps_every_t, torch.float32, rates)}
 
 
 def share(boards_per_s: float, roof: dict[str, Any]) -> float:
@@ -484,11 +484,11 @@ def machine(threads: int) -> dict[str, Any]:
     and matrix units (`simd_flags`), the SIMD level PyTorch's kernels use (`cpu_capability`) and any environment
     variables set to cap it (`isa_limits`: ATen's and torch.compile's, MKL's, oneDNN's), versions, the 1-minute
     load average now."""
-    cpu = cpu_model()
     try:
         fields = cpuinfo_fields(Path("/proc/cpuinfo").read_text())
     except OSError:
         fields = {}
+    cpu = fields.get("model name") or cpu_model()  # cpu_model reads the file again only where it has no name
     flags = fields.get("flags", "").split()
     native = [f for f in ("avx512_bf16", "amx_bf16") if f in flags]
     numbers = {k: int(fields[f]) for k, f in (("cpu_family", "cpu family"), ("cpu_model_number", "model"))

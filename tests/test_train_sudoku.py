@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -299,50 +299,51 @@ def test_a_recipe_file_that_is_missing_or_not_text_is_named(data_dir: Path, tmp_
     assert result.exit_code == 0 and result.stdout.startswith("done: step 2, best "), result.output
 
 
+CtrlC = Callable[[int], object]  # the ctrl_c_at_batch fixture: at which batch, and it returns build_task
+
+
 @pytest.fixture
-def sigint_as_in_a_terminal() -> Iterator[None]:
-    """SIGINT with Python's default handler, as in a terminal, also where the suite runs as a background job
+def ctrl_c_at_batch(monkeypatch: pytest.MonkeyPatch) -> Iterator[CtrlC]:
+    """`ctrl_c_at_batch(at)` makes hyperset-train's task send this process a SIGINT when it draws batch `at` (a
+    real Ctrl-C at a known step) and returns the original build_task, to put back for a later command. SIGINT has
+    Python's default handler meanwhile, as in a terminal, also where the suite runs as a background job
     (`pytest &`), which starts with SIGINT ignored: the trainer rightly leaves an ignored signal ignored."""
-    before = signal.signal(signal.SIGINT, signal.default_int_handler)
-    yield
-    signal.signal(signal.SIGINT, before)
-
-
-def ctrl_c_at_batch(monkeypatch: pytest.MonkeyPatch, at: int) -> object:
-    """Make hyperset-train's task send this process a SIGINT when it draws batch `at` (a real Ctrl-C at a known
-    step); returns the original build_task, to put back for a later command."""
     import os
-    import signal
 
     from hyperset.training import cli
 
-    build = cli.build_task
+    def at_batch(at: int) -> object:
+        build = cli.build_task
 
-    def interrupted(*args: object) -> object:
-        task = build(*args)
-        batch = task.batch
+        def interrupted(*args: object) -> object:
+            task = build(*args)
+            batch = task.batch
 
-        def batch_then_ctrl_c(step: int, *rest: object) -> object:
-            if step == at:
-                os.kill(os.getpid(), signal.SIGINT)
-            return batch(step, *rest)
+            def batch_then_ctrl_c(step: int, *rest: object) -> object:
+                if step == at:
+                    os.kill(os.getpid(), signal.SIGINT)
+                return batch(step, *rest)
 
-        task.batch = batch_then_ctrl_c
-        return task
+            task.batch = batch_then_ctrl_c
+            return task
 
-    monkeypatch.setattr(cli, "build_task", interrupted)
-    return build
+        monkeypatch.setattr(cli, "build_task", interrupted)
+        return build
+
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield at_batch
+    signal.signal(signal.SIGINT, before)
 
 
-@pytest.mark.usefixtures("sigint_as_in_a_terminal")
 def test_a_stopped_run_exits_with_the_signal_and_claims_no_best_it_lacks(data_dir: Path, tmp_path: Path,
-                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+                                                                        monkeypatch: pytest.MonkeyPatch,
+                                                                        ctrl_c_at_batch: CtrlC) -> None:
     """Ctrl-C (SIGINT) stops a run at the next step with its state saved: the command says so and exits 130, and
     before the first evaluation it names no best checkpoint (--json: best is null)."""
 
     from hyperset.training import cli
 
-    build = ctrl_c_at_batch(monkeypatch, 0)
+    build = ctrl_c_at_batch(0)
     for extra in (["--quiet"], ["--json"]):
         out = tmp_path / extra[0].strip("-")
         result = CliRunner().invoke(train_main, [*TINY_CLI, "--steps", "4", "--data", str(data_dir), "--out",
@@ -496,14 +497,13 @@ def test_a_save_that_fails_names_the_folder_and_keeps_the_last_good_state(data_d
     load_checkpoint(out / "last")
 
 
-@pytest.mark.usefixtures("sigint_as_in_a_terminal")
 def test_a_second_ctrl_c_during_the_final_save_does_not_cut_it_short(data_dir: Path, tmp_path: Path,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+                                                                     monkeypatch: pytest.MonkeyPatch,
+                                                                     ctrl_c_at_batch: CtrlC) -> None:
     """The default handlers came back before the final save, so a second Ctrl-C (or SIGTERM) while it wrote
     stopped it half-way: exit 1, last.tmp left, the steps since the previous save lost. The final save now runs
     under the trainer's handlers."""
     import os
-    import signal
 
     from hyperset.training import trainer
 
@@ -514,7 +514,7 @@ def test_a_second_ctrl_c_during_the_final_save_does_not_cut_it_short(data_dir: P
         os.kill(os.getpid(), signal.SIGINT)
         save(*args, **kwargs)
 
-    ctrl_c_at_batch(monkeypatch, 2)
+    ctrl_c_at_batch(2)
     monkeypatch.setattr(trainer, "save_training_state", ctrl_c_again)
     out = tmp_path / "run"
     result = CliRunner().invoke(train_main, [*TINY_CLI, "--steps", "6", "--set", "train.eval_every=100", "--data",
@@ -597,9 +597,9 @@ def test_an_optimizer_state_that_does_not_fit_is_refused_before_training(data_di
     assert result.stderr.startswith("hyperset-train: error: ") and message in result.stderr, result.stderr
 
 
-@pytest.mark.usefixtures("sigint_as_in_a_terminal")
 def test_resume_alone_continues_the_run_with_the_settings_it_was_started_with(data_dir: Path, tmp_path: Path,
-                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+                                                                               monkeypatch: pytest.MonkeyPatch,
+                                                                               ctrl_c_at_batch: CtrlC) -> None:
     """The stop message says "continue with --resume", but --resume alone went on with the recipe's own --steps
     and values (a run started with --steps 6 resumed towards the recipe's 30,000 steps, and its --set model sizes
     no longer fitted). The settings given at the start are kept in last/trainer.json and reused; what the resuming
@@ -607,7 +607,7 @@ def test_resume_alone_continues_the_run_with_the_settings_it_was_started_with(da
 
     from hyperset.training import cli
 
-    build = ctrl_c_at_batch(monkeypatch, 1)
+    build = ctrl_c_at_batch(1)
     out = tmp_path / "run"
     started = [*TINY_CLI, "--steps", "6", "--set", "train.eval_every=3", "--data", str(data_dir), "--out", str(out)]
     result = CliRunner().invoke(train_main, [*started, "--quiet"])
@@ -629,9 +629,9 @@ def test_resume_alone_continues_the_run_with_the_settings_it_was_started_with(da
     assert kept["steps"] == 8 and kept["set"].count("model.dim=16") == 1 and kept["set"][-1] == "model.dim=16"
 
 
-@pytest.mark.usefixtures("sigint_as_in_a_terminal")
 def test_a_stopped_and_resumed_run_logs_what_an_uninterrupted_one_does(data_dir: Path, tmp_path: Path,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+                                                                       monkeypatch: pytest.MonkeyPatch,
+                                                                       ctrl_c_at_batch: CtrlC) -> None:
     """The losses of the steps between the last log line and a stop were never logged: the resumed run's next
     line averaged only the steps after the resume. last/ now keeps their sums, and the log of a stopped and
     resumed run has the lines of an uninterrupted one."""
@@ -640,7 +640,7 @@ def test_a_stopped_and_resumed_run_logs_what_an_uninterrupted_one_does(data_dir:
     args = [*TINY_CLI, "--steps", "6", "--set", "train.log_every=3", "--set", "train.eval_every=100", "--data",
             str(data_dir), "--quiet"]
     assert CliRunner().invoke(train_main, [*args, "--out", str(tmp_path / "straight")]).exit_code == 0
-    build = ctrl_c_at_batch(monkeypatch, 3)  # stops after step 4, between the log lines of steps 3 and 6
+    build = ctrl_c_at_batch(3)  # stops after step 4, between the log lines of steps 3 and 6
     out = tmp_path / "stopped"
     result = CliRunner().invoke(train_main, [*args, "--out", str(out)])
     assert result.exit_code == 130 and "at step 4 of 6" in result.stdout, result.output
