@@ -28,12 +28,16 @@ bf16 where the CPU has native bf16 (avx512_bf16 or amx_bf16). The time the model
 rates bounds the boards/s from above: `roofline_boards_per_s`. A measured rate divided by it is the share of the
 roofline. Writes bench/results/flops.json.
 
-That roofline is the rate of PyTorch's own matmul library (MKL in the PyPI wheels for x86), which is what the
-models run on; whether it is also the CPU's limit depends on the CPU. With `--other-blas` the same fp32 shapes are
-timed with numpy's BLAS (OpenBLAS in the PyPI wheels) in a subprocess at the same thread count, and the JSON gets
-`roofline_other_blas`: the rooflines at those rates, and the library's name. Where they are higher, the other
-library shows what the CPU can do that PyTorch's matmuls leave: on an AMD EPYC (Zen 4) OpenBLAS ran the Sudoku
-model's fp32 training matmuls 1.15-1.6x faster than MKL.
+That roofline is at PyTorch's own rates: ATen's matmul (MKL in the PyPI wheels for x86) and, for fp32 products of
+one matrix by another, oneDNN's GEMM, which the library's layer runs its main products on where it is chosen
+(`hyperset.fused.matmul`; on x86 CPUs not made by Intel): each such shape at the faster of the two (both rates are
+in the JSON's shapes, `flops_per_s_by_library`). Whether it is also the CPU's limit depends on the CPU. With
+`--other-blas` the same fp32 shapes are timed with numpy's BLAS (OpenBLAS in the PyPI wheels) in a subprocess at
+the same thread count, and the JSON gets `roofline_other_blas`: the rooflines at those rates, and the library's
+name, and `roofline_best_of_libraries`: the rooflines at the better of the two at each shape. Where they are
+higher, the other library shows what the CPU can do that PyTorch's matmuls leave: on an AMD
+EPYC (Zen 4) OpenBLAS ran the Sudoku model's fp32 training matmuls 1.15-1.6x faster than MKL alone, and its
+batched products (the attention maps) faster than PyTorch's at any setting.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ from typing import Any
 import bench_args
 import torch
 
+from hyperset import fused
 from hyperset.checkpoint import atomic_write_json
 from hyperset.config import ModelConfig
 from hyperset.device import cpu_has_native_bf16, cpu_model
@@ -312,15 +317,26 @@ def _calls_for(call: Callable[[int], Any], min_seconds: float, at_least: int = 1
         calls *= 2
 
 
+def onednn_applies(mm: MatMul, dtype: torch.dtype) -> bool:
+    """Whether oneDNN's GEMM (`hyperset.fused.matmul`'s other library) can run mm in this PyTorch: an fp32 product
+    of one matrix by another, on x86 with oneDNN built in."""
+    return dtype == torch.float32 and mm.count == 1 and fused._resolve_cpu_matmul("onednn") == "onednn"
+
+
 def time_matmul(mm: MatMul, dtype: torch.dtype = torch.float32, min_seconds: float = 0.02,
-                repeats: int = 3, cold: bool = False) -> float:
-    """FLOP/s of one matmul shape: best of `repeats` runs of enough calls to take `min_seconds`. Warm (the
+                repeats: int = 3, cold: bool = False, library: str = "aten") -> float:
+    """FLOP/s of one matmul shape: best of `repeats` runs of enough calls to take `min_seconds`, with ATen's
+    ``torch.matmul`` or (`library` "onednn", warm only) oneDNN's GEMM as `hyperset.fused.matmul` calls it. Warm (the
     roofline's timing), every call takes the same operands, which stay in cache. With `cold` the calls go round
     copies of the operands and of the output that together fill twice the last-level cache (at least
     `COLD_MIN_BYTES`, at most `COLD_MAX_COPIES` copies), so each call reads its operands from memory and writes to
     an output that is not in cache: the rate of a product whose operands an earlier op wrote out to memory."""
     a, b = _operands(mm, dtype)
-    if not cold:
+    if library == "onednn":
+        if cold or not onednn_applies(mm, dtype):
+            raise ValueError(f"oneDNN's GEMM is timed warm, for fp32 products of one matrix by another: {mm}")
+        call = lambda i: fused._onednn_mm(a, b)  # noqa: E731
+    elif not cold:
         call = lambda i: torch.matmul(a, b)  # noqa: E731
     else:
         out = torch.matmul(a, b)
@@ -346,12 +362,22 @@ def _shape_key(mm: MatMul) -> tuple[int, int, int, int, str]:
     return mm.m, mm.k, mm.n, mm.count, mm.layout
 
 
+# the warm fp32 rates of ATen and oneDNN by shape where `rate` timed both (for the JSON's shapes)
+LIBRARY_RATES: dict[tuple, dict[str, float]] = {}
+
+
 def rate(mm: MatMul, rates: dict[tuple, float], dtype: torch.dtype = torch.float32, cold: bool = False) -> float:
     """FLOP/s of mm's shape and layout (`time_matmul`, warm or `cold`), timed once per shape: `rates` caches them
-    (filled in; one cache for warm rates, another for cold ones)."""
+    (filled in; one cache for warm rates, another for cold ones). Warm fp32 products of two matrices are timed with
+    ATen's matmul and with oneDNN's GEMM (`onednn_applies`), and the rate is the faster: PyTorch offers both (the
+    library's operators take oneDNN's where `hyperset.fused.cpu_matmul_library` says so), so its roofline is the
+    better of the two at each shape (both kept in `LIBRARY_RATES`)."""
     key = _shape_key(mm)
     if key not in rates:
         rates[key] = time_matmul(mm, dtype, cold=cold)
+        if not cold and onednn_applies(mm, dtype):
+            LIBRARY_RATES[key] = {"aten": rates[key], "onednn": time_matmul(mm, dtype, library="onednn")}
+            rates[key] = max(LIBRARY_RATES[key].values())
     return rates[key]
 
 
@@ -377,9 +403,27 @@ def measure_rooflines(cfg: ModelConfig, batch: int, iters: int | None = None, en
     by shape}) lets several calls time each shape once."""
     dtypes = [torch.float32] + ([torch.bfloat16] if cpu_has_native_bf16() else [])
     cache = {} if cache is None else cache
-    return {str(dtype).removeprefix("torch."): _rooflines_at(cfg, batch, iters, energies, steps_every_t, dtype,
-                                                            cache.setdefault(str(dtype).removeprefix("torch."), {}))
-            for dtype in dtypes}
+    out = {str(dtype).removeprefix("torch."): _rooflines_at(cfg, batch, iters, energies, steps_every_t, dtype,
+                                                           cache.setdefault(str(dtype).removeprefix("torch."), {}))
+           for dtype in dtypes}
+    for shape in out["float32"]["shapes"]:  # each library's rate beside the better of the two
+        key = (shape["m"], shape["k"], shape["n"], shape["count"], shape["layout"])
+        if key in LIBRARY_RATES:
+            shape["flops_per_s_by_library"] = dict(LIBRARY_RATES[key])
+    return out
+
+
+def best_of_rooflines(cfg: ModelConfig, batch: int, iters: int | None, steps_every_t: bool,
+                      *timed: dict[str, Any]) -> dict[str, Any]:
+    """The fp32 inference and training rooflines at the best rate any of `timed` (fp32 rooflines of the same
+    config with their shapes: PyTorch's from `measure_rooflines`, numpy's from `other_blas_rooflines`) reached at
+    each shape: the least time the CPU is known to need for the matmuls."""
+    rates: dict[tuple, float] = {}
+    for roof in timed:
+        for shape in roof["shapes"]:
+            key = (shape["m"], shape["k"], shape["n"], shape["count"], shape["layout"])
+            rates[key] = max(rates.get(key, 0.0), shape["flops_per_s"])
+    return _rooflines_at(cfg, batch, iters, False, steps_every_t, torch.float32, rates)
 
 
 def _rooflines_at(cfg: ModelConfig, batch: int, iters: int | None, energies: bool, steps_every_t: bool,
@@ -482,8 +526,9 @@ def machine(threads: int) -> dict[str, Any]:
     """Facts about this machine: CPU model (with the family and model numbers, which name the generation where a
     virtual machine's model name does not: AMD family 25 model 17 is Zen 4), cores, native bf16, its widest SIMD
     and matrix units (`simd_flags`), the SIMD level PyTorch's kernels use (`cpu_capability`) and any environment
-    variables set to cap it (`isa_limits`: ATen's and torch.compile's, MKL's, oneDNN's), versions, the 1-minute
-    load average now."""
+    variables set to cap it (`isa_limits`: ATen's and torch.compile's, MKL's, oneDNN's), the library the model's
+    fp32 products of a state by a weight run on (`cpu_matmul_library`, see hyperset.fused.matmul), versions, the
+    1-minute load average now."""
     try:
         fields = cpuinfo_fields(Path("/proc/cpuinfo").read_text())
     except OSError:
@@ -496,6 +541,7 @@ def machine(threads: int) -> dict[str, Any]:
     return {"cpu": cpu, **numbers, "logical_cpus": os.cpu_count(), "threads": threads, "native_bf16": bool(native),
             "bf16_flags": native, "simd_flags": [f for f in ("avx2", "fma", "avx512f", "amx_tile") if f in flags],
             "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "vendor": fields.get("vendor_id"), "cpu_matmul_library": fused.cpu_matmul_library(),
             "isa_limits": {k: os.environ[k] for k in ISA_LIMITS if k in os.environ},
             "torch": torch.__version__, "python": platform.python_version(),
             "load_average_1min_at_start": load_average()}
@@ -540,6 +586,9 @@ def print_report(rep: dict[str, Any]) -> None:
         print(f"  float32 training roofline at {other['library']}'s rates: {theirs['roofline_boards_per_s']:.1f} "
               f"boards/s ({theirs['matmul_flops_per_s'] / 1e9:.1f} GFLOP/s, "
               f"{theirs['roofline_boards_per_s'] / mine['roofline_boards_per_s']:.2f}x PyTorch's)")
+        best = rep["roofline_best_of_libraries"]["training"]
+        print(f"  float32 training roofline at the better of the two at each shape: "
+              f"{best['roofline_boards_per_s']:.1f} boards/s ({best['matmul_flops_per_s'] / 1e9:.1f} GFLOP/s)")
     m = rep["machine"]
     print(f"  {m['cpu']}, {m['threads']} thread(s), native bf16: {m['native_bf16']}, load "
           f"{m['load_average_1min_at_start']} -> {m['load_average_1min_at_end']}")
@@ -563,6 +612,9 @@ def main(argv: list[str] | None = None) -> None:
     rep = report(cfg, args.batch, args.iters, args.threads)
     if args.other_blas:
         rep["roofline_other_blas"] = other_blas_rooflines(cfg, args.batch, args.iters, args.threads)
+        rep["roofline_best_of_libraries"] = best_of_rooflines(cfg, args.batch, args.iters, False,
+                                                              rep["roofline"]["float32"],
+                                                              rep["roofline_other_blas"]["float32"])
     rep["command"] = bench_args.command_line("flops", argv)
     print_report(rep)
     args.out.parent.mkdir(parents=True, exist_ok=True)

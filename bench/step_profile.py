@@ -12,8 +12,9 @@ in turn (the order reversed every round), a timed training step and then one und
 --rounds rounds after one of warm-up:
 
   step_s       wall seconds of a training step, not profiled
-  matmul_s     self time of the matmul ops (mm, bmm, baddbmm, addmm) in the profiled step: on a CPU the time the
-               products ran
+  matmul_s     self time of the matmul ops (mm, bmm, baddbmm, addmm, and mkldnn::_linear_pointwise where the
+               library's products run on oneDNN's GEMM, see hyperset.fused.matmul) in the profiled step: on a CPU
+               the time the products ran
   other_s      step_s - matmul_s: elementwise work, softmax, reductions, copies, the optimizer, Python
   top_ops      the ops with the most self time in the median profiled step: [name, ms, calls]; a compiled
                step's fused elementwise kernels are its "compiled graph" rows
@@ -45,6 +46,7 @@ Writes bench/results/step_profile.json (step_profile_cuda.json on a GPU).
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 import statistics
@@ -53,9 +55,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-# the profiler's library reads its log level when torch loads: without this it prints a few lines per profiled step
-# to stderr (torch 2.13)
-os.environ.setdefault("KINETO_LOG_LEVEL", "3")
+# the profiler's library (kineto) reads its log level when torch loads: below 6 it prints two to five lines per
+# profiled step to stderr (torch 2.13; its levels run VERBOSE 0, INFO, WARNING, STAGE, ERROR, USDT 5, so the
+# per-step USDT lines go only with its errors: a profile that failed shows as a step without ops in the report)
+os.environ.setdefault("KINETO_LOG_LEVEL", "6")
 
 import bench_args  # noqa: E402
 import flops  # noqa: E402
@@ -67,7 +70,8 @@ from torch.profiler import ProfilerActivity, profile  # noqa: E402
 from hyperset.checkpoint import atomic_write_json  # noqa: E402
 from hyperset.models import HyperSETModel  # noqa: E402
 
-MATMUL_OPS = ("aten::mm", "aten::bmm", "aten::baddbmm", "aten::addmm")
+ONEDNN_MM = "mkldnn::_linear_pointwise"  # hyperset.fused.matmul's products on oneDNN's GEMM
+MATMUL_OPS = ("aten::mm", "aten::bmm", "aten::baddbmm", "aten::addmm", ONEDNN_MM)
 TOP = 12
 COMPILED = "## Call CompiledFxGraph"  # the profiler's name for a call of code torch.compile generated
 KERNEL = re.compile(r"^graph_\d+_cpp_fused_")  # a kernel it generated for a CPU, with kernel profiling on
@@ -101,6 +105,10 @@ def matmul_shape(event: Any) -> tuple[str, int, int, int, int, str] | None:
         sa, sb = strides[first], strides[first + 1]
     except (IndexError, TypeError):
         return None
+    if event.name == ONEDNN_MM:  # a (..., k) times a weight b given as b^T (n, k)
+        if not (len(a) >= 2 and len(b) == 2 and len(sa) == len(a) and len(sb) == 2):
+            return None
+        return event.name, math.prod(a[:-1]), a[-1], b[0], 1, "n" + ("n" if _transposed(b, sb) else "t")
     if not (len(a) == len(b) and len(a) in (2, 3) and len(sa) == len(a) and len(sb) == len(b)):
         return None
     layout = "".join("t" if _transposed(t, st) else "n" for t, st in ((a, sa), (b, sb)))
@@ -131,7 +139,7 @@ def profile_step(runner: peer_bench.Runner, x: torch.Tensor, y: torch.Tensor) ->
     kernel_calls: Counter[str] = Counter()
     for e in prof.key_averages():
         kernel = KERNEL.match(e.key) is not None
-        if kernel or e.key.startswith(("aten::", COMPILED)):
+        if kernel or e.key.startswith(("aten::", COMPILED)) or e.key == ONEDNN_MM:
             # all of the generated code in one row: its graphs' calls and, with kernel profiling, their kernels
             name = "compiled graph" if kernel or e.key.startswith(COMPILED) else e.key
             seconds[name] += e.self_cpu_time_total / 1e6

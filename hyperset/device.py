@@ -83,6 +83,19 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine() or "cpu"
 
 
+def cpu_vendor() -> str | None:
+    """The CPU's vendor as the OS reports it (/proc/cpuinfo's vendor_id: "GenuineIntel", "AuthenticAMD"), None
+    where not known."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("vendor_id"):
+                    return line.split(":", 1)[1].strip() or None
+    except OSError:
+        pass
+    return None
+
+
 def cpu_has_native_bf16() -> bool:
     try:
         with open("/proc/cpuinfo") as f:

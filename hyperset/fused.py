@@ -15,6 +15,15 @@ two backward:
   incoming gradient dG, S dG + (dP + dP^T) Zn with S = P + P^T and dP the softmax's derivative along
   beta (dG Zn^T + Zn dG^T), from the saved P and S.
 
+Their products of a state by a weight (X D, ReLU(U) D^T, X W, G W^T and the backward passes' dY D, dU D^T, ...), and
+the layer's at inference, run through `matmul`: on an x86 CPU in fp32 it can take oneDNN's GEMM instead of ATen's
+(MKL in the x86 wheels). MKL's fp32 GEMM runs these shapes at its full rate on Intel CPUs but not on others: on an
+AMD EPYC (Zen 4, one thread) oneDNN ran them mostly 1.1-1.5x faster, and fp32 training at the peer configuration was
+1.02-1.11x faster eager and 1.03-1.08x compiled (bench/peer_bench.py --cpu-matmul aten, two runs). The
+weight-gradient products (X^T dU) stay on ATen, which ran them about as fast as oneDNN or faster. Which library is
+used: `cpu_matmul_library`; ``auto`` (the default) picks oneDNN on x86 CPUs not made by Intel, and
+``$HYPERSET_CPU_MATMUL`` (auto, onednn, aten) or `using_cpu_matmul` choose.
+
 They are used where they win: gradients on, no autocast, not in an export (see `usable`), in eager mode and under
 ``torch.compile``, which traces their forward and backward passes and fuses the elementwise work between their
 matmuls (one fp32 training step at the peer configuration on one CPU thread: 45 boards/s compiled with them, 20
@@ -28,14 +37,21 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
+import platform
 import threading
+import warnings
 from collections.abc import Iterator
 
 import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
+from torch.utils.flop_counter import register_flop_formula
 
+from .device import cpu_vendor
 from .energies import inv_rms
+
+CPU_MATMULS = ("auto", "onednn", "aten")
 
 _state = threading.local()
 
@@ -65,6 +81,79 @@ def usable(x: Tensor) -> bool:
             and (torch.compiler.is_compiling() or not torch._C._are_functorch_transforms_active()))
 
 
+def _resolve_cpu_matmul(name: str) -> str:
+    """"onednn" or "aten" for a choice in CPU_MATMULS; auto: oneDNN on an x86 CPU not made by Intel where PyTorch
+    has oneDNN, else ATen."""
+    if name not in CPU_MATMULS:
+        raise ValueError(f"CPU matmul library {name!r}: expected one of {', '.join(CPU_MATMULS)}")
+    onednn_here = platform.machine().lower() in ("x86_64", "amd64") and torch.backends.mkldnn.is_available()
+    if name == "auto":
+        return "onednn" if onednn_here and cpu_vendor() not in (None, "GenuineIntel") else "aten"
+    if name == "onednn" and not onednn_here:
+        return "aten"
+    return name
+
+
+def _cpu_matmul_from_env() -> str:
+    choice = os.environ.get("HYPERSET_CPU_MATMUL", "auto").strip().lower() or "auto"
+    if choice not in CPU_MATMULS:
+        warnings.warn(f"HYPERSET_CPU_MATMUL={choice!r} is not one of {', '.join(CPU_MATMULS)}: using auto",
+                      stacklevel=2)
+        choice = "auto"
+    return _resolve_cpu_matmul(choice)
+
+
+_cpu_matmul = _cpu_matmul_from_env()
+
+
+def cpu_matmul_library() -> str:
+    """Which library `matmul` runs fp32 CPU products with: "onednn" or "aten"."""
+    return _cpu_matmul
+
+
+@contextlib.contextmanager
+def using_cpu_matmul(name: str) -> Iterator[str]:
+    """`matmul` with the library `name` (auto, onednn, aten) for fp32 CPU products inside the block (for the whole
+    process: a compiled model made inside recompiles outside); yields the library it resolved to ("onednn" asked
+    for where PyTorch has no oneDNN, or off x86, is "aten")."""
+    global _cpu_matmul
+    before, _cpu_matmul = _cpu_matmul, _resolve_cpu_matmul(name)
+    try:
+        yield _cpu_matmul
+    finally:
+        _cpu_matmul = before
+
+
+@torch.library.custom_op("hyperset::onednn_mm", mutates_args=())
+def _onednn_mm(a: Tensor, b: Tensor) -> Tensor:
+    """a @ b, a (..., k) and b (k, n), by oneDNN's GEMM (its linear layer, y = a (b^T)^T)."""
+    return torch.ops.mkldnn._linear_pointwise(a, b.t(), None, "none", [], "")
+
+
+@_onednn_mm.register_fake
+def _(a: Tensor, b: Tensor) -> Tensor:
+    return a.new_empty(*a.shape[:-1], b.shape[-1])
+
+
+@register_flop_formula(torch.ops.hyperset.onednn_mm)
+def _onednn_mm_flops(a_shape: torch.Size, b_shape: torch.Size, *args, out_shape=None, **kwargs) -> int:
+    return 2 * math.prod(a_shape) * b_shape[-1]
+
+
+def matmul(a: Tensor, b: Tensor) -> Tensor:
+    """a @ b for a state a (..., k) and a weight-like b (k, n). fp32 on a CPU, with no gradient to take through it,
+    it runs on `cpu_matmul_library`'s GEMM; otherwise (autocast, a trace or an export, torch.func's transforms,
+    other devices and dtypes) it is ``a @ b``."""
+    if (_cpu_matmul == "onednn" and a.device.type == "cpu" and a.dtype == torch.float32
+            and b.dtype == torch.float32 and b.dim() == 2 and a.dim() >= 2
+            and not (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad))
+            and not torch.is_autocast_enabled("cpu") and not torch.jit.is_tracing()
+            and not torch.onnx.is_in_onnx_export() and not torch.compiler.is_exporting()
+            and (torch.compiler.is_compiling() or not torch._C._are_functorch_transforms_active())):
+        return _onednn_mm(a, b)
+    return a @ b
+
+
 def _rows(t: Tensor) -> Tensor:
     return t.reshape(-1, t.shape[-1])
 
@@ -81,10 +170,10 @@ def folded_relu(X: Tensor, Ds: Tensor, Dg: Tensor, eps: float) -> tuple[Tensor, 
     """ReLU(RMSNorm_g(X D)) D^T from the folded weights (Ds, Dg) = `fold_ff(D, g)`: (the result, U, ReLU(U), r, Y0)
     with U = X (D s), r = 1/rms(U) = 1/rms(X D) per token and Y0 = ReLU(U) (D |g|)^T; the result is r Y0. The
     inference path (``HyperSETLayer.ff_descent``) and `relu_descent`'s forward both run this."""
-    U = X @ Ds  # (B, N, M): X D with the columns of negative gain flipped
+    U = matmul(X, Ds)  # (B, N, M): X D with the columns of negative gain flipped
     r = inv_rms(U, eps)  # (B, N, 1)
     V = torch.relu(U)
-    Y0 = V @ Dg.transpose(0, 1)
+    Y0 = matmul(V, Dg.transpose(0, 1))
     return Y0 * r, U, V, r, Y0
 
 
@@ -103,10 +192,10 @@ class _ReLUDescent(torch.autograd.Function):
         dY0 = dF * r
         # d r / d U = -r^3 U / M per token
         coef = (dF * Y0).sum(-1, keepdim=True).mul_(r.pow(3)).mul_(-1.0 / M)
-        dU = dY0 @ Dg
+        dU = matmul(dY0, Dg)
         torch.ops.aten.threshold_backward.grad_input(dU, U, 0.0, grad_input=dU)  # through the ReLU, in place
         dU.addcmul_(U, coef)  # through r
-        dX = dU @ Ds.t() if ctx.needs_input_grad[0] else None
+        dX = matmul(dU, Ds.t()) if ctx.needs_input_grad[0] else None
         dDs = _rows(X).t() @ _rows(dU) if ctx.needs_input_grad[1] else None  # (d, M)
         dDg = _rows(dY0).t() @ _rows(V) if ctx.needs_input_grad[2] else None  # (d, M)
         return dX, dDs, dDg, None
@@ -140,7 +229,7 @@ class _BiSoftmaxGrad(torch.autograd.Function):
     @staticmethod
     def forward(ctx, X: Tensor, W: Tensor, g: Tensor, heads: int, eps: float) -> Tensor:
         B = X.shape[0]
-        Z = _split(X @ W, heads)  # (B*H, N, p)
+        Z = _split(matmul(X, W), heads)  # (B*H, N, p)
         beta = 1.0 / math.sqrt(Z.shape[-1])
         r = inv_rms(Z, eps)
         Zn = Z * r * g
@@ -151,14 +240,14 @@ class _BiSoftmaxGrad(torch.autograd.Function):
         Gm = _merge(torch.bmm(S, Zn), B)
         ctx.heads, ctx.beta = heads, beta
         ctx.save_for_backward(X, W, g, Z, r, Zn, P, S, Gm)
-        return Gm @ W.t()
+        return matmul(Gm, W.t())
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dY: Tensor) -> tuple[Tensor | None, ...]:
         X, W, g, Z, r, Zn, P, S, Gm = ctx.saved_tensors
         B, beta = X.shape[0], ctx.beta
-        dG = _split(dY @ W, ctx.heads)  # (B*H, N, p)
+        dG = _split(matmul(dY, W), ctx.heads)  # (B*H, N, p)
         # the Hessian of the energy at Zn applied to dG: S dG + dS Zn, dS = dP + dP^T, dP the softmax's
         # derivative along dA = beta (dG Zn^T + Zn dG^T)
         Q = torch.bmm(dG, Zn.transpose(1, 2))
@@ -169,7 +258,7 @@ class _BiSoftmaxGrad(torch.autograd.Function):
         dZg = dZn * g
         dZ = dZg * r - Z * ((dZg * Z).sum(-1, keepdim=True) * r.pow(3) / Z.shape[-1])
         dZ = _merge(dZ, B)
-        dX = dZ @ W.t() if ctx.needs_input_grad[0] else None
+        dX = matmul(dZ, W.t()) if ctx.needs_input_grad[0] else None
         dW = torch.addmm(_rows(X).t() @ _rows(dZ), _rows(dY).t(), _rows(Gm)) if ctx.needs_input_grad[1] else None
         dg = _rows(dZn * Z * r).sum(0) if ctx.needs_input_grad[2] else None
         return dX, dW, dg, None, None

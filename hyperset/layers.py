@@ -178,17 +178,17 @@ class HyperSETLayer(nn.Module):
         """dE_ATTN/dX with the projections put on their spheres first (eq. 9; exact gradient if normalize=False)."""
         if normalize and self.cfg.attention == "bisoftmax" and fused.usable(X):
             return fused.bisoftmax_grad(X, W, self.norm_attn.weight, self.cfg.heads, self.norm_attn.eps)
-        Z = split_heads(X @ W, self.cfg.heads)  # (B, H, N, p)
+        Z = split_heads(fused.matmul(X, W), self.cfg.heads)  # (B, H, N, p)
         if normalize:
             return self.attn_grad_from_projections(rms_normalize(Z, self.norm_attn.eps), W)
         G = attn_energy_grad_heads(Z, self.cfg.attention, self.cfg.phi)
-        return merge_heads(G) @ W.transpose(0, 1)  # back-projection through the same W
+        return fused.matmul(merge_heads(G), W.transpose(0, 1))  # back-projection through the same W
 
     def attn_grad_from_projections(self, Z: Tensor, W: Tensor) -> Tensor:
         """`attn_grad` from the head projections already on their spheres, `projections(X)` (B, H, N, p): their
         gain, the attention operator, the back-projection through W."""
         G = attn_energy_grad_heads(Z * self.norm_attn.weight, self.cfg.attention, self.cfg.phi)
-        return merge_heads(G) @ W.transpose(0, 1)
+        return fused.matmul(merge_heads(G), W.transpose(0, 1))
 
     def ff_descent(self, X: Tensor, D: Tensor, normalize: bool = True,
                    folded: tuple[Tensor, Tensor] | None = None) -> Tensor:
@@ -205,10 +205,10 @@ class HyperSETLayer(nn.Module):
             if torch.is_grad_enabled():
                 return fused.relu_descent(X, Ds, Dg, self.norm_ff.eps)
             return fused.folded_relu(X, Ds, Dg, self.norm_ff.eps)[0]
-        U = X @ D  # (B, N, M)
+        U = fused.matmul(X, D)  # (B, N, M)
         if normalize:
             U = self.norm_ff(U)
-        return ff_energy_grad_hidden(U, self.cfg.feedforward, self.cfg.phi) @ D.transpose(0, 1)
+        return fused.matmul(ff_energy_grad_hidden(U, self.cfg.feedforward, self.cfg.phi), D.transpose(0, 1))
 
     def _folds(self, x: Tensor) -> bool:
         """Whether the normalised feedforward step at x runs folded (`ff_descent`): the ReLU energy, and either no
@@ -233,7 +233,7 @@ class HyperSETLayer(nn.Module):
 
     def projections(self, x: Tensor, t: int | None = None) -> Tensor:
         W, _ = self.weights(t)
-        return rms_normalize(split_heads(x @ W, self.cfg.heads), self.cfg.norm_eps)
+        return rms_normalize(split_heads(fused.matmul(x, W), self.cfg.heads), self.cfg.norm_eps)
 
     def energy(self, x: Tensor, t: int | None = None) -> dict[str, Tensor]:
         """E_ATTN and E_FF "normalization first" (no learnable gains), per sample."""

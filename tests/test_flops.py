@@ -125,6 +125,15 @@ def test_flops_script_writes_counts_and_a_measured_roofline(tmp_path: Path) -> N
     fp32 = rep["roofline"]["float32"]
     assert fp32["inference"]["roofline_boards_per_s"] > fp32["training"]["roofline_boards_per_s"] > 0
     assert rep["machine"]["load_average_1min_at_end"] is not None
+    assert rep["machine"]["cpu_matmul_library"] in ("onednn", "aten") and "roofline_other_blas" not in rep
+    flops.main(["--set", "dim=32", "--set", "heads=4", "--set", "ff_hidden=64", "--set", "time_dim=16",
+                "--iters", "2", "--batch", "2", "--other-blas", "--out", str(out)])
+    rep = json.loads(out.read_text())
+    best, mine = rep["roofline_best_of_libraries"], rep["roofline"]["float32"]
+    for kind in ("inference", "training"):  # at each shape the faster library: at least as fast as either
+        assert best[kind]["roofline_boards_per_s"] >= max(mine[kind]["roofline_boards_per_s"],
+                                                          rep["roofline_other_blas"]["float32"][kind]
+                                                          ["roofline_boards_per_s"]) * (1 - 1e-9)
 
 
 def test_machine_facts_name_the_simd_level_and_any_cap_on_it(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -165,6 +174,45 @@ def test_the_other_blas_rooflines_time_the_same_shapes() -> None:
         assert other["float32"][kind]["roofline_boards_per_s"] > 0
         assert other["float32"][kind]["seconds_per_batch"] * other["float32"][kind]["matmul_flops_per_s"] == \
             pytest.approx(mine[kind]["seconds_per_batch"] * mine[kind]["matmul_flops_per_s"])  # the same FLOPs
+
+
+def test_pytorchs_roofline_takes_the_faster_of_aten_and_onednn_at_each_shape(monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = bench_args.model_config("sudoku", ["dim=32", "heads=4", "ff_hidden=64", "time_dim=16"])
+    fake = {"aten": 1e9, "onednn": 3e9}  # oneDNN three times as fast where it applies
+    monkeypatch.setattr(flops, "time_matmul", lambda mm, dtype=torch.float32, min_seconds=0.02, repeats=3,
+                        cold=False, library="aten": fake[library])
+    monkeypatch.setattr(flops, "LIBRARY_RATES", {})
+    monkeypatch.setattr(flops.fused, "_resolve_cpu_matmul", lambda name: name)  # as on x86 with oneDNN
+    shapes = flops.measure_rooflines(cfg, 2, 2)["float32"]["shapes"]
+    plain = [r for r in shapes if r["count"] == 1]
+    batched = [r for r in shapes if r["count"] > 1]  # the attention maps' batched products: ATen's alone
+    assert plain and batched
+    assert all(r["flops_per_s"] == 3e9 and r["flops_per_s_by_library"] == {"aten": 1e9, "onednn": 3e9}
+               for r in plain)
+    assert all(r["flops_per_s"] == 1e9 and "flops_per_s_by_library" not in r for r in batched)
+    fake["onednn"] = 0.5e9  # slower: ATen's rate stays
+    monkeypatch.setattr(flops, "LIBRARY_RATES", {})
+    shapes = flops.measure_rooflines(cfg, 2, 2)["float32"]["shapes"]
+    assert all(r["flops_per_s"] == 1e9 for r in shapes)
+    assert all(r["flops_per_s_by_library"]["onednn"] == 0.5e9 for r in shapes if r["count"] == 1)
+    monkeypatch.setattr(flops.fused, "_resolve_cpu_matmul", lambda name: "aten")  # no oneDNN in this PyTorch
+    monkeypatch.setattr(flops, "LIBRARY_RATES", {})
+    assert all("flops_per_s_by_library" not in r for r in flops.measure_rooflines(cfg, 2, 2)["float32"]["shapes"])
+
+
+def test_the_best_of_two_libraries_takes_each_shapes_faster_rate() -> None:
+    cfg = bench_args.model_config("sudoku", ["dim=32", "heads=4", "ff_hidden=64", "time_dim=16"])
+    keys = list(dict.fromkeys(flops._shape_key(mm) for mm in flops.matmuls(cfg, 2) + flops.training_matmuls(cfg, 2)))
+    one = {k: (2e9 if i % 2 else 1e9) for i, k in enumerate(keys)}  # each library twice as fast on half the shapes
+    two = {k: (1e9 if i % 2 else 2e9) for i, k in enumerate(keys)}
+    at = lambda rates: flops._rooflines_at(cfg, 2, 2, False, False, torch.float32, dict(rates))  # noqa: E731
+    best = flops.best_of_rooflines(cfg, 2, 2, False, at(one), at(two))
+    assert all(r["flops_per_s"] == 2e9 for r in best["shapes"])
+    for kind in ("inference", "training"):
+        assert best[kind]["roofline_boards_per_s"] == pytest.approx(at({k: 2e9 for k in keys})[kind]
+                                                                    ["roofline_boards_per_s"])
+        assert best[kind]["roofline_boards_per_s"] > max(at(one)[kind]["roofline_boards_per_s"],
+                                                         at(two)[kind]["roofline_boards_per_s"])
 
 
 def test_the_cold_timing_sizes_its_copies_from_the_last_level_cache(tmp_path: Path) -> None:

@@ -116,12 +116,17 @@ def _peer_model(dead_time_network: bool) -> torch.nn.Module:
     return model
 
 
+ONEDNN_HERE = fused._resolve_cpu_matmul("onednn") == "onednn"
+
+
+@pytest.mark.parametrize("library", ["aten", pytest.param("onednn", marks=pytest.mark.skipif(
+    not ONEDNN_HERE, reason="PyTorch has no oneDNN here"))])
 @pytest.mark.parametrize("dead_time_network", [True, False])
-def test_training_step_equals_the_written_out_path_within_1e_5(dead_time_network: bool,
+def test_training_step_equals_the_written_out_path_within_1e_5(dead_time_network: bool, library: str,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """Logits and every parameter's gradient of one fp32 training step (last-iteration cross-entropy, as the peer
-    benchmark trains), optimised against `fused.written_out()`. The optimised pass folds the feedforward's weights
-    once for its 24 iterations."""
+    benchmark trains), optimised against `fused.written_out()`, with the operators' products on ATen's GEMM and on
+    oneDNN's. The optimised pass folds the feedforward's weights once for its 24 iterations."""
     model = _peer_model(dead_time_network)
     twin = copy.deepcopy(model)
     gen = torch.Generator().manual_seed(2)
@@ -139,8 +144,14 @@ def test_training_step_equals_the_written_out_path_within_1e_5(dead_time_network
     folds = []
     fold_ff = fused.fold_ff
     monkeypatch.setattr(fused, "fold_ff", lambda D, g: folds.append(1) or fold_ff(D, g))
-    fast = step(model)
+    products = []
+    onednn_mm = fused._onednn_mm
+    monkeypatch.setattr(fused, "_onednn_mm", lambda a, b: products.append(1) or onednn_mm(a, b))
+    with fused.using_cpu_matmul(library):
+        fast = step(model)
     assert len(calls) == (1 if dead_time_network else 24) and len(folds) == 1
+    # per iteration 4 products forward (X Ds, ReLU(U) Dg^T, X W, G W^T) and 4 backward
+    assert len(products) == (8 * 24 if library == "onednn" else 0)
     with fused.written_out():
         slow = step(twin)
     torch.testing.assert_close(fast, slow, rtol=1e-5, atol=1e-5)
@@ -184,3 +195,56 @@ def test_depth_wise_lora_and_two_layers_get_the_written_out_gradients() -> None:
     for (name, p), q in zip(model.named_parameters(), twin.parameters()):
         scale = max(q.grad.abs().max().item(), 1e-6)
         assert (p.grad - q.grad).abs().max().item() <= 1e-5 * scale, name
+
+
+@pytest.mark.skipif(not ONEDNN_HERE, reason="PyTorch has no oneDNN here")
+def test_the_onednn_products_step_aside_where_they_cannot_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`fused.matmul` on oneDNN equals a @ b; it is a @ b where a gradient must flow through it, under autocast,
+    in a trace and for other dtypes, and torch's FLOP counter counts it as the product it is."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    gen = torch.Generator().manual_seed(0)
+    a, b = torch.randn(2, 9, 16, generator=gen), torch.randn(16, 24, generator=gen)
+    seen = []
+    onednn_mm = fused._onednn_mm
+    monkeypatch.setattr(fused, "_onednn_mm", lambda x, y: seen.append(1) or onednn_mm(x, y))
+    with fused.using_cpu_matmul("onednn") as used:
+        assert used == "onednn" == fused.cpu_matmul_library()
+        torch.testing.assert_close(fused.matmul(a, b), a @ b, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(fused.matmul(a, b.t().contiguous().t()), a @ b, rtol=1e-6, atol=1e-6)
+        assert len(seen) == 2
+        with FlopCounterMode(display=False) as counter:
+            fused.matmul(a, b)
+        assert counter.get_total_flops() == 2 * 2 * 9 * 16 * 24 and len(seen) == 3
+        w = b.clone().requires_grad_()
+        fused.matmul(a, w).sum().backward()  # autograd through it: ATen's product
+        assert w.grad is not None and len(seen) == 3
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert fused.matmul(a, b).dtype == torch.bfloat16 and len(seen) == 3
+        fused.matmul(a.double(), b.double())
+        torch.jit.trace(lambda x: fused.matmul(x, b), (a,), check_trace=False)  # check_trace reruns it untraced
+        assert len(seen) == 3
+    with fused.using_cpu_matmul("aten") as used:
+        assert used == "aten"
+        fused.matmul(a, b)
+        assert len(seen) == 3
+    with pytest.raises(ValueError, match="expected one of auto, onednn, aten"):
+        with fused.using_cpu_matmul("mkl"):
+            pass
+
+
+def test_auto_takes_onednn_on_x86_cpus_not_made_by_intel(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fused.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(fused.torch.backends.mkldnn, "is_available", lambda: True)
+    for vendor, library in (("AuthenticAMD", "onednn"), ("HygonGenuine", "onednn"), ("GenuineIntel", "aten"),
+                            (None, "aten")):
+        monkeypatch.setattr(fused, "cpu_vendor", lambda v=vendor: v)
+        assert fused._resolve_cpu_matmul("auto") == library
+        assert fused._resolve_cpu_matmul("aten") == "aten" and fused._resolve_cpu_matmul("onednn") == "onednn"
+    monkeypatch.setattr(fused.platform, "machine", lambda: "aarch64")  # no x86: ATen's whatever is asked
+    assert fused._resolve_cpu_matmul("onednn") == "aten" == fused._resolve_cpu_matmul("auto")
+    monkeypatch.setenv("HYPERSET_CPU_MATMUL", "Intel-MKL")
+    with pytest.warns(UserWarning, match="HYPERSET_CPU_MATMUL='intel-mkl' is not one of auto, onednn, aten"):
+        assert fused._cpu_matmul_from_env() == "aten"
+    monkeypatch.setenv("HYPERSET_CPU_MATMUL", "ATEN")
+    assert fused._cpu_matmul_from_env() == "aten"

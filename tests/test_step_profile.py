@@ -13,6 +13,8 @@ from torch.profiler import ProfilerActivity, profile
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import step_profile  # noqa: E402
 
+from hyperset import fused  # noqa: E402
+
 
 def test_a_cpu_profile_splits_the_step_and_states_the_budget(tmp_path: Path) -> None:
     out = tmp_path / "profile.json"
@@ -34,7 +36,8 @@ def test_a_cpu_profile_splits_the_step_and_states_the_budget(tmp_path: Path) -> 
     assert ours["matmul_at_isolated_rates_s"] == pytest.approx(sum(sh["isolated_ms"] for sh in shapes) / 1e3)
     assert all(sh["cold_gflops"] > 0 for sh in shapes)
     assert ours["matmul_at_cold_rates_s"] == pytest.approx(sum(sh["cold_ms"] for sh in shapes) / 1e3)
-    ff = [sh for sh in shapes if (sh["op"], sh["m"], sh["k"], sh["n"]) == ("aten::mm", 2 * 81, 128, 512)]
+    ff = [sh for sh in shapes if (sh["m"], sh["k"], sh["n"]) == (2 * 81, 128, 512)
+          and sh["op"] == ("mkldnn::_linear_pointwise" if fused.cpu_matmul_library() == "onednn" else "aten::mm")]
     assert ff and ff[0]["calls"] >= 24  # X D at each of the 24 iterations (and the backward's dY0 D)
 
 
@@ -48,6 +51,17 @@ def test_matmul_shapes_and_layouts_come_from_the_recorded_strides() -> None:
     got = [step_profile.matmul_shape(e) for e in prof.events() if e.name in step_profile.MATMUL_OPS]
     assert got == [("aten::mm", 32, 64, 48, 1, "tn"), ("aten::bmm", 5, 6, 7, 8, "nt"),
                    ("aten::baddbmm", 5, 6, 7, 8, "nt"), ("aten::addmm", 48, 64, 48, 1, "tn")]
+
+
+@pytest.mark.skipif(fused._resolve_cpu_matmul("onednn") != "onednn", reason="PyTorch has no oneDNN here")
+def test_the_products_on_onednn_are_counted_with_their_shapes() -> None:
+    x, w = torch.randn(4, 9, 32), torch.randn(32, 16)
+    with fused.using_cpu_matmul("onednn"), torch.no_grad(), \
+            profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        fused.matmul(x, w)  # X W: (36 x 32) by (32 x 16)
+        fused.matmul(x, w.t().contiguous().t())  # the same with W a transposed view
+    got = [step_profile.matmul_shape(e) for e in prof.events() if e.name in step_profile.MATMUL_OPS]
+    assert got == [(step_profile.ONEDNN_MM, 36, 32, 16, 1, "nn"), (step_profile.ONEDNN_MM, 36, 32, 16, 1, "nt")]
 
 
 def test_a_profiler_that_records_no_strides_gives_no_shapes_and_still_a_report(tmp_path: Path,
