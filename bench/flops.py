@@ -320,7 +320,7 @@ def _calls_for(call: Callable[[int], Any], min_seconds: float, at_least: int = 1
 def onednn_applies(mm: MatMul, dtype: torch.dtype) -> bool:
     """Whether oneDNN's GEMM (`hyperset.fused.matmul`'s other library) can run mm in this PyTorch: an fp32 product
     of one matrix by another, on x86 with oneDNN built in."""
-    return dtype == torch.float32 and mm.count == 1 and fused._resolve_cpu_matmul("onednn") == "onednn"
+    return dtype == torch.float32 and mm.count == 1 and fused.onednn_here()
 
 
 def time_matmul(mm: MatMul, dtype: torch.dtype = torch.float32, min_seconds: float = 0.02,
@@ -360,6 +360,11 @@ def time_matmul(mm: MatMul, dtype: torch.dtype = torch.float32, min_seconds: flo
 
 def _shape_key(mm: MatMul) -> tuple[int, int, int, int, str]:
     return mm.m, mm.k, mm.n, mm.count, mm.layout
+
+
+def _listed_key(shape: dict[str, Any]) -> tuple[int, int, int, int, str]:
+    """`_shape_key` of a shape as the rooflines list it ({"m", "k", "n", "count", "layout", ...})."""
+    return shape["m"], shape["k"], shape["n"], shape["count"], shape["layout"]
 
 
 # the warm fp32 rates of ATen and oneDNN by shape where `rate` timed both (for the JSON's shapes)
@@ -407,7 +412,7 @@ def measure_rooflines(cfg: ModelConfig, batch: int, iters: int | None = None, en
                                                            cache.setdefault(str(dtype).removeprefix("torch."), {}))
            for dtype in dtypes}
     for shape in out["float32"]["shapes"]:  # each library's rate beside the better of the two
-        key = (shape["m"], shape["k"], shape["n"], shape["count"], shape["layout"])
+        key = _listed_key(shape)
         if key in LIBRARY_RATES:
             shape["flops_per_s_by_library"] = dict(LIBRARY_RATES[key])
     return out
@@ -421,7 +426,7 @@ def best_of_rooflines(cfg: ModelConfig, batch: int, iters: int | None, steps_eve
     rates: dict[tuple, float] = {}
     for roof in timed:
         for shape in roof["shapes"]:
-            key = (shape["m"], shape["k"], shape["n"], shape["count"], shape["layout"])
+            key = _listed_key(shape)
             rates[key] = max(rates.get(key, 0.0), shape["flops_per_s"])
     return _rooflines_at(cfg, batch, iters, False, steps_every_t, torch.float32, rates)
 

@@ -72,13 +72,23 @@ def written_out() -> Iterator[None]:
         _state.enabled = before
 
 
+def _eager_or_compiled() -> bool:
+    """Running in eager mode or under torch.compile: not in a trace or an ONNX export, nor under torch.func's
+    transforms (which the operators here do not support)."""
+    return (not torch.jit.is_tracing() and not torch.onnx.is_in_onnx_export()
+            and (torch.compiler.is_compiling() or not torch._C._are_functorch_transforms_active()))
+
+
 def usable(x: Tensor) -> bool:
     """Whether the fused operators should run for an update of x: a gradient will be taken, without autocast, in
-    eager mode or under torch.compile (not in a trace or an export, nor under torch.func's transforms, which
-    autograd.Functions of this kind do not support)."""
-    return (enabled() and torch.is_grad_enabled() and not torch.jit.is_tracing()
-            and not torch.onnx.is_in_onnx_export() and not torch.is_autocast_enabled(x.device.type)
-            and (torch.compiler.is_compiling() or not torch._C._are_functorch_transforms_active()))
+    eager mode or under torch.compile (`_eager_or_compiled`)."""
+    return (enabled() and torch.is_grad_enabled() and not torch.is_autocast_enabled(x.device.type)
+            and _eager_or_compiled())
+
+
+def onednn_here() -> bool:
+    """Whether `matmul` can run products on oneDNN's GEMM here: an x86 CPU, and PyTorch built with oneDNN."""
+    return platform.machine().lower() in ("x86_64", "amd64") and torch.backends.mkldnn.is_available()
 
 
 def _resolve_cpu_matmul(name: str) -> str:
@@ -86,12 +96,9 @@ def _resolve_cpu_matmul(name: str) -> str:
     has oneDNN, else ATen."""
     if name not in CPU_MATMULS:
         raise ValueError(f"CPU matmul library {name!r}: expected one of {', '.join(CPU_MATMULS)}")
-    onednn_here = platform.machine().lower() in ("x86_64", "amd64") and torch.backends.mkldnn.is_available()
     if name == "auto":
-        return "onednn" if onednn_here and cpu_vendor() not in (None, "GenuineIntel") else "aten"
-    if name == "onednn" and not onednn_here:
-        return "aten"
-    return name
+        return "onednn" if onednn_here() and cpu_vendor() not in (None, "GenuineIntel") else "aten"
+    return "aten" if name == "onednn" and not onednn_here() else name
 
 
 def _cpu_matmul_from_env() -> str:
@@ -147,9 +154,7 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
     if (_cpu_matmul == "onednn" and a.device.type == "cpu" and a.dtype == torch.float32
             and b.dtype == torch.float32 and b.dim() == 2 and a.dim() >= 2
             and not (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad))
-            and not torch.is_autocast_enabled("cpu") and not torch.jit.is_tracing()
-            and not torch.onnx.is_in_onnx_export() and not torch.compiler.is_exporting()
-            and (torch.compiler.is_compiling() or not torch._C._are_functorch_transforms_active())):
+            and not torch.is_autocast_enabled("cpu") and not torch.compiler.is_exporting() and _eager_or_compiled()):
         return _onednn_mm(a, b)
     return a @ b
 

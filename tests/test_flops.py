@@ -182,7 +182,7 @@ def test_pytorchs_roofline_takes_the_faster_of_aten_and_onednn_at_each_shape(mon
     monkeypatch.setattr(flops, "time_matmul", lambda mm, dtype=torch.float32, min_seconds=0.02, repeats=3,
                         cold=False, library="aten": fake[library])
     monkeypatch.setattr(flops, "LIBRARY_RATES", {})
-    monkeypatch.setattr(flops.fused, "_resolve_cpu_matmul", lambda name: name)  # as on x86 with oneDNN
+    monkeypatch.setattr(flops.fused, "onednn_here", lambda: True)  # as on x86 with oneDNN
     shapes = flops.measure_rooflines(cfg, 2, 2)["float32"]["shapes"]
     plain = [r for r in shapes if r["count"] == 1]
     batched = [r for r in shapes if r["count"] > 1]  # the attention maps' batched products: ATen's alone
@@ -195,7 +195,7 @@ def test_pytorchs_roofline_takes_the_faster_of_aten_and_onednn_at_each_shape(mon
     shapes = flops.measure_rooflines(cfg, 2, 2)["float32"]["shapes"]
     assert all(r["flops_per_s"] == 1e9 for r in shapes)
     assert all(r["flops_per_s_by_library"]["onednn"] == 0.5e9 for r in shapes if r["count"] == 1)
-    monkeypatch.setattr(flops.fused, "_resolve_cpu_matmul", lambda name: "aten")  # no oneDNN in this PyTorch
+    monkeypatch.setattr(flops.fused, "onednn_here", lambda: False)  # no oneDNN in this PyTorch
     monkeypatch.setattr(flops, "LIBRARY_RATES", {})
     assert all("flops_per_s_by_library" not in r for r in flops.measure_rooflines(cfg, 2, 2)["float32"]["shapes"])
 

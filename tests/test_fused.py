@@ -116,7 +116,7 @@ def _peer_model(dead_time_network: bool) -> torch.nn.Module:
     return model
 
 
-ONEDNN_HERE = fused._resolve_cpu_matmul("onednn") == "onednn"
+ONEDNN_HERE = fused.onednn_here()
 
 
 @pytest.mark.parametrize("library", ["aten", pytest.param("onednn", marks=pytest.mark.skipif(
@@ -239,10 +239,13 @@ def test_auto_takes_onednn_on_x86_cpus_not_made_by_intel(monkeypatch: pytest.Mon
     for vendor, library in (("AuthenticAMD", "onednn"), ("HygonGenuine", "onednn"), ("GenuineIntel", "aten"),
                             (None, "aten")):
         monkeypatch.setattr(fused, "cpu_vendor", lambda v=vendor: v)
-        assert fused._resolve_cpu_matmul("auto") == library
-        assert fused._resolve_cpu_matmul("aten") == "aten" and fused._resolve_cpu_matmul("onednn") == "onednn"
+        for asked, used in (("auto", library), ("aten", "aten"), ("onednn", "onednn")):
+            with fused.using_cpu_matmul(asked) as got:
+                assert got == used == fused.cpu_matmul_library()
     monkeypatch.setattr(fused.platform, "machine", lambda: "aarch64")  # no x86: ATen's whatever is asked
-    assert fused._resolve_cpu_matmul("onednn") == "aten" == fused._resolve_cpu_matmul("auto")
+    for asked in ("auto", "onednn"):
+        with fused.using_cpu_matmul(asked) as got:
+            assert got == "aten"
     monkeypatch.setenv("HYPERSET_CPU_MATMUL", "Intel-MKL")
     with pytest.warns(UserWarning, match="HYPERSET_CPU_MATMUL='intel-mkl' is not one of auto, onednn, aten"):
         assert fused._cpu_matmul_from_env() == "aten"

@@ -53,7 +53,7 @@ def test_matmul_shapes_and_layouts_come_from_the_recorded_strides() -> None:
                    ("aten::baddbmm", 5, 6, 7, 8, "nt"), ("aten::addmm", 48, 64, 48, 1, "tn")]
 
 
-@pytest.mark.skipif(fused._resolve_cpu_matmul("onednn") != "onednn", reason="PyTorch has no oneDNN here")
+@pytest.mark.skipif(not fused.onednn_here(), reason="PyTorch has no oneDNN here")
 def test_the_products_on_onednn_are_counted_with_their_shapes() -> None:
     x, w = torch.randn(4, 9, 32), torch.randn(32, 16)
     with fused.using_cpu_matmul("onednn"), torch.no_grad(), \
