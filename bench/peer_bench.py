@@ -341,11 +341,11 @@ def goal(results: dict[str, Any], other_blas: dict[str, Any] | None = None,
     return out
 
 
-def other_blas(cfg: Any, threads: int) -> dict[str, Any] | None:
+def other_blas(cfg: Any, threads: int, batch: int = BATCH) -> dict[str, Any] | None:
     """bench/flops.other_blas_rooflines at the configuration's work (step sizes at every iteration), None where
     numpy cannot be run (then the goal is judged against PyTorch's roofline alone)."""
     try:
-        return flops.other_blas_rooflines(cfg, BATCH, None, threads, steps_every_t=True)
+        return flops.other_blas_rooflines(cfg, batch, None, threads, steps_every_t=True)
     except (bench_args.BenchInputError, OSError, ValueError) as e:
         print(f"note: {e}; the goal is judged against PyTorch's roofline alone", flush=True)
         return None

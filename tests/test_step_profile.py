@@ -24,8 +24,12 @@ def test_a_cpu_profile_splits_the_step_and_states_the_budget(tmp_path: Path) -> 
     assert 0 < ours["matmul_s"] < ours["step_s"] and ours["other_s"] == ours["step_s"] - ours["matmul_s"]
     assert "aten::mm" in [name for name, _, _ in ours["top_ops"]]
     assert "kernels" not in ours and "peer" not in rep["runners"]
-    budget = rep["budget_85"]
-    assert budget["step_s"] == 2 / (0.85 * rep["roofline_boards_per_s"])
+    budget = rep["budget_85"]  # against the CPU's roofline: the best of PyTorch's and numpy's rates at each shape
+    assert rep["other_blas_library"].startswith("numpy ")
+    assert rep["cpu_roofline_boards_per_s"] >= rep["roofline_boards_per_s"]
+    assert budget["step_s"] == 2 / (0.85 * rep["cpu_roofline_boards_per_s"])
+    assert ours["share_of_cpu_roofline"] == pytest.approx(ours["share_of_roofline"] * rep["roofline_boards_per_s"]
+                                                          / rep["cpu_roofline_boards_per_s"])
     assert budget["left_beside_matmuls_s"] == budget["step_s"] - ours["matmul_s"]
     assert rep["least_work_roofline_boards_per_s"] > rep["roofline_boards_per_s"]  # step sizes once: less work
     assert 0 < ours["share_of_roofline"] < 1
@@ -76,6 +80,18 @@ def test_a_profiler_that_records_no_strides_gives_no_shapes_and_still_a_report(t
     step_profile.main(["--rounds", "1", "--batch", "2", "--out", str(out)])
     ours = json.loads(out.read_text())["runners"]["ours"]
     assert ours["matmul_shapes"] == [] and 0 < ours["matmul_s"] < ours["step_s"]
+
+
+def test_where_numpy_cannot_run_the_budget_is_against_pytorchs_roofline(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(step_profile.flops.sys, "executable", "/bin/false")  # as where numpy is not installed
+    out = tmp_path / "profile.json"
+    step_profile.main(["--rounds", "1", "--batch", "2", "--out", str(out)])
+    rep = json.loads(out.read_text())
+    assert rep["other_blas_library"] is None and rep["cpu_roofline_boards_per_s"] == rep["roofline_boards_per_s"]
+    assert rep["budget_85"]["step_s"] == 2 / (0.85 * rep["roofline_boards_per_s"])
+    assert "judged against PyTorch's roofline alone" in capsys.readouterr().out
 
 
 def test_the_compiled_step_gets_its_own_split_and_budget(tmp_path: Path) -> None:
