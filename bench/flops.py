@@ -32,12 +32,12 @@ That roofline is at PyTorch's own rates: ATen's matmul (MKL in the PyPI wheels f
 one matrix by another, oneDNN's GEMM, which the library's layer runs its main products on where it is chosen
 (`hyperset.fused.matmul`; on x86 CPUs not made by Intel): each such shape at the faster of the two (both rates are
 in the JSON's shapes, `flops_per_s_by_library`). Whether it is also the CPU's limit depends on the CPU. With
-`--other-blas` the same fp32 shapes are timed with numpy's BLAS (OpenBLAS in the PyPI wheels) in a subprocess at
-the same thread count, and the JSON gets `roofline_other_blas`: the rooflines at those rates, and the library's
-name, and `roofline_best_of_libraries`: the rooflines at the better of the two at each shape. Where they are
-higher, the other library shows what the CPU can do that PyTorch's matmuls leave: on an AMD
-EPYC (Zen 4) OpenBLAS ran the Sudoku model's fp32 training matmuls 1.15-1.6x faster than MKL alone, and its
-batched products (the attention maps) faster than PyTorch's at any setting.
+`--other-blas` the same fp32 shapes are timed with numpy's BLAS (OpenBLAS in the PyPI wheels) in a subprocess at the
+same thread count, and the JSON gets `roofline_other_blas`: the rooflines at those rates, and the library's name,
+and `roofline_best_of_libraries`: the rooflines at the better of the two at each shape. Where they are higher, the
+other library shows what the CPU can do that PyTorch's matmuls leave: on an AMD EPYC (Zen 4) OpenBLAS ran the Sudoku
+model's fp32 training matmuls 1.15-1.6x faster than MKL alone, and its batched products (the attention maps) faster
+than PyTorch's at any setting.
 """
 
 from __future__ import annotations

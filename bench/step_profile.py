@@ -258,10 +258,8 @@ def run(peer_dir: Path | None, device: str = "cpu", rounds: int = 5, threads: in
         # the 85% budget is held against the CPU's roofline, as peer_bench's goal: the best rate PyTorch or
         # numpy's BLAS reaches at each shape (PyTorch's alone where numpy cannot run)
         blas = peer_bench.other_blas(cfg, threads, batch)
-        cpu_roof = (flops.best_of_rooflines(cfg, batch, None, True, roofs["configuration"]["float32"],
-                                            blas["float32"])["training"]["roofline_boards_per_s"]
-                    if blas is not None else roof["roofline_boards_per_s"])
-        cpu_roof = max(cpu_roof, roof["roofline_boards_per_s"])
+        timed = [roofs["configuration"]["float32"]] + ([blas["float32"]] if blas is not None else [])
+        cpu_roof = flops.best_of_rooflines(cfg, batch, None, True, *timed)["training"]["roofline_boards_per_s"]
         step_85 = batch / (0.85 * cpu_roof)
         ours = rep["runners"]["ours"]
         rep["roofline_boards_per_s"] = roof["roofline_boards_per_s"]

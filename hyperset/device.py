@@ -71,29 +71,28 @@ def autocast_dtype(device: torch.device) -> torch.dtype | None:
     return None
 
 
-def cpu_model() -> str:
-    """The CPU's model name as the OS reports it (/proc/cpuinfo), else what the platform module knows."""
+def _cpuinfo_value(key: str) -> str | None:
+    """The first value of `key` in /proc/cpuinfo ("model name", "vendor_id"), None where missing, empty or not
+    readable."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+                if line.startswith(key):
+                    return line.split(":", 1)[1].strip() or None
     except OSError:
         pass
-    return platform.processor() or platform.machine() or "cpu"
+    return None
+
+
+def cpu_model() -> str:
+    """The CPU's model name as the OS reports it (/proc/cpuinfo), else what the platform module knows."""
+    return _cpuinfo_value("model name") or platform.processor() or platform.machine() or "cpu"
 
 
 def cpu_vendor() -> str | None:
     """The CPU's vendor as the OS reports it (/proc/cpuinfo's vendor_id: "GenuineIntel", "AuthenticAMD"), None
     where not known."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("vendor_id"):
-                    return line.split(":", 1)[1].strip() or None
-    except OSError:
-        pass
-    return None
+    return _cpuinfo_value("vendor_id")
 
 
 def cpu_has_native_bf16() -> bool:
