@@ -57,7 +57,7 @@ from typing import Any
 import bench_args
 import torch
 
-from hyperset import fused
+from hyperset import cpu_kernels, fused
 from hyperset.checkpoint import atomic_write_json
 from hyperset.config import ModelConfig
 from hyperset.device import cpu_has_native_bf16, cpu_model
@@ -532,8 +532,9 @@ def machine(threads: int) -> dict[str, Any]:
     virtual machine's model name does not: AMD family 25 model 17 is Zen 4), cores, native bf16, its widest SIMD
     and matrix units (`simd_flags`), the SIMD level PyTorch's kernels use (`cpu_capability`) and any environment
     variables set to cap it (`isa_limits`: ATen's and torch.compile's, MKL's, oneDNN's), the library the model's
-    fp32 products of a state by a weight run on (`cpu_matmul_library`, see hyperset.fused.matmul), versions, the
-    1-minute load average now."""
+    fp32 products of a state by a weight run on (`cpu_matmul_library`, see hyperset.fused.matmul), whether the
+    attention maps run in hyperset.cpu_kernels' kernel (`cpu_kernels`: "on", or why not), versions, the 1-minute
+    load average now."""
     try:
         fields = cpuinfo_fields(Path("/proc/cpuinfo").read_text())
     except OSError:
@@ -547,6 +548,7 @@ def machine(threads: int) -> dict[str, Any]:
             "bf16_flags": native, "simd_flags": [f for f in ("avx2", "fma", "avx512f", "amx_tile") if f in flags],
             "cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "vendor": fields.get("vendor_id"), "cpu_matmul_library": fused.cpu_matmul_library(),
+            "cpu_kernels": cpu_kernels.status(),
             "isa_limits": {k: os.environ[k] for k in ISA_LIMITS if k in os.environ},
             "torch": torch.__version__, "python": platform.python_version(),
             "load_average_1min_at_start": load_average()}

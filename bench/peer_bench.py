@@ -47,7 +47,9 @@ Inductor settings (`torch.compile(model, options=...)`, e.g. {"max_autotune": tr
 timed beside `ours_compiled` in the same rounds, so a compiler setting is measured at the same work; with
 --cpu-matmul LIB (auto, onednn, aten), in fp32, also `ours_cpu_matmul` (and with --compile
 `ours_compiled_cpu_matmul`): ours with the layer's products of a state by a weight on LIB's GEMM
-(hyperset.fused.matmul; the default is `machine.cpu_matmul_library`), beside ours in the same rounds.
+(hyperset.fused.matmul; the default is `machine.cpu_matmul_library`), beside ours in the same rounds; with
+--cpu-kernels auto|on|off likewise `ours_cpu_kernels` (`ours_compiled_cpu_kernels`): ours with the attention maps'
+C kernel so (hyperset.cpu_kernels; the default is `machine.cpu_kernels`).
 `goal` in the JSON (and the summary's last line) holds fp32 training on a CPU against the speed goal this
 benchmark was built for: at least 1.3x the authors' boards/s and 85% of the roofline, for `ours` and `ours_compiled`.
 The roofline above is PyTorch's: each plain fp32 shape at the faster of ATen's matmul and oneDNN's GEMM
@@ -82,6 +84,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hyperset import cpu_kernels as hyperset_cpu_kernels
 from hyperset import fused
 from hyperset.checkpoint import atomic_write_json
 from hyperset.models import HyperSETModel
@@ -197,14 +200,18 @@ class Runner:
     (``torch.compile(model, options=...)``). With `slices` > 1 a training step runs the batch's forward
     and backward passes slice by slice (`in_slices`), gradients accumulated (the trainer's ``train.accum_steps``):
     the same update, with a smaller working set. With `cpu_matmul` (auto, onednn, aten) its steps run inside
-    ``hyperset.fused.using_cpu_matmul(cpu_matmul)``."""
+    ``hyperset.fused.using_cpu_matmul(cpu_matmul)``, with `cpu_kernels` (auto, on, off) inside
+    ``hyperset.cpu_kernels.using_cpu_kernels(cpu_kernels)``."""
 
     def __init__(self, kind: str, model: nn.Module, bf16: bool, compiled: bool = False, written_out: bool = False,
                  device: torch.device = torch.device("cpu"), slices: int = 1,
-                 compile_options: dict[str, Any] | None = None, cpu_matmul: str | None = None):
+                 compile_options: dict[str, Any] | None = None, cpu_matmul: str | None = None,
+                 cpu_kernels: str | None = None):
         self.model, self.slices = model.to(device), slices
         self.mode = (fused.written_out if written_out else
-                     functools.partial(fused.using_cpu_matmul, cpu_matmul) if cpu_matmul else contextlib.nullcontext)
+                     functools.partial(fused.using_cpu_matmul, cpu_matmul) if cpu_matmul else
+                     functools.partial(hyperset_cpu_kernels.using_cpu_kernels, cpu_kernels) if cpu_kernels else
+                     contextlib.nullcontext)
         self.net = torch.compile(model, options=compile_options) if compiled else model  # what the steps run
         self.loss = loss_fn(kind, self.net)
         self.opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
@@ -274,8 +281,9 @@ def versions(peer_dir: Path) -> dict[str, str]:
     return out
 
 
-RUNNERS = ("ours", "ours_written_out", "ours_cpu_matmul", "ours_compiled", "ours_compiled_options",
-           "ours_compiled_cpu_matmul", "ours_compiled_written_out", "ours_compiled_sliced", "peer", "peer_sliced")
+RUNNERS = ("ours", "ours_written_out", "ours_cpu_matmul", "ours_cpu_kernels", "ours_compiled",
+           "ours_compiled_options", "ours_compiled_cpu_matmul", "ours_compiled_cpu_kernels",
+           "ours_compiled_written_out", "ours_compiled_sliced", "peer", "peer_sliced")
 
 
 def summarise(times: dict[str, list[float]], roof: dict[str, Any] | None, fpb: dict[str, float],
@@ -383,11 +391,11 @@ def per_board(count: dict[str, Any]) -> dict[str, float]:
 
 def run(peer_dir: Path, rounds: int, threads: int, bf16: bool, compiled: bool = False,
         device: str = "cpu", slices: int = 1, compile_options: dict[str, Any] | None = None,
-        cpu_matmul: str | None = None) -> dict[str, Any]:
+        cpu_matmul: str | None = None, cpu_kernels: str | None = None) -> dict[str, Any]:
     """The comparison on `device`; on a GPU without rooflines (kernels of these sizes are bound by their launches,
     not by the matmul rate) and with the GPU's name in the machine facts. With `compile_options` (and `compiled`)
     also `ours_compiled_options` in fp32; with `cpu_matmul` `ours_cpu_matmul` (and `ours_compiled_cpu_matmul`) in
-    fp32."""
+    fp32, with `cpu_kernels` `ours_cpu_kernels` (and `ours_compiled_cpu_kernels`) in fp32."""
     torch.set_num_threads(threads)
     dev, info = machine_on(device, threads)
     cpu = dev.type == "cpu"
@@ -408,7 +416,7 @@ def run(peer_dir: Path, rounds: int, threads: int, bf16: bool, compiled: bool = 
     rep: dict[str, Any] = {
         "machine": info, "versions": versions(peer_dir), "config": cfg.to_dict(), "batch": BATCH,
         "rounds": rounds, "compiled": compiled, "slices": slices, "compile_options": compile_options,
-        "cpu_matmul": cpu_matmul,
+        "cpu_matmul": cpu_matmul, "cpu_kernels": cpu_kernels,
         "parity_max_abs_diff": diff,
         "flops_per_board_model": fpb,
         "flops_counted": {}, "results": {}, "times_s": {},
@@ -427,6 +435,9 @@ def run(peer_dir: Path, rounds: int, threads: int, bf16: bool, compiled: bool = 
         ours.update({"ours_cpu_matmul": {"cpu_matmul": cpu_matmul}} if cpu_matmul and not half else {})
         ours.update({"ours_compiled_cpu_matmul": {"compiled": True, "cpu_matmul": cpu_matmul}}
                     if extra and cpu_matmul else {})
+        ours.update({"ours_cpu_kernels": {"cpu_kernels": cpu_kernels}} if cpu_kernels and not half else {})
+        ours.update({"ours_compiled_cpu_kernels": {"compiled": True, "cpu_kernels": cpu_kernels}}
+                    if extra and cpu_kernels else {})
         ours.update({"ours_compiled_written_out": {"compiled": True, "written_out": True}} if extra else {})
         ours.update({"ours_compiled_sliced": {"compiled": True, "slices": slices}} if extra and slices > 1 else {})
         for name, kw in ours.items():
@@ -527,6 +538,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--cpu-matmul", choices=fused.CPU_MATMULS, default=None,
                     help="also fp32 rows of ours (and ours compiled, with --compile) with the layer's products on "
                          "this library's GEMM (hyperset.fused.matmul), beside ours in the same rounds")
+    ap.add_argument("--cpu-kernels", choices=hyperset_cpu_kernels.CHOICES, default=None,
+                    help="also fp32 rows of ours (and ours compiled, with --compile) with the attention maps' C "
+                         "kernel on, off or auto (hyperset.cpu_kernels), beside ours in the same rounds")
     ap.add_argument("--device", type=bench_args.device, default="cpu",
                     help="cpu (default) or cuda: where both models run")
     ap.add_argument("--out", type=bench_args.output_file, default=None,
@@ -542,8 +556,10 @@ def main(argv: list[str] | None = None) -> None:
         ap.error("--slices needs --compile")
     if args.cpu_matmul and args.device != "cpu":
         ap.error("--cpu-matmul is for --device cpu")
+    if args.cpu_kernels and args.device != "cpu":
+        ap.error("--cpu-kernels is for --device cpu")
     rep = run(args.peer, args.rounds, args.threads, args.bf16, args.compile, args.device, args.slices,
-              args.compile_options, args.cpu_matmul)
+              args.compile_options, args.cpu_matmul, args.cpu_kernels)
     rep["command"] = bench_args.command_line("peer_bench", argv)
     print_summary(rep)
     args.out.parent.mkdir(parents=True, exist_ok=True)

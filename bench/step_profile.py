@@ -15,7 +15,10 @@ in turn (the order reversed every round), a timed training step and then one und
   matmul_s     self time of the matmul ops (mm, bmm, baddbmm, addmm, and mkldnn::_linear_pointwise where the
                library's products run on oneDNN's GEMM, see hyperset.fused.matmul) in the profiled step: on a CPU
                the time the products ran
-  other_s      step_s - matmul_s: elementwise work, softmax, reductions, copies, the optimizer, Python
+  maps_kernel_s   self time of the attention maps' kernel (hyperset.cpu_kernels: their products, softmax and
+               transposed adds together, where it runs; not in matmul_s)
+  other_s      step_s - matmul_s: elementwise work, softmax, reductions, copies, the optimizer, Python (and the
+               maps' kernel)
   top_ops      the ops with the most self time in the median profiled step: [name, ms, calls]; a compiled
                step's fused elementwise kernels are its "compiled graph" rows
   kernels_of_compiled_graph   on a CPU, the compiled step's generated kernels one by one (inductor's kernel
@@ -74,6 +77,8 @@ from hyperset.models import HyperSETModel  # noqa: E402
 
 ONEDNN_MM = "mkldnn::_linear_pointwise"  # hyperset.fused.matmul's products on oneDNN's GEMM
 MATMUL_OPS = ("aten::mm", "aten::bmm", "aten::baddbmm", "aten::addmm", ONEDNN_MM)
+# the attention maps fused per (board, head), products and softmax together (hyperset.cpu_kernels)
+MAPS_KERNEL_OPS = ("hyperset::bisoftmax_maps", "hyperset::bisoftmax_maps_backward")
 TOP = 12
 COMPILED = "## Call CompiledFxGraph"  # the profiler's name for a call of code torch.compile generated
 KERNEL = re.compile(r"^graph_\d+_cpp_fused_")  # a kernel it generated for a CPU, with kernel profiling on
@@ -141,7 +146,7 @@ def profile_step(runner: peer_bench.Runner, x: torch.Tensor, y: torch.Tensor) ->
     kernel_calls: Counter[str] = Counter()
     for e in prof.key_averages():
         kernel = KERNEL.match(e.key) is not None
-        if kernel or e.key.startswith(("aten::", COMPILED)) or e.key == ONEDNN_MM:
+        if kernel or e.key.startswith(("aten::", COMPILED)) or e.key in (ONEDNN_MM, *MAPS_KERNEL_OPS):
             # all of the generated code in one row: its graphs' calls and, with kernel profiling, their kernels
             name = "compiled graph" if kernel or e.key.startswith(COMPILED) else e.key
             seconds[name] += e.self_cpu_time_total / 1e6
@@ -159,6 +164,7 @@ def profile_step(runner: peer_bench.Runner, x: torch.Tensor, y: torch.Tensor) ->
     rows = [(name, s, calls[name]) for name, s in seconds.items()]
     top = sorted(rows, key=lambda r: -r[1])[:TOP]
     out: dict[str, Any] = {"profiled_step_s": step_s, "matmul_s": sum(s for name, s, _ in rows if name in MATMUL_OPS),
+                           "maps_kernel_s": sum(s for name, s, _ in rows if name in MAPS_KERNEL_OPS),
                            "top_ops": [[name, round(1e3 * s, 3), n] for name, s, n in top],
                            "matmul_shapes": {key: (s, shape_calls[key]) for key, s in shape_s.items()}}
     if kernel_s:
@@ -194,6 +200,7 @@ def rounds_of(runners: dict[str, peer_bench.Runner], x: torch.Tensor, y: torch.T
         step_s = statistics.median(s for s, _ in got)
         matmul_s = statistics.median(p["matmul_s"] for p in profs)
         row = {"step_s": step_s, "profiled_step_s": mid["profiled_step_s"], "matmul_s": matmul_s,
+               "maps_kernel_s": statistics.median(p["maps_kernel_s"] for p in profs),
                "other_s": step_s - matmul_s, "matmul_share": matmul_s / step_s, "top_ops": mid["top_ops"]}
         if "kernels_of_compiled_graph" in mid:
             row["kernels_of_compiled_graph"] = mid["kernels_of_compiled_graph"]
@@ -291,7 +298,8 @@ def print_summary(rep: dict[str, Any]) -> None:
     print(f"{where}; fp32 training step, batch {rep['batch']}, medians of {rep['rounds']} rounds")
     for name, r in rep["runners"].items():
         line = (f"  {name:13s} step {r['step_s']:.3f} s: matmuls {r['matmul_s']:.3f} s ({r['matmul_share']:.0%}), "
-                f"the rest {r['other_s']:.3f} s")
+                f"the rest {r['other_s']:.3f} s"
+                + (f" (the maps' kernel {r['maps_kernel_s']:.3f} s)" if r.get("maps_kernel_s") else ""))
         if "kernels" in r:
             line += f"; {r['kernels']:.0f} kernels, GPU busy {1e3 * r['gpu_busy_s']:.1f} ms"
         if "share_of_roofline" in r:

@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from . import cpu_kernels
+
 PHI = {
     "sigmoid": (torch.sigmoid, lambda u: torch.sigmoid(u) * (1 - torch.sigmoid(u))),
     "relu": (F.relu, lambda u: (u > 0).to(u.dtype)),
@@ -141,6 +143,8 @@ def attn_energy_grad_heads(Z: Tensor, kind: str = "bisoftmax", phi: str = "sigmo
     """
     beta = 1.0 / math.sqrt(Z.shape[-1])
     if kind == "bisoftmax":
+        if not (torch.is_grad_enabled() and Z.requires_grad) and cpu_kernels.usable(Z):
+            return cpu_kernels.bisoftmax_attention(Z, beta)  # fused per (board, head), no gradient through it
         A = beta * Z @ Z.transpose(-1, -2)
         P = torch.softmax(A, dim=-1)  # A is symmetric, so the column softmax is P^T
         return (P + P.transpose(-1, -2)) @ Z

@@ -15,6 +15,10 @@ two backward:
   incoming gradient dG, S dG + (dP + dP^T) Zn with S = P + P^T and dP the softmax's derivative along
   beta (dG Zn^T + Zn dG^T), from the saved P and S.
 
+On x86 CPUs with AVX-512 the attention maps of `bisoftmax_grad` (Zn Zn^T, the softmax, (P + P^T) Zn, and their
+backward pass) run fused per (board, head) in a C kernel where `hyperset.cpu_kernels` says so; it saves P alone and
+makes S again from it backward.
+
 Their products of a state by a weight (X D, ReLU(U) D^T, X W, G W^T and the backward passes' dY D, dU D^T, ...), and
 the layer's at inference, run through `matmul`: on an x86 CPU in fp32 it can take oneDNN's GEMM instead of ATen's
 (MKL in the x86 wheels). MKL's fp32 GEMM runs these shapes at its full rate on Intel CPUs but not on others: on an
@@ -37,10 +41,8 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import platform
 import threading
-import warnings
 from collections.abc import Iterator
 
 import torch
@@ -48,6 +50,8 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 from torch.utils.flop_counter import register_flop_formula
 
+from . import cpu_kernels
+from .cpu_kernels import eager_or_compiled, env_choice
 from .device import cpu_vendor
 from .energies import inv_rms
 
@@ -72,18 +76,11 @@ def written_out() -> Iterator[None]:
         _state.enabled = before
 
 
-def _eager_or_compiled() -> bool:
-    """Running in eager mode or under torch.compile: not in a trace or an ONNX export, nor under torch.func's
-    transforms (which the operators here do not support)."""
-    return (not torch.jit.is_tracing() and not torch.onnx.is_in_onnx_export()
-            and (torch.compiler.is_compiling() or not torch._C._are_functorch_transforms_active()))
-
-
 def usable(x: Tensor) -> bool:
     """Whether the fused operators should run for an update of x: a gradient will be taken, without autocast, in
-    eager mode or under torch.compile (`_eager_or_compiled`)."""
+    eager mode or under torch.compile (`eager_or_compiled`)."""
     return (enabled() and torch.is_grad_enabled() and not torch.is_autocast_enabled(x.device.type)
-            and _eager_or_compiled())
+            and eager_or_compiled())
 
 
 def onednn_here() -> bool:
@@ -101,16 +98,7 @@ def _resolve_cpu_matmul(name: str) -> str:
     return "aten" if name == "onednn" and not onednn_here() else name
 
 
-def _cpu_matmul_from_env() -> str:
-    choice = os.environ.get("HYPERSET_CPU_MATMUL", "auto").strip().lower() or "auto"
-    if choice not in CPU_MATMULS:
-        warnings.warn(f"HYPERSET_CPU_MATMUL={choice!r} is not one of {', '.join(CPU_MATMULS)}: using auto",
-                      stacklevel=2)
-        choice = "auto"
-    return _resolve_cpu_matmul(choice)
-
-
-_cpu_matmul = _cpu_matmul_from_env()
+_cpu_matmul = _resolve_cpu_matmul(env_choice("HYPERSET_CPU_MATMUL", CPU_MATMULS))
 
 
 def cpu_matmul_library() -> str:
@@ -154,7 +142,7 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
     if (_cpu_matmul == "onednn" and a.device.type == "cpu" and a.dtype == torch.float32
             and b.dtype == torch.float32 and b.dim() == 2 and a.dim() >= 2
             and not (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad))
-            and not torch.is_autocast_enabled("cpu") and not torch.compiler.is_exporting() and _eager_or_compiled()):
+            and not torch.is_autocast_enabled("cpu") and not torch.compiler.is_exporting() and eager_or_compiled()):
         return _onednn_mm(a, b)
     return a @ b
 
@@ -238,11 +226,16 @@ class _BiSoftmaxGrad(torch.autograd.Function):
         beta = 1.0 / math.sqrt(Z.shape[-1])
         r = inv_rms(Z, eps)
         Zn = Z * r * g
-        A = torch.baddbmm(Zn.new_empty(Zn.shape[0], Zn.shape[1], Zn.shape[1]), Zn, Zn.transpose(1, 2),
-                          beta=0.0, alpha=beta)
-        P = torch.softmax(A, dim=-1)
-        S = _sym(P)
-        Gm = _merge(torch.bmm(S, Zn), B)
+        if cpu_kernels.usable(Zn):  # the maps fused per (board, head); S is made again from P backward
+            P, G = cpu_kernels.bisoftmax_maps(Zn, beta)
+            S = None
+        else:
+            A = torch.baddbmm(Zn.new_empty(Zn.shape[0], Zn.shape[1], Zn.shape[1]), Zn, Zn.transpose(1, 2),
+                              beta=0.0, alpha=beta)
+            P = torch.softmax(A, dim=-1)
+            S = _sym(P)
+            G = torch.bmm(S, Zn)
+        Gm = _merge(G, B)
         ctx.heads, ctx.beta = heads, beta
         ctx.save_for_backward(X, W, g, Z, r, Zn, P, S, Gm)
         return matmul(Gm, W.t())
@@ -255,10 +248,14 @@ class _BiSoftmaxGrad(torch.autograd.Function):
         dG = _split(matmul(dY, W), ctx.heads)  # (B*H, N, p)
         # the Hessian of the energy at Zn applied to dG: S dG + dS Zn, dS = dP + dP^T, dP the softmax's
         # derivative along dA = beta (dG Zn^T + Zn dG^T)
-        Q = torch.bmm(dG, Zn.transpose(1, 2))
-        dP = torch._softmax_backward_data(torch.add(Q, Q.transpose(1, 2)), P, -1, P.dtype)
-        # (dP + dP^T) Zn as two products: cheaper than the transposed add
-        dZn = torch.baddbmm(torch.baddbmm(torch.bmm(S, dG), dP, Zn, alpha=beta), dP.transpose(1, 2), Zn, alpha=beta)
+        if S is None:
+            dZn = cpu_kernels.bisoftmax_maps_backward(Zn, P, dG, beta)
+        else:
+            Q = torch.bmm(dG, Zn.transpose(1, 2))
+            dP = torch._softmax_backward_data(torch.add(Q, Q.transpose(1, 2)), P, -1, P.dtype)
+            # (dP + dP^T) Zn as two products: cheaper than the transposed add
+            dZn = torch.baddbmm(torch.baddbmm(torch.bmm(S, dG), dP, Zn, alpha=beta), dP.transpose(1, 2), Zn,
+                                alpha=beta)
         # through Zn = Z r g
         dZg = dZn * g
         dZ = dZg * r - Z * ((dZg * Z).sum(-1, keepdim=True) * r.pow(3) / Z.shape[-1])

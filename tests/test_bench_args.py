@@ -114,6 +114,7 @@ CASES = [
     ("mim_energy", ["--data", "{missing}", "--iters", "12"], "--iters 12: expected at least 2x the trained depth"),
     ("peer_bench", ["--peer", "{peer}", "--slices", "4"], "--slices needs --compile"),
     ("peer_bench", ["--peer", "{peer}", "--cpu-matmul", "mkl"], "argument --cpu-matmul: invalid choice: 'mkl'"),
+    ("peer_bench", ["--peer", "{peer}", "--cpu-kernels", "yes"], "argument --cpu-kernels: invalid choice: 'yes'"),
     ("train_throughput", ["--rows"], "argument --rows: expected at least one argument"),
     ("train_throughput", ["--out", "/proc/train_throughput.json"], "no files can be made in /proc"),
     ("sudoku_eval", ["--data", "{missing}", "--out", "/proc/sudoku_eval.json"], "no files can be made in /proc"),

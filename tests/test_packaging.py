@@ -92,6 +92,7 @@ def test_wheel_holds_every_source_file_recipes_and_weights(wheel: zipfile.ZipFil
     assert weights and not [w for w in weights if w not in names]
     assert {"sudoku", "classifier", "mim"} <= {w.split("/")[2] for w in weights}
     assert "hyperset/py.typed" in names
+    assert "hyperset/kernels/bisoftmax.c" in names  # compiled on first use (hyperset.cpu_kernels)
 
 
 def test_wheel_entry_points_name_the_installed_modules(wheel: zipfile.ZipFile) -> None:

@@ -128,6 +128,18 @@ def test_a_runner_with_another_cpu_matmul_library_steps_with_it(monkeypatch: pyt
     assert out["training"]["ratio_ours_cpu_matmul_to_peer"] == pytest.approx(1.6)
 
 
+def test_a_runner_with_the_maps_kernel_switched_steps_with_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = []
+    usable = peer_bench.hyperset_cpu_kernels.usable
+    monkeypatch.setattr(peer_bench.hyperset_cpu_kernels, "usable",
+                        lambda z: seen.append(peer_bench.hyperset_cpu_kernels._wanted) or usable(z))
+    before = peer_bench.hyperset_cpu_kernels._wanted
+    x, y = peer_bench.batch()
+    runner = peer_bench.Runner("ours", peer_bench.random_model(), False, cpu_kernels="off")
+    runner.train(x[:2], y[:2])
+    assert seen and set(seen) == {False} and peer_bench.hyperset_cpu_kernels._wanted == before
+
+
 def test_compiler_settings_reach_torch_compile_and_get_their_own_row(monkeypatch: pytest.MonkeyPatch) -> None:
     seen = []
 

@@ -1,0 +1,265 @@
+"""The bi-softmax attention maps fused per (board, head) in a C kernel, for fp32 on x86 CPUs with AVX-512.
+
+The fused attention operator (`hyperset.fused.bisoftmax_grad`) spends most of its time outside the feedforward on
+the attention maps: per iteration a batch of B*H maps of N x N (256 of 81 x 81 at the Sudoku configuration,
+6.6 MB) goes through two batched products, a softmax and a transposed add forward, and three products, two
+transposed adds and the softmax's derivative backward, each a pass over memory. ``kernels/bisoftmax.c`` does the
+whole chain for one (board, head) at a time, so its map never leaves the core's cache, and saves only
+P = softmax(beta Zn Zn^T) for the backward pass (S = P + P^T is recomputed there from P):
+
+- forward: P and G = (P + P^T) Zn from Zn;
+- backward: dZn = S dG + (dP + dP^T) Zn from Zn, P and dG, dP the softmax's derivative along
+  beta (dG Zn^T + Zn dG^T);
+- inference (`bisoftmax_attention`, from ``hyperset.energies.attn_energy_grad_heads`` where no gradient is taken
+  through it): G alone, P not written.
+
+The values are the library path's within fp32 rounding (exp by Cephes' polynomial; the tests compare with it).
+The products of these small batched shapes run on MKL in PyTorch's x86 wheels, at 26-49 GFLOP/s on an AMD EPYC
+(Zen 4); there, at one thread and the peer configuration of bench/peer_bench.py, fp32 training with the kernel was
+1.11x faster compiled and 1.20x eager than without it in the same rounds, inference 1.18x (``--cpu-kernels off``).
+
+The kernel is compiled on first use with the C compiler (``$CC``, else ``cc``; the flags name the AVX-512 subsets
+it needs, not the build machine) into ``$HYPERSET_CACHE_DIR``, else ``$XDG_CACHE_HOME/hyperset``, else
+``~/.cache/hyperset``, and loaded with ctypes; where that cannot be done (no compiler, no AVX-512, not x86) the
+operator runs on PyTorch's calls as before, and `status` says why. It runs on ``torch.get_num_threads()`` threads,
+each on its own share of the batch. Which: ``$HYPERSET_CPU_KERNELS`` (auto, on, off) or `using_cpu_kernels`;
+``auto`` (the default) uses it on x86 CPUs not made by Intel, where it was measured; on Intel CPUs, where MKL takes
+its own fast paths, it is unmeasured, and ``on`` asks for it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+import warnings
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+from torch import Tensor
+from torch.utils.flop_counter import register_flop_formula
+
+from .device import cpu_vendor
+
+CHOICES = ("auto", "on", "off")
+SOURCE = Path(__file__).with_name("kernels") / "bisoftmax.c"
+FLAGS = ("-O3", "-mavx512f", "-mavx512vl", "-mavx512dq", "-mfma", "-std=c11", "-shared", "-fPIC")
+MAX_TOKENS = 512  # scratch per thread: three maps of N x N
+
+_lock = threading.Lock()
+_lib: ctypes.CDLL | None = None
+_why_not: str | None = None  # why the kernel could not be had, once tried
+_pools: dict[int, ThreadPoolExecutor] = {}
+
+
+def _x86_avx512() -> bool:
+    return (platform.machine().lower() in ("x86_64", "amd64")
+            and torch.backends.cpu.get_cpu_capability() in ("AVX512", "AVX512_BF16", "AMX"))
+
+
+def _resolve(name: str) -> bool:
+    if name not in CHOICES:
+        raise ValueError(f"CPU kernels {name!r}: expected one of {', '.join(CHOICES)}")
+    if name == "auto":
+        return _x86_avx512() and cpu_vendor() not in (None, "GenuineIntel")
+    return name == "on" and _x86_avx512()
+
+
+def env_choice(variable: str, choices: tuple[str, ...]) -> str:
+    """The value of an environment variable among `choices` (the first, "auto", where unset or empty); another
+    value warns and is taken as the first."""
+    choice = os.environ.get(variable, choices[0]).strip().lower() or choices[0]
+    if choice not in choices:
+        warnings.warn(f"{variable}={choice!r} is not one of {', '.join(choices)}: using {choices[0]}", stacklevel=3)
+        choice = choices[0]
+    return choice
+
+
+def eager_or_compiled() -> bool:
+    """Running in eager mode or under torch.compile: not in a trace or an ONNX export, nor under torch.func's
+    transforms (which the library's own operators do not support)."""
+    return (not torch.jit.is_tracing() and not torch.onnx.is_in_onnx_export()
+            and (torch.compiler.is_compiling() or not torch._C._are_functorch_transforms_active()))
+
+
+_wanted = _resolve(env_choice("HYPERSET_CPU_KERNELS", CHOICES))
+
+
+@contextlib.contextmanager
+def using_cpu_kernels(name: str) -> Iterator[bool]:
+    """The kernel on (``on``), off or as ``auto`` decides, inside the block, for the whole process (a compiled model
+    made inside recompiles outside); yields whether it is wanted (``on`` off x86 or without AVX-512 is off)."""
+    global _wanted
+    before, _wanted = _wanted, _resolve(name)
+    try:
+        yield _wanted
+    finally:
+        _wanted = before
+
+
+def cache_dir() -> Path:
+    """Where the compiled kernel is kept."""
+    if os.environ.get("HYPERSET_CACHE_DIR"):
+        return Path(os.environ["HYPERSET_CACHE_DIR"]) / "kernels"
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "hyperset" / "kernels"
+
+
+def _build() -> ctypes.CDLL:
+    """Compile the kernel (once per source and flags; the file is written whole or not at all) and load it."""
+    cc = shutil.which(os.environ.get("CC") or "cc")
+    if cc is None:
+        raise RuntimeError(f"no C compiler ({os.environ.get('CC') or 'cc'}) on the PATH")
+    source = SOURCE.read_bytes()
+    key = hashlib.sha256(source + " ".join(FLAGS).encode()).hexdigest()[:16]
+    folder = cache_dir()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        folder = Path(tempfile.gettempdir()) / f"hyperset-{os.getuid() if hasattr(os, 'getuid') else 'user'}"
+        folder.mkdir(parents=True, exist_ok=True)
+    lib = folder / f"bisoftmax-{key}.so"
+    if not lib.exists():
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=folder)
+        os.close(fd)
+        try:
+            done = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True)
+            if done.returncode != 0:
+                raise RuntimeError(f"{cc} could not build {SOURCE.name}: {done.stderr.strip()[-500:]}")
+            os.replace(tmp, lib)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    handle = ctypes.CDLL(str(lib))
+    i64, f32, ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
+    handle.hs_bisoftmax_forward.argtypes = [i64, i64, i64, i64, f32, ptr, ptr, ptr]
+    handle.hs_bisoftmax_backward.argtypes = [i64, i64, i64, i64, f32, ptr, ptr, ptr, ptr]
+    handle.hs_bisoftmax_forward.restype = handle.hs_bisoftmax_backward.restype = ctypes.c_int
+    return handle
+
+
+def _library() -> ctypes.CDLL | None:
+    global _lib, _why_not
+    if _lib is None and _why_not is None:
+        with _lock:
+            if _lib is None and _why_not is None:
+                try:
+                    _lib = _build()
+                except (OSError, RuntimeError, subprocess.SubprocessError) as e:
+                    _why_not = str(e)
+    return _lib
+
+
+def status() -> str:
+    """"on", or why the kernel is not used here ("off", "no AVX-512", or the build's error)."""
+    if not _wanted:
+        return "off" if _x86_avx512() else "off (needs an x86 CPU with AVX-512)"
+    return "on" if _library() is not None else f"off ({_why_not})"
+
+
+def usable(z: Tensor) -> bool:
+    """Whether the attention maps of z (..., N, p) run in the kernel: wanted, fp32 on a CPU without autocast,
+    N <= MAX_TOKENS, in eager mode or under torch.compile (not in a trace, an export or torch.func's transforms),
+    and built."""
+    return (_wanted and z.device.type == "cpu" and z.dtype == torch.float32 and z.dim() >= 3
+            and z.shape[-2] <= MAX_TOKENS and not torch.is_autocast_enabled("cpu")
+            and not torch.compiler.is_exporting() and eager_or_compiled() and _library() is not None)
+
+
+def _run(fn, batch: int, *args) -> None:
+    """fn(b0, b1, *args) over the batch, on torch.get_num_threads() threads (ctypes lets go of the GIL)."""
+    threads = min(torch.get_num_threads(), batch)
+    if threads <= 1:
+        if fn(0, batch, *args) != 0:
+            raise MemoryError("the attention-map kernel could not allocate its scratch memory")
+        return
+    pool = _pools.get(threads)
+    if pool is None:
+        pool = _pools.setdefault(threads, ThreadPoolExecutor(threads, thread_name_prefix="hyperset-kernel"))
+    cuts = [batch * t // threads for t in range(threads + 1)]
+    if any(r != 0 for r in pool.map(lambda t: fn(cuts[t], cuts[t + 1], *args), range(threads))):
+        raise MemoryError("the attention-map kernel could not allocate its scratch memory")
+
+
+@torch.library.custom_op("hyperset::bisoftmax_maps", mutates_args=())
+def _maps(z: Tensor, beta: float) -> tuple[Tensor, Tensor]:
+    z = z.contiguous()
+    b, n, p = z.shape
+    P, G = z.new_empty(b, n, n), torch.empty_like(z)
+    _run(_library().hs_bisoftmax_forward, b, n, p, beta, z.data_ptr(), P.data_ptr(), G.data_ptr())
+    return P, G
+
+
+@_maps.register_fake
+def _(z: Tensor, beta: float) -> tuple[Tensor, Tensor]:
+    b, n, p = z.shape
+    return z.new_empty(b, n, n), z.new_empty(b, n, p)
+
+
+@torch.library.custom_op("hyperset::bisoftmax_maps_backward", mutates_args=())
+def _maps_backward(z: Tensor, P: Tensor, dG: Tensor, beta: float) -> Tensor:
+    z, P, dG = z.contiguous(), P.contiguous(), dG.contiguous()
+    b, n, p = z.shape
+    dz = torch.empty_like(z)
+    _run(_library().hs_bisoftmax_backward, b, n, p, beta, z.data_ptr(), P.data_ptr(), dG.data_ptr(), dz.data_ptr())
+    return dz
+
+
+@torch.library.custom_op("hyperset::bisoftmax_attention", mutates_args=())
+def _attention(z: Tensor, beta: float) -> Tensor:
+    z = z.contiguous()
+    b, n, p = z.shape
+    G = torch.empty_like(z)
+    _run(_library().hs_bisoftmax_forward, b, n, p, beta, z.data_ptr(), None, G.data_ptr())
+    return G
+
+
+@_attention.register_fake
+def _(z: Tensor, beta: float) -> Tensor:
+    return torch.empty_like(z)
+
+
+@_maps_backward.register_fake
+def _(z: Tensor, P: Tensor, dG: Tensor, beta: float) -> Tensor:
+    return torch.empty_like(z)
+
+
+@register_flop_formula(torch.ops.hyperset.bisoftmax_maps)
+def _maps_flops(z_shape: torch.Size, *args, out_shape=None, **kwargs) -> int:
+    b, n, p = z_shape
+    return 2 * (2 * b * n * n * p)  # Zn Zn^T, S Zn
+
+
+@register_flop_formula(torch.ops.hyperset.bisoftmax_attention)
+def _attention_flops(z_shape: torch.Size, *args, out_shape=None, **kwargs) -> int:
+    return _maps_flops(z_shape)
+
+
+@register_flop_formula(torch.ops.hyperset.bisoftmax_maps_backward)
+def _maps_backward_flops(z_shape: torch.Size, *args, out_shape=None, **kwargs) -> int:
+    b, n, p = z_shape
+    return 3 * (2 * b * n * n * p)  # dG Zn^T, S dG, dS Zn
+
+
+def bisoftmax_maps(z: Tensor, beta: float) -> tuple[Tensor, Tensor]:
+    """(P, (P + P^T) z) for z (B*H, N, p), P = softmax(beta z z^T) over the last dimension."""
+    return torch.ops.hyperset.bisoftmax_maps(z, float(beta))
+
+
+def bisoftmax_attention(z: Tensor, beta: float) -> Tensor:
+    """(P + P^T) z for z (..., N, p), P = softmax(beta z z^T): `bisoftmax_maps`'s G alone, for inference."""
+    return torch.ops.hyperset.bisoftmax_attention(z.reshape(-1, *z.shape[-2:]), float(beta)).view(z.shape)
+
+
+def bisoftmax_maps_backward(z: Tensor, P: Tensor, dG: Tensor, beta: float) -> Tensor:
+    """The directional derivative of z -> (P + P^T) z along dG: S dG + (dP + dP^T) z."""
+    return torch.ops.hyperset.bisoftmax_maps_backward(z, P, dG, float(beta))
+

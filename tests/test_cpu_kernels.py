@@ -1,0 +1,188 @@
+"""The attention maps fused per (board, head) in C (hyperset.cpu_kernels): the values of PyTorch's batched calls
+within fp32 rounding, through the fused attention operator too, on one thread and on several; and where the kernel
+cannot run, the operator on PyTorch's calls with the reason stated."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from hyperset import cpu_kernels, fused
+from hyperset.energies import attn_energy_grad_heads, merge_heads, rms_normalize, split_heads
+
+with cpu_kernels.using_cpu_kernels("on"):
+    HERE = cpu_kernels.status()
+needs_kernel = pytest.mark.skipif(HERE != "on", reason=f"the kernel cannot run here: {HERE}")
+
+
+def _maps(z: torch.Tensor, beta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    P = torch.softmax(beta * z @ z.transpose(1, 2), dim=-1)
+    return P, (P + P.transpose(1, 2)) @ z
+
+
+def _maps_backward(z: torch.Tensor, P: torch.Tensor, dG: torch.Tensor, beta: float) -> torch.Tensor:
+    """The derivative of z -> (P + P^T) z along dG, by autograd of the written-out maps."""
+    z = z.detach().requires_grad_()
+    _, G = _maps(z, beta)
+    return torch.autograd.grad(G, z, dG)[0]
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.double() - b.double()).abs().max() / b.abs().max()).item()
+
+
+@needs_kernel
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(("n", "p"), [(81, 32), (5, 3), (15, 8), (17, 16), (16, 32), (65, 64), (33, 40), (100, 24)])
+def test_the_fused_maps_equal_the_written_out_maps_within_fp32_rounding(n: int, p: int, threads: int) -> None:
+    """P, G = (P + P^T) Zn and the backward pass against the maps written out in fp64, for sizes that fill whole
+    vectors and that leave a tail; the kernel's error is of the size of PyTorch's own fp32 calls'."""
+    gen = torch.Generator().manual_seed(n * 100 + p)
+    z = torch.randn(6, n, p, generator=gen)
+    z = z / z.pow(2).mean(-1, keepdim=True).sqrt() * 1.5  # on the sphere of radius sqrt(p), a gain of 1.5
+    dG = torch.randn(6, n, p, generator=gen)
+    beta = 1.0 / math.sqrt(p)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with cpu_kernels.using_cpu_kernels("on"):
+            P, G = cpu_kernels.bisoftmax_maps(z, beta)
+            dz = cpu_kernels.bisoftmax_maps_backward(z, P, dG, beta)
+    finally:
+        torch.set_num_threads(before)
+    P64, G64 = _maps(z.double(), beta)
+    dz64 = _maps_backward(z.double(), P64, dG.double(), beta)
+    P32, G32 = _maps(z, beta)
+    dz32 = _maps_backward(z, P32, dG, beta)
+    for ours, fp32, exact in ((P, P32, P64), (G, G32, G64), (dz, dz32, dz64)):
+        assert _rel(ours, exact) <= max(4 * _rel(fp32, exact), 2e-6)
+    torch.testing.assert_close(P.sum(-1), torch.ones(6, n), rtol=0, atol=2e-6)
+
+
+@needs_kernel
+def test_the_attention_operator_with_the_kernel_equals_the_written_out_attention_within_1e_5() -> None:
+    """`fused.bisoftmax_grad` at the Sudoku configuration (81 tokens, d=128, 4 heads) with the maps in the kernel:
+    output and gradients of X, W and the gains within 1e-5 of the written-out attention in fp64 (relative to each
+    one's largest magnitude), as close as without the kernel."""
+    gen = torch.Generator().manual_seed(5)
+    heads, d = 4, 128
+    X = torch.randn(8, 81, d, generator=gen)
+    W = torch.randn(d, d, generator=gen) / math.sqrt(d)
+    g = torch.rand(d // heads, generator=gen) * 3 + 0.5
+    probe = torch.randn(8, 81, d, generator=gen)
+
+    def run(dtype: torch.dtype, kernels: str) -> list[torch.Tensor]:
+        leaves = [t.to(dtype).clone().requires_grad_() for t in (X, W, g)]
+        with cpu_kernels.using_cpu_kernels(kernels):
+            if dtype == torch.float64:
+                Z = rms_normalize(split_heads(leaves[0] @ leaves[1], heads), 1e-6) * leaves[2]
+                out = merge_heads(attn_energy_grad_heads(Z, "bisoftmax")) @ leaves[1].t()
+            else:
+                out = fused.bisoftmax_grad(*leaves, heads, 1e-6)
+            (out * probe.to(dtype)).sum().backward()
+        return [out.detach(), *(t.grad for t in leaves)]
+
+    exact = run(torch.float64, "off")
+    errors = {k: [_rel(a, b) for a, b in zip(run(torch.float32, k), exact)] for k in ("on", "off")}
+    assert max(errors["on"]) <= 1e-5, errors
+    assert max(errors["on"]) <= 4 * max(errors["off"]), errors
+
+
+@needs_kernel
+def test_the_operator_runs_the_kernel_only_where_it_may(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = []
+    maps = cpu_kernels.bisoftmax_maps
+    monkeypatch.setattr(cpu_kernels, "bisoftmax_maps", lambda z, beta: calls.append(z.dtype) or maps(z, beta))
+    X = torch.randn(2, 9, 16, requires_grad=True)
+    W = torch.randn(16, 16, requires_grad=True)
+    g = torch.ones(4, requires_grad=True)
+    with cpu_kernels.using_cpu_kernels("on"):
+        fused.bisoftmax_grad(X, W, g, 4, 1e-6).sum().backward()
+        assert calls == [torch.float32]
+        fused.bisoftmax_grad(X.double(), W.double(), g.double(), 4, 1e-6).sum().backward()  # fp64: PyTorch's calls
+        assert calls == [torch.float32]
+        assert not cpu_kernels.usable(torch.randn(2, cpu_kernels.MAX_TOKENS + 1, 4))
+        traced = torch.jit.trace(lambda z: torch.tensor(cpu_kernels.usable(z)), torch.randn(2, 9, 4), check_trace=False)
+        assert not traced(torch.randn(2, 9, 4)).item()
+    with cpu_kernels.using_cpu_kernels("off"):
+        fused.bisoftmax_grad(X, W, g, 4, 1e-6).sum().backward()
+        assert calls == [torch.float32]
+        assert cpu_kernels.status() == "off"
+
+
+def test_without_a_compiler_the_operator_runs_on_pytorchs_calls_and_says_why() -> None:
+    """A fresh process whose C compiler does not exist: status names it, and the attention operator still trains."""
+    code = (
+        "import torch\n"
+        "from hyperset import cpu_kernels, fused\n"
+        "with cpu_kernels.using_cpu_kernels('on'):\n"
+        "    X = torch.randn(2, 9, 16, requires_grad=True)\n"
+        "    fused.bisoftmax_grad(X, torch.randn(16, 16), torch.ones(4), 4, 1e-6).sum().backward()\n"
+        "    assert X.grad is not None and torch.isfinite(X.grad).all()\n"
+        "    print(cpu_kernels.status())\n"
+    )
+    env = {**os.environ, "CC": "no-such-compiler-here", "HYPERSET_CACHE_DIR": "/nonexistent/x"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    status = done.stdout.strip().splitlines()[-1]
+    if "AVX-512" in status:  # this CPU cannot run the kernel at all
+        assert status == "off (needs an x86 CPU with AVX-512)"
+    else:
+        assert status == "off (no C compiler (no-such-compiler-here) on the PATH)"
+
+
+def test_a_bad_environment_value_warns_and_uses_auto() -> None:
+    code = "from hyperset import cpu_kernels; print(cpu_kernels._wanted == cpu_kernels._resolve('auto'))"
+    env = {**os.environ, "HYPERSET_CPU_KERNELS": "sometimes"}
+    done = subprocess.run([sys.executable, "-W", "always", "-c", code], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "True"
+    assert "HYPERSET_CPU_KERNELS='sometimes' is not one of auto, on, off: using auto" in done.stderr
+    with pytest.raises(ValueError, match="expected one of auto, on, off"):
+        with cpu_kernels.using_cpu_kernels("always"):
+            pass
+
+
+def test_auto_takes_the_kernel_on_x86_cpus_with_avx512_not_made_by_intel(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cpu_kernels, "_x86_avx512", lambda: True)
+    for vendor, wanted in (("AuthenticAMD", True), ("GenuineIntel", False), (None, False)):
+        monkeypatch.setattr(cpu_kernels, "cpu_vendor", lambda v=vendor: v)
+        assert cpu_kernels._resolve("auto") == wanted
+        assert cpu_kernels._resolve("on") and not cpu_kernels._resolve("off")
+    monkeypatch.setattr(cpu_kernels, "_x86_avx512", lambda: False)
+    assert not cpu_kernels._resolve("on")
+
+
+@needs_kernel
+def test_inference_takes_the_kernel_and_gives_the_same_logits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At inference (no gradient through Z) the bi-softmax attention runs in the kernel without writing P: the
+    model's logits and energies within 1e-5 of PyTorch's calls; with a gradient to take through Z it steps aside."""
+    from hyperset.config import preset_config
+    from hyperset.energies import attn_energy_grad_heads
+    from hyperset.models import HyperSETModel
+
+    calls = []
+    attention = cpu_kernels.bisoftmax_attention
+    monkeypatch.setattr(cpu_kernels, "bisoftmax_attention", lambda z, beta: calls.append(1) or attention(z, beta))
+    torch.manual_seed(0)
+    model = HyperSETModel(preset_config("sudoku-cpu")).eval()
+    x = torch.randint(0, 10, (3, 81))
+    with torch.no_grad():
+        with cpu_kernels.using_cpu_kernels("off"):
+            ref = model.run(x, trace=True)
+        assert not calls
+        with cpu_kernels.using_cpu_kernels("on"):
+            out = model.run(x, trace=True)
+    assert len(calls) == model.cfg.iters
+    torch.testing.assert_close(out.logits, ref.logits, rtol=1e-5, atol=1e-5)
+    for name, values in ref.trace.energy.items():
+        torch.testing.assert_close(torch.stack(out.trace.energy[name]), torch.stack(values), rtol=1e-5, atol=1e-5)
+    z = torch.randn(2, 4, 9, 8, requires_grad=True)
+    with cpu_kernels.using_cpu_kernels("on"):
+        attn_energy_grad_heads(z).sum().backward()
+    assert len(calls) == model.cfg.iters and z.grad is not None
