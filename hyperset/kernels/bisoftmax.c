@@ -24,8 +24,25 @@ static inline __mmask16 lanes(int64_t n)
     return n >= 16 ? (__mmask16)0xFFFF : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1u);
 }
 
-/* C (R rows x the 32 columns under masks m0, m1) = a b [+ a2 b2]: a (R x k) row-major with leading dimension lda,
- * b (k x 32) rows of leading dimension ldb. The accumulators stay in registers over the whole sum. */
+/* acc (R rows x the 32 columns under masks m0, m1) += a b: a (R x k) row-major with leading dimension lda, b (k x 32)
+ * rows of leading dimension ldb */
+static inline __attribute__((always_inline)) void accumulate(int R, int64_t k, const float *a, int64_t lda,
+                                                             const float *b, int64_t ldb, __mmask16 m0, __mmask16 m1,
+                                                             __m512 *acc0, __m512 *acc1)
+{
+    for (int64_t q = 0; q < k; q++) {
+        __m512 b0 = _mm512_maskz_loadu_ps(m0, b + q * ldb), b1 = _mm512_maskz_loadu_ps(m1, b + q * ldb + 16);
+#pragma GCC unroll 12
+        for (int r = 0; r < R; r++) {
+            __m512 x = _mm512_set1_ps(a[r * lda + q]);
+            acc0[r] = _mm512_fmadd_ps(x, b0, acc0[r]);
+            acc1[r] = _mm512_fmadd_ps(x, b1, acc1[r]);
+        }
+    }
+}
+
+/* C (R rows x the 32 columns under masks m0, m1) = a b [+ a2 b2]: the accumulators stay in registers over the
+ * whole sum */
 static inline __attribute__((always_inline)) void tile(
     int R, int64_t k1, const float *a, int64_t lda, const float *b, int64_t ldb,
     int64_t k2, const float *a2, int64_t lda2, const float *b2, int64_t ldb2,
@@ -37,24 +54,8 @@ static inline __attribute__((always_inline)) void tile(
         acc0[r] = _mm512_setzero_ps();
         acc1[r] = _mm512_setzero_ps();
     }
-    for (int64_t k = 0; k < k1; k++) {
-        __m512 b0 = _mm512_maskz_loadu_ps(m0, b + k * ldb), b1 = _mm512_maskz_loadu_ps(m1, b + k * ldb + 16);
-#pragma GCC unroll 12
-        for (int r = 0; r < R; r++) {
-            __m512 x = _mm512_set1_ps(a[r * lda + k]);
-            acc0[r] = _mm512_fmadd_ps(x, b0, acc0[r]);
-            acc1[r] = _mm512_fmadd_ps(x, b1, acc1[r]);
-        }
-    }
-    for (int64_t k = 0; k < k2; k++) {
-        __m512 b0 = _mm512_maskz_loadu_ps(m0, b2 + k * ldb2), b1 = _mm512_maskz_loadu_ps(m1, b2 + k * ldb2 + 16);
-#pragma GCC unroll 12
-        for (int r = 0; r < R; r++) {
-            __m512 x = _mm512_set1_ps(a2[r * lda2 + k]);
-            acc0[r] = _mm512_fmadd_ps(x, b0, acc0[r]);
-            acc1[r] = _mm512_fmadd_ps(x, b1, acc1[r]);
-        }
-    }
+    accumulate(R, k1, a, lda, b, ldb, m0, m1, acc0, acc1);
+    accumulate(R, k2, a2, lda2, b2, ldb2, m0, m1, acc0, acc1);
 #pragma GCC unroll 12
     for (int r = 0; r < R; r++) {
         _mm512_mask_storeu_ps(c + r * ldc, m0, acc0[r]);
