@@ -125,7 +125,11 @@ def _build() -> ctypes.CDLL:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError:
         folder = Path(tempfile.gettempdir()) / f"hyperset-{os.getuid() if hasattr(os, 'getuid') else 'user'}"
-        folder.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    mode = folder.stat()
+    if hasattr(os, "getuid") and (mode.st_uid != os.getuid() or mode.st_mode & 0o002):
+        # a library loaded from a folder that others can write to could be anyone's code
+        raise RuntimeError(f"{folder} is not this user's own (another owner, or writable by all): not loading from it")
     lib = folder / f"bisoftmax-{key}.so"
     if not lib.exists():
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=folder)
@@ -159,7 +163,8 @@ def _library() -> ctypes.CDLL | None:
 
 
 def status() -> str:
-    """"on", or why the kernel is not used here ("off", "no AVX-512", or the build's error)."""
+    """"on", or why the kernel is not used here: "off" (not wanted), "off (needs an x86 CPU with AVX-512)", or
+    "off (...)" with the reason it could not be built or loaded."""
     if not _wanted:
         return "off" if _x86_avx512() else "off (needs an x86 CPU with AVX-512)"
     return "on" if _library() is not None else f"off ({_why_not})"

@@ -136,6 +136,21 @@ def test_without_a_compiler_the_operator_runs_on_pytorchs_calls_and_says_why() -
         assert status == "off (no C compiler (no-such-compiler-here) on the PATH)"
 
 
+@needs_kernel
+def test_a_cache_folder_that_anyone_can_write_to_is_not_loaded_from(tmp_path) -> None:
+    (tmp_path / "kernels").mkdir()
+    (tmp_path / "kernels").chmod(0o777)
+    code = ("from hyperset import cpu_kernels\n"
+            "with cpu_kernels.using_cpu_kernels('on'):\n"
+            "    print(cpu_kernels.status())\n")
+    env = {**os.environ, "HYPERSET_CACHE_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    why = f"{tmp_path / 'kernels'} is not this user's own (another owner, or writable by all): not loading from it"
+    assert done.stdout.strip() == f"off ({why})"
+    assert list((tmp_path / "kernels").iterdir()) == []
+
+
 def test_a_bad_environment_value_warns_and_uses_auto() -> None:
     code = "from hyperset import cpu_kernels; print(cpu_kernels._wanted == cpu_kernels._resolve('auto'))"
     env = {**os.environ, "HYPERSET_CPU_KERNELS": "sometimes"}
