@@ -47,7 +47,7 @@ import torch
 from torch import Tensor
 from torch.utils.flop_counter import register_flop_formula
 
-from .device import cpu_vendor
+from . import device
 
 CHOICES = ("auto", "on", "off")
 SOURCE = Path(__file__).with_name("kernels") / "bisoftmax.c"
@@ -69,7 +69,7 @@ def _resolve(name: str) -> bool:
     if name not in CHOICES:
         raise ValueError(f"CPU kernels {name!r}: expected one of {', '.join(CHOICES)}")
     if name == "auto":
-        return _x86_avx512() and cpu_vendor() not in (None, "GenuineIntel")
+        return _x86_avx512() and not device.made_by_intel_or_unknown()
     return name == "on" and _x86_avx512()
 
 
@@ -183,14 +183,14 @@ def _run(fn, batch: int, *args) -> None:
     """fn(b0, b1, *args) over the batch, on torch.get_num_threads() threads (ctypes lets go of the GIL)."""
     threads = min(torch.get_num_threads(), batch)
     if threads <= 1:
-        if fn(0, batch, *args) != 0:
-            raise MemoryError("the attention-map kernel could not allocate its scratch memory")
-        return
-    pool = _pools.get(threads)
-    if pool is None:
-        pool = _pools.setdefault(threads, ThreadPoolExecutor(threads, thread_name_prefix="hyperset-kernel"))
-    cuts = [batch * t // threads for t in range(threads + 1)]
-    if any(r != 0 for r in pool.map(lambda t: fn(cuts[t], cuts[t + 1], *args), range(threads))):
+        failed = fn(0, batch, *args) != 0
+    else:
+        pool = _pools.get(threads)
+        if pool is None:
+            pool = _pools.setdefault(threads, ThreadPoolExecutor(threads, thread_name_prefix="hyperset-kernel"))
+        cuts = [batch * t // threads for t in range(threads + 1)]
+        failed = any(r != 0 for r in pool.map(lambda t: fn(cuts[t], cuts[t + 1], *args), range(threads)))
+    if failed:
         raise MemoryError("the attention-map kernel could not allocate its scratch memory")
 
 

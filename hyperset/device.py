@@ -95,6 +95,13 @@ def cpu_vendor() -> str | None:
     return _cpuinfo_value("vendor_id")
 
 
+def made_by_intel_or_unknown() -> bool:
+    """Whether the CPU's vendor is Intel or not known: where the library keeps PyTorch's own CPU paths by default
+    (MKL's fast paths are Intel's; `hyperset.fused.matmul`'s oneDNN products and `hyperset.cpu_kernels` were measured
+    on others)."""
+    return cpu_vendor() in (None, "GenuineIntel")
+
+
 def cpu_has_native_bf16() -> bool:
     try:
         with open("/proc/cpuinfo") as f:

@@ -50,9 +50,8 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 from torch.utils.flop_counter import register_flop_formula
 
-from . import cpu_kernels
+from . import cpu_kernels, device
 from .cpu_kernels import eager_or_compiled, env_choice
-from .device import cpu_vendor
 from .energies import inv_rms
 
 CPU_MATMULS = ("auto", "onednn", "aten")
@@ -94,7 +93,7 @@ def _resolve_cpu_matmul(name: str) -> str:
     if name not in CPU_MATMULS:
         raise ValueError(f"CPU matmul library {name!r}: expected one of {', '.join(CPU_MATMULS)}")
     if name == "auto":
-        return "onednn" if onednn_here() and cpu_vendor() not in (None, "GenuineIntel") else "aten"
+        return "onednn" if onednn_here() and not device.made_by_intel_or_unknown() else "aten"
     return "aten" if name == "onednn" and not onednn_here() else name
 
 

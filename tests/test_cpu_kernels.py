@@ -115,6 +115,12 @@ def test_the_operator_runs_the_kernel_only_where_it_may(monkeypatch: pytest.Monk
         assert cpu_kernels.status() == "off"
 
 
+def _fresh_process(code: str, *flags: str, **env: str) -> subprocess.CompletedProcess:
+    """`code` run by a new Python with `env` added to the environment (the module reads its settings at import)."""
+    return subprocess.run([sys.executable, *flags, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, **env}, timeout=120)
+
+
 def test_without_a_compiler_the_operator_runs_on_pytorchs_calls_and_says_why() -> None:
     """A fresh process whose C compiler does not exist: status names it, and the attention operator still trains."""
     code = (
@@ -126,8 +132,7 @@ def test_without_a_compiler_the_operator_runs_on_pytorchs_calls_and_says_why() -
         "    assert X.grad is not None and torch.isfinite(X.grad).all()\n"
         "    print(cpu_kernels.status())\n"
     )
-    env = {**os.environ, "CC": "no-such-compiler-here", "HYPERSET_CACHE_DIR": "/nonexistent/x"}
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    done = _fresh_process(code, CC="no-such-compiler-here", HYPERSET_CACHE_DIR="/nonexistent/x")
     assert done.returncode == 0, done.stderr
     status = done.stdout.strip().splitlines()[-1]
     if "AVX-512" in status:  # this CPU cannot run the kernel at all
@@ -143,8 +148,7 @@ def test_a_cache_folder_that_anyone_can_write_to_is_not_loaded_from(tmp_path) ->
     code = ("from hyperset import cpu_kernels\n"
             "with cpu_kernels.using_cpu_kernels('on'):\n"
             "    print(cpu_kernels.status())\n")
-    env = {**os.environ, "HYPERSET_CACHE_DIR": str(tmp_path)}
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    done = _fresh_process(code, HYPERSET_CACHE_DIR=str(tmp_path))
     assert done.returncode == 0, done.stderr
     why = f"{tmp_path / 'kernels'} is not this user's own (another owner, or writable by all): not loading from it"
     assert done.stdout.strip() == f"off ({why})"
@@ -153,9 +157,7 @@ def test_a_cache_folder_that_anyone_can_write_to_is_not_loaded_from(tmp_path) ->
 
 def test_a_bad_environment_value_warns_and_uses_auto() -> None:
     code = "from hyperset import cpu_kernels; print(cpu_kernels._wanted == cpu_kernels._resolve('auto'))"
-    env = {**os.environ, "HYPERSET_CPU_KERNELS": "sometimes"}
-    done = subprocess.run([sys.executable, "-W", "always", "-c", code], capture_output=True, text=True, env=env,
-                          timeout=120)
+    done = _fresh_process(code, "-W", "always", HYPERSET_CPU_KERNELS="sometimes")
     assert done.returncode == 0 and done.stdout.strip() == "True"
     assert "HYPERSET_CPU_KERNELS='sometimes' is not one of auto, on, off: using auto" in done.stderr
     with pytest.raises(ValueError, match="expected one of auto, on, off"):
@@ -166,7 +168,7 @@ def test_a_bad_environment_value_warns_and_uses_auto() -> None:
 def test_auto_takes_the_kernel_on_x86_cpus_with_avx512_not_made_by_intel(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cpu_kernels, "_x86_avx512", lambda: True)
     for vendor, wanted in (("AuthenticAMD", True), ("GenuineIntel", False), (None, False)):
-        monkeypatch.setattr(cpu_kernels, "cpu_vendor", lambda v=vendor: v)
+        monkeypatch.setattr(cpu_kernels.device, "cpu_vendor", lambda v=vendor: v)
         assert cpu_kernels._resolve("auto") == wanted
         assert cpu_kernels._resolve("on") and not cpu_kernels._resolve("off")
     monkeypatch.setattr(cpu_kernels, "_x86_avx512", lambda: False)

@@ -252,7 +252,7 @@ def test_auto_takes_onednn_on_x86_cpus_not_made_by_intel(monkeypatch: pytest.Mon
     monkeypatch.setattr(fused.torch.backends.mkldnn, "is_available", lambda: True)
     for vendor, library in (("AuthenticAMD", "onednn"), ("HygonGenuine", "onednn"), ("GenuineIntel", "aten"),
                             (None, "aten")):
-        monkeypatch.setattr(fused, "cpu_vendor", lambda v=vendor: v)
+        monkeypatch.setattr(fused.device, "cpu_vendor", lambda v=vendor: v)
         for asked, used in (("auto", library), ("aten", "aten"), ("onednn", "onednn")):
             with fused.using_cpu_matmul(asked) as got:
                 assert got == used == fused.cpu_matmul_library()
