@@ -14,7 +14,7 @@ import click
 
 from .cli_options import OneLineCommand, stdout_to_devnull
 from .config import MAX_ITERS
-from .defaults import CPU_BATCH_SIZE, DEFAULT_PASSES, DEFAULT_STRATEGY, GPU_BATCH_SIZE
+from .defaults import CPU_BATCH_SIZE, DEFAULT_NODES, DEFAULT_PASSES, DEFAULT_STRATEGY, GPU_BATCH_SIZE, STRATEGY_NAMES
 from .extras import require
 from .sudoku.board import Puzzle, PuzzleError, cell_name, format_grid, parse_file
 
@@ -231,11 +231,24 @@ def _load_puzzles(files: tuple[str, ...]) -> list[Puzzle]:
 @click.option("--iters", default=None,
               help="iterations per pass (may exceed the trained depth) or 'auto' [default: the model's measured "
                    "choice, its config.json solve_iterations, else the trained depth]")
-@click.option("--strategy", type=click.Choice(["commit", "single"]), default=DEFAULT_STRATEGY, show_default=True,
-              help="commit: run, fix the most confident clash-free cells as givens, run again until the board is "
-                   "valid or full; single: one pass")
+@click.option("--strategy", type=click.Choice(STRATEGY_NAMES), default=DEFAULT_STRATEGY, show_default=True,
+              help="search: one pass, then search on the model's beliefs with exact checks, taking wrong guesses "
+                   "back (answers every valid puzzle within its budget); commit: fix the most confident cells, run "
+                   "again; single: one pass; auto: iterate until the prediction settles")
 @click.option("--passes", type=click.IntRange(1, 81), default=DEFAULT_PASSES, show_default=True,
               help="most passes of the commit strategy")
+@click.option("--nodes", type=click.IntRange(1, 10_000_000), default=DEFAULT_NODES, show_default=True,
+              help="search: most nodes (model calls) per board")
+@click.option("--seconds", type=click.FloatRange(0, None, min_open=True), default=None,
+              help="search: most seconds per batch of boards [default: no limit]")
+@click.option("--node-iters", type=click.IntRange(1, 10_000), default=None,
+              help="search: iterations per node after the first pass [default: the model's search_iterations, "
+                   "else its trained depth]")
+@click.option("--prior", type=click.Choice(["model", "uniform"]), default="model", show_default=True,
+              help="search: order the guesses by the model's beliefs, or uniformly (no model call: the reference "
+                   "for what the model is worth)")
+@click.option("--order", "search_order", type=click.Choice(["depth", "best"]), default="depth", show_default=True,
+              help="search: take back the latest guess first (depth), or expand the most probable node (best)")
 @click.option("--checkpoint", type=click.Path(), default=None, help="checkpoint folder [default: the shipped model]")
 @click.option("--device", default="auto", show_default=True, help="auto | cpu | cuda")
 @click.option("--backend", type=click.Choice(["torch", "onnx"]), default="torch", show_default=True,
@@ -253,7 +266,8 @@ def _load_puzzles(files: tuple[str, ...]) -> list[Puzzle]:
 @click.option("--plot", type=click.Path(dir_okay=False), default=None,
               help="write the energy curve, every pass marked (.png, .svg, .pdf or .jpg: the suffix picks the format)")
 @click.option("--color/--no-color", default=None, help="colour givens and filled cells [default: on a terminal]")
-def solve_main(files: tuple[str, ...], iters: str | None, strategy: str, passes: int, checkpoint: str | None,
+def solve_main(files: tuple[str, ...], iters: str | None, strategy: str, passes: int, nodes: int,
+               seconds: float | None, node_iters: int | None, prior: str, search_order: str, checkpoint: str | None,
                device: str, backend: str, onnx_model: str | None, batch_size: int | None, threads: int | None,
                as_json: bool, quiet: bool, trace: bool, plot: str | None, color: bool | None) -> None:
     """Solve the Sudoku puzzles in FILES ('-' reads standard input).
@@ -265,14 +279,17 @@ def solve_main(files: tuple[str, ...], iters: str | None, strategy: str, passes:
     summary says how many).
     """
     try:
-        _solve(files, iters, strategy, passes, checkpoint, device, backend, onnx_model, batch_size, threads, as_json,
-               quiet, trace, plot, color)
+        search = {"nodes": nodes, "seconds": seconds, "node_iters": node_iters, "prior": prior,
+                  "order": search_order}
+        _solve(files, iters, strategy, passes, search, checkpoint, device, backend, onnx_model, batch_size, threads,
+               as_json, quiet, trace, plot, color)
     except KeyboardInterrupt:  # while loading or printing; an interrupted solve keeps its results (_solve)
         click.echo("hyperset-solve: interrupted", err=True)
         sys.exit(EXIT_INTERRUPTED)
 
 
-def _solve(files: tuple[str, ...], iters: str | None, strategy: str, passes: int, checkpoint: str | None,
+def _solve(files: tuple[str, ...], iters: str | None, strategy: str, passes: int, search: dict[str, Any],
+           checkpoint: str | None,
            device: str, backend: str, onnx_model: str | None, batch_size: int | None, threads: int | None,
            as_json: bool, quiet: bool, trace: bool, plot: str | None, color: bool | None) -> NoReturn:
     from .checkpoint import CheckpointError
@@ -308,8 +325,10 @@ def _solve(files: tuple[str, ...], iters: str | None, strategy: str, passes: int
     use_color = default_color(sys.stdout) if color is None else color
     show = None if as_json or quiet else (
         lambda p, r: _print_result(p, r, solver.trained_iters, use_color, trace))
+    if strategy != "search":
+        search = {}
     results, seconds, interrupted = _stream(solver, puzzles, show, iters=n_iters, strategy=strategy, passes=passes,
-                                            batch_size=batch_size)
+                                            batch_size=batch_size, **search)
     summary = summarize(results, seconds, solver)
     if interrupted:
         summary.extra.update(interrupted=True, requested=len(puzzles))
@@ -423,6 +442,8 @@ def _print_result(p: Puzzle, r: Any, trained: int, color: bool, trace: bool) -> 
     passes = f" in {r.passes} passes" if r.passes > 1 else ""
     click.echo(f"  {verdict}: {_count(r.iterations, 'iteration')}{passes} (trained depth {trained}), "
                f"confidence {r.confidence:.3f}")
+    if r.how is not None:
+        click.echo(f"  search: {r.how}")
     if not r.valid:
         if cells:
             click.echo(f"  conflicts at {', '.join(cell_name(c) for c in cells[:10])}{more}")
@@ -449,6 +470,14 @@ def _print_summary(summary: Any, strategy: str) -> None:
     if summary.board_accuracy is not None:
         line += f"; board accuracy {summary.board_accuracy:.1%}, cell accuracy {summary.cell_accuracy:.1%}"
     click.echo(f"{line} — strategy {strategy}, {summary.seconds:.2f} s on {summary.device} ({summary.backend})")
+    found = summary.extra.get("search")
+    if found:
+        parts = [f"{found['model_alone']} by the model alone", f"{found['with_backtracks']} with backtracks"]
+        parts += [f"{found[k]} {what}" for k, what in (("checks_alone", "by the exact checks alone"),
+                                                        ("no_solution", "without a solution"),
+                                                        ("budget", "out of budget")) if found[k]]
+        click.echo(f"search: {', '.join(parts)}; {_count(found['nodes'], 'node')}, "
+                   f"{_count(found['backtracks'], 'backtrack')}")
 
 
 if __name__ == "__main__":

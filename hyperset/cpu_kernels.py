@@ -31,12 +31,8 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import hashlib
 import os
 import platform
-import shutil
-import subprocess
-import tempfile
 import threading
 import warnings
 from collections.abc import Iterator
@@ -47,7 +43,7 @@ import torch
 from torch import Tensor
 from torch.utils.flop_counter import register_flop_formula
 
-from . import device
+from . import cbuild, device
 
 CHOICES = ("auto", "on", "off")
 SOURCE = Path(__file__).with_name("kernels") / "bisoftmax.c"
@@ -105,44 +101,9 @@ def using_cpu_kernels(name: str) -> Iterator[bool]:
         _wanted = before
 
 
-def cache_dir() -> Path:
-    """Where the compiled kernel is kept."""
-    if os.environ.get("HYPERSET_CACHE_DIR"):
-        return Path(os.environ["HYPERSET_CACHE_DIR"]) / "kernels"
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "hyperset" / "kernels"
-
-
 def _build() -> ctypes.CDLL:
-    """Compile the kernel (once per source and flags; the file is written whole or not at all) and load it."""
-    cc = shutil.which(os.environ.get("CC") or "cc")
-    if cc is None:
-        raise RuntimeError(f"no C compiler ({os.environ.get('CC') or 'cc'}) on the PATH")
-    source = SOURCE.read_bytes()
-    key = hashlib.sha256(source + " ".join(FLAGS).encode()).hexdigest()[:16]
-    folder = cache_dir()
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError:
-        folder = Path(tempfile.gettempdir()) / f"hyperset-{os.getuid() if hasattr(os, 'getuid') else 'user'}"
-        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    mode = folder.stat()
-    if hasattr(os, "getuid") and (mode.st_uid != os.getuid() or mode.st_mode & 0o002):
-        # a library loaded from a folder that others can write to could be anyone's code
-        raise RuntimeError(f"{folder} is not this user's own (another owner, or writable by all): not loading from it")
-    lib = folder / f"bisoftmax-{key}.so"
-    if not lib.exists():
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=folder)
-        os.close(fd)
-        try:
-            done = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True)
-            if done.returncode != 0:
-                raise RuntimeError(f"{cc} could not build {SOURCE.name}: {done.stderr.strip()[-500:]}")
-            os.replace(tmp, lib)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-    handle = ctypes.CDLL(str(lib))
+    """Compile the kernel (once per source and flags) and load it."""
+    handle = cbuild.load(SOURCE, FLAGS)
     i64, f32, ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
     handle.hs_bisoftmax_forward.argtypes = [i64, i64, i64, i64, f32, ptr, ptr, ptr]
     handle.hs_bisoftmax_backward.argtypes = [i64, i64, i64, i64, f32, ptr, ptr, ptr, ptr]
@@ -157,7 +118,7 @@ def _library() -> ctypes.CDLL | None:
             if _lib is None and _why_not is None:
                 try:
                     _lib = _build()
-                except (OSError, RuntimeError, subprocess.SubprocessError) as e:
+                except (OSError, RuntimeError) as e:
                     _why_not = str(e)
     return _lib
 

@@ -1,6 +1,8 @@
 """The solver's defaults, importable without torch (the --help of hyperset-solve and hyperset-eval shows them)."""
 
-DEFAULT_STRATEGY = "commit"  # measured in bench/sudoku_eval.py (README, "Sudoku results")
+DEFAULT_STRATEGY = "search"  # answers every valid puzzle; measured in bench/search_bench.py (docs/sudoku.md)
+DEFAULT_NODES = 2000  # most nodes (model calls) of the search per board
+STRATEGY_NAMES = ("search", "commit", "single", "auto")  # hyperset.strategies.REGISTRY's, for --help without torch
 DEFAULT_PASSES = 16  # most passes of the commit strategy
 # Boards per forward pass. Boards leave the batch as soon as they are valid, so a batch shrinks as it runs and the
 # hard boards that remain run in small batches: a larger starting batch keeps more of them together. The default

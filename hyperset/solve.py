@@ -26,11 +26,11 @@ import torch
 from .backends import CallableBackend, SolverBackend, TorchBackend
 from .checkpoint import CheckpointError, load_checkpoint, solve_iterations, trained_iterations
 from .config import whole_number
-from .defaults import CPU_BATCH_SIZE, DEFAULT_PASSES, DEFAULT_STRATEGY, GPU_BATCH_SIZE
+from .defaults import CPU_BATCH_SIZE, DEFAULT_NODES, DEFAULT_PASSES, DEFAULT_STRATEGY, GPU_BATCH_SIZE
 from .device import pick_device
 from .models import HyperSETModel
 from .pretrained import PRETRAINED, weights_root
-from .strategies import STRATEGIES, BoardResult, SolveFrame, commit_cells, single, stream
+from .strategies import REGISTRY, STRATEGIES, BoardResult, SolveFrame, commit_cells, single, stream
 from .sudoku.board import Puzzle, PuzzleError, parse_puzzles, validate
 
 __all__ = ["DEFAULT_PASSES", "DEFAULT_STRATEGY", "STRATEGIES", "SolveResult", "SolveSummary", "Solver",
@@ -57,6 +57,23 @@ class SolveResult:
     passes: int = 1
     pass_lengths: list[int] = field(default_factory=list)  # iterations of each pass, in the order of `energy`
     warnings: list[str] = field(default_factory=list)  # the parser's (no solution, several, too few givens)
+    search: dict[str, Any] | None = None  # the search strategy's counters: status, nodes, backtracks, ...
+
+    @property
+    def how(self) -> str | None:
+        """How the search reached its answer, for people: "model alone", "model + N backtracks", ..."""
+        if self.search is None:
+            return None
+        s = self.search
+        if s["status"] == "no solution":
+            return f"no solution: every candidate ruled out ({s['nodes']} nodes, {s['backtracks']} backtracks)"
+        if s["status"] == "budget":
+            return f"not solved within budget ({s['nodes']} nodes, {s['backtracks']} backtracks)"
+        if s["nodes"] == 0:
+            return "exact checks alone (no model call)"
+        if s["backtracks"] == 0:
+            return "model alone" if s["decisions"] == 0 else f"model alone ({s['decisions']} decisions)"
+        return f"model + {s['backtracks']} backtrack{'' if s['backtracks'] == 1 else 's'}"
 
     def to_json(self) -> dict[str, Any]:
         out = {"puzzle": self.puzzle, "prediction": self.prediction, "valid": self.valid, "reason": self.reason,
@@ -67,6 +84,9 @@ class SolveResult:
                "warnings": list(self.warnings)}
         if self.solution is not None:
             out["solution"], out["correct"] = self.solution, self.correct
+        if self.search is not None:
+            out["nodes"], out["backtracks"] = self.search["nodes"], self.search["backtracks"]
+            out["search"], out["how"] = dict(self.search), self.how
         return out
 
 
@@ -204,8 +224,8 @@ class Solver:
         self.engine.check(n, per_iteration or iters == "auto")
 
     def _settings(self, iters: int | str | None, strategy: str, passes: int) -> tuple[str, int]:
-        if strategy not in STRATEGIES:
-            raise ValueError(f"unknown strategy {strategy!r}; choose from {', '.join(STRATEGIES)}")
+        if strategy not in REGISTRY:
+            raise ValueError(f"unknown strategy {strategy!r}; choose from {', '.join(REGISTRY)}")
         if iters == "auto":
             strategy, iters = "auto", None
         if iters is not None and (isinstance(iters, bool) or not isinstance(iters, numbers.Integral)):
@@ -219,13 +239,14 @@ class Solver:
     @torch.no_grad()
     def frames(self, puzzles: Sequence[str], iters: int | str | None = None, strategy: str = DEFAULT_STRATEGY,
                max_iters: int | None = None, patience: int = 4, passes: int = DEFAULT_PASSES,
-               per_iteration: bool = True) -> Iterator[SolveFrame]:
+               per_iteration: bool = True, **search: Any) -> Iterator[SolveFrame]:
         """The strategy's frames on one batch of puzzles (what the app draws; `solve` consumes the same)."""
         strategy, n_iters, max_iters = self._run_settings(iters, strategy, passes, max_iters, patience, per_iteration)
+        search = self._search_settings(search)
         puzzles = checked_puzzles(puzzles)
         if not puzzles:
             raise ValueError("puzzles: none given")
-        return self._stream(puzzles, strategy, n_iters, passes, max_iters, patience, per_iteration)
+        return self._stream(puzzles, strategy, n_iters, passes, max_iters, patience, per_iteration, search)
 
     def _run_settings(self, iters: int | str | None, strategy: str, passes: int, max_iters: int | None,
                       patience: int, per_iteration: bool) -> tuple[str, int, int]:
@@ -236,26 +257,60 @@ class Solver:
         max_iters = 4 * self.trained_iters if max_iters is None else whole_number("max_iters", max_iters, 1)
         return strategy, n_iters, max_iters
 
+    @property
+    def search_iters(self) -> int:
+        """Iterations per search node when the caller does not say: the model's measured choice (its config.json
+        `search_iterations`), else the trained depth."""
+        n = self.info.get("search_iterations")
+        return n if isinstance(n, int) and not isinstance(n, bool) and n >= 1 else self.trained_iters
+
+    def _search_settings(self, search: dict[str, Any]) -> dict[str, Any]:
+        """The search's knobs (`node_iters`, `nodes`, `seconds`, `prior`, `order`), checked, defaults filled."""
+        from .search import ORDERS, PRIORS
+
+        unknown = set(search) - {"node_iters", "nodes", "seconds", "prior", "order"}
+        if unknown:
+            raise TypeError(f"unexpected keyword argument(s): {', '.join(sorted(unknown))}")
+        out = {"node_iters": self.search_iters, "nodes": DEFAULT_NODES, "seconds": None, "prior": "model",
+               "order": "depth", **{k: v for k, v in search.items() if v is not None}}
+        whole_number("node_iters", out["node_iters"], 1)
+        whole_number("nodes", out["nodes"], 1)
+        sec = out["seconds"]
+        if sec is not None and (isinstance(sec, bool) or not isinstance(sec, numbers.Real) or not sec > 0
+                                or not math.isfinite(sec)):
+            raise ValueError(f"seconds must be a positive number, got {sec!r}")
+        for name, choices in (("prior", PRIORS), ("order", ORDERS)):
+            if out[name] not in choices:
+                raise ValueError(f"{name} must be one of {', '.join(choices)}, got {out[name]!r}")
+        return out
+
     def _stream(self, puzzles: list[str], strategy: str, n_iters: int, passes: int, max_iters: int, patience: int,
-                per_iteration: bool) -> Iterator[SolveFrame]:
-        """The frames of puzzles already read by `checked_puzzles`, with settings from `_run_settings`."""
+                per_iteration: bool, search: dict[str, Any]) -> Iterator[SolveFrame]:
+        """The frames of puzzles already read by `checked_puzzles`, with settings from `_run_settings` and
+        `_search_settings`."""
         return stream(self.engine, _board_tensor(puzzles, self.device), strategy, n_iters, passes=passes,
-                      max_iters=max_iters, patience=patience, per_iteration=per_iteration)
+                      max_iters=max_iters, patience=patience, per_iteration=per_iteration, **search)
 
     def solve(self, puzzles: Sequence[str | Puzzle], iters: int | str | None = None, strategy: str = DEFAULT_STRATEGY,
               batch_size: int | None = None, solutions: Sequence[str | None] | None = None,
-              max_iters: int | None = None, patience: int = 4, passes: int = DEFAULT_PASSES) -> list[SolveResult]:
-        """Solve 81-character puzzles. `iters` defaults to `default_iters`; "auto" settles per board;
-        `passes` is the most passes of the commit strategy; `batch_size` defaults to `default_batch_size`."""
-        return list(self.solve_iter(puzzles, iters, strategy, batch_size, solutions, max_iters, patience, passes))
+              max_iters: int | None = None, patience: int = 4, passes: int = DEFAULT_PASSES, **search: Any
+              ) -> list[SolveResult]:
+        """Solve 81-character puzzles. `iters` defaults to `default_iters` (for the search: its first pass);
+        "auto" settles per board; `passes` is the most passes of the commit strategy; `batch_size` defaults to
+        `default_batch_size`. The search's knobs: `node_iters` (iterations per node, default `search_iters`),
+        `nodes` (most per board), `seconds` (most per batch), `prior` ("model" or "uniform"), `order` ("depth"
+        or "best")."""
+        return list(self.solve_iter(puzzles, iters, strategy, batch_size, solutions, max_iters, patience, passes,
+                                    **search))
 
     def solve_iter(self, puzzles: Sequence[str | Puzzle], iters: int | str | None = None,
                    strategy: str = DEFAULT_STRATEGY, batch_size: int | None = None,
                    solutions: Sequence[str | None] | None = None,
-                   max_iters: int | None = None, patience: int = 4, passes: int = DEFAULT_PASSES
+                   max_iters: int | None = None, patience: int = 4, passes: int = DEFAULT_PASSES, **search: Any
                    ) -> Iterator[SolveResult]:
         """`solve` one result at a time, in the order of `puzzles`, as each batch of boards is done."""
         strategy, n_iters, max_iters = self._run_settings(iters, strategy, passes, max_iters, patience, False)
+        search = self._search_settings(search)
         batch_size = self.default_batch_size if batch_size is None else batch_size
         batch_size = whole_number("batch size", batch_size, 1)
         # with the solutions given, the puzzles need no search for how many they have
@@ -276,10 +331,13 @@ class Solver:
             done: dict[int, BoardResult] = {}
             if run:
                 boards = [chunk[k].givens for k in run]
-                for frame in self._stream(boards, strategy, n_iters, passes, max_iters, patience, False):
+                for frame in self._stream(boards, strategy, n_iters, passes, max_iters, patience, False, search):
                     done.update({run[j]: board for j, board in frame.done.items()})
             for k, p in enumerate(chunk):
                 r = result_of(p.givens, done[k]) if k in done else unsolvable_result(p)
+                if k not in done and strategy == "search":  # the parser's proof: no node needed
+                    r.search = {"status": "no solution", "nodes": 0, "backtracks": 0, "decisions": 0,
+                                "propagated": 0}
                 r.warnings = list(p.warnings)
                 sol = solutions[i + k]
                 if sol:
@@ -293,8 +351,15 @@ def result_of(puzzle: str, board: BoardResult) -> SolveResult:
     verdict = validate(prediction, puzzle)
     blank = torch.tensor([c == "0" for c in puzzle])
     confidence = float(board.confidence.cpu()[blank].mean()) if blank.any() else 1.0
-    return SolveResult(puzzle, prediction, verdict.valid, verdict.reason, verdict.conflicting_cells, board.iterations,
-                       board.energy, confidence, passes=board.passes, pass_lengths=list(board.pass_lengths))
+    reason = verdict.reason
+    info = None if board.search is None else board.search.to_json()
+    if info is not None and info["status"] == "no solution":
+        reason = "no solution: the search ruled out every candidate of some cell"
+    elif info is not None and info["status"] == "budget":
+        reason = f"not solved within the search's budget ({info['nodes']} nodes): {reason}"
+    return SolveResult(puzzle, prediction, verdict.valid, reason, verdict.conflicting_cells, board.iterations,
+                       board.energy, confidence, passes=board.passes, pass_lengths=list(board.pass_lengths),
+                       search=info)
 
 
 @dataclass
@@ -319,6 +384,15 @@ class SolveSummary:
 def summarize(results: list[SolveResult], seconds: float, solver: Solver) -> SolveSummary:
     summary = SolveSummary(len(results), sum(r.valid for r in results), seconds, solver.device_name(),
                            solver.backend_name)
+    searched = [r.search for r in results if r.search is not None]
+    if searched:
+        statuses = [x["status"] for x in searched]
+        summary.extra["search"] = {
+            "model_alone": sum(x["status"] == "solved" and x["backtracks"] == 0 and x["nodes"] > 0 for x in searched),
+            "with_backtracks": sum(x["status"] == "solved" and x["backtracks"] > 0 for x in searched),
+            "checks_alone": sum(x["status"] == "solved" and x["nodes"] == 0 for x in searched),
+            "no_solution": statuses.count("no solution"), "budget": statuses.count("budget"),
+            "nodes": sum(x["nodes"] for x in searched), "backtracks": sum(x["backtracks"] for x in searched)}
     known = [r for r in results if r.solution]
     if known:
         summary.board_accuracy = sum(bool(r.correct) for r in known) / len(known)

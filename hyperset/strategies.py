@@ -13,6 +13,11 @@ the boards, iteration counts and energies are the same.
     commit  MaskGIT-style decoding for Sudoku: run N iterations, commit the most confident predictions that do
             not clash with the board as new givens, run again, until the board is valid or full. A board leaves
             as soon as its prediction is a valid full board; only unfinished boards run again.
+    search  one pass, then depth-first search on the model's beliefs with exact checks and backtracking
+            (:mod:`hyperset.search`); the default.
+
+The strategies live in `REGISTRY` (name, description, run); `register_strategy` adds one, which the solver, the
+commands and the app then offer.
 
 A board's energy covers every iteration it reports: for ``commit`` the passes one after the other
 (``pass_lengths`` says where each starts).
@@ -23,6 +28,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -30,9 +36,9 @@ from torch import Tensor
 from .backends import SolverBackend
 from .sudoku.board import UNITS
 
-__all__ = ["STRATEGIES", "BoardResult", "SolveFrame", "auto", "commit", "commit_cells", "single", "stream"]
+__all__ = ["REGISTRY", "STRATEGIES", "BoardResult", "SolveFrame", "Strategy", "StrategySettings", "auto", "commit",
+           "commit_cells", "register_strategy", "single", "stream", "strategy_names"]
 
-STRATEGIES = ("single", "auto", "commit")
 
 
 @dataclass
@@ -47,6 +53,7 @@ class BoardResult:
     passes: int
     energy: dict[str, list[float]]
     pass_lengths: list[int]
+    search: Any = None  # the search strategy's SearchInfo (nodes, backtracks, status, ...)
 
 
 @dataclass
@@ -70,6 +77,7 @@ class SolveFrame:
     energies: dict[str, Tensor]
     source: str
     done: dict[int, BoardResult] = field(default_factory=dict)
+    info: dict[int, dict[str, Any]] = field(default_factory=dict)  # per board, the search's counters
 
 
 @dataclass
@@ -245,16 +253,74 @@ def _leave_valid(t: int, live: Tensor, digits: Tensor, valid: Tensor) -> Tensor:
     return valid
 
 
-def stream(backend: SolverBackend, boards: Tensor, strategy: str, iters: int, *, passes: int = 16,
-           max_iters: int | None = None, patience: int = 4, per_iteration: bool = False) -> Iterator[SolveFrame]:
-    """The frames of `strategy` on `boards` (B, 81) int64 (`max_iters` bounds auto, default `iters`)."""
-    if strategy == "single":
-        return single(backend, boards, iters, per_iteration)
-    if strategy == "commit":
-        return commit(backend, boards, iters, passes, per_iteration)
-    if strategy == "auto":
-        return auto(backend, boards, max_iters or iters, patience, per_iteration)
-    raise ValueError(f"unknown strategy {strategy!r}; choose from {', '.join(STRATEGIES)}")
+@dataclass(frozen=True)
+class StrategySettings:
+    """What a strategy reads: iterations per pass (`iters`; the root pass of ``search``), most passes of
+    ``commit``, most iterations and patience of ``auto``, iteration frames, and the search's knobs (iterations per
+    node, most nodes per board, most seconds, prior, order)."""
+
+    iters: int
+    passes: int = 16
+    max_iters: int | None = None
+    patience: int = 4
+    per_iteration: bool = False
+    node_iters: int | None = None
+    nodes: int = 1000
+    seconds: float | None = None
+    prior: str = "model"
+    order: str = "depth"
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """A registered strategy: its name, a one-line description (CLI help and the app read it), and
+    ``run(backend, boards, settings)`` giving its frames."""
+
+    name: str
+    description: str
+    run: Callable[[SolverBackend, Tensor, StrategySettings], Iterator[SolveFrame]]
+
+
+REGISTRY: dict[str, Strategy] = {}
+
+
+def register_strategy(strategy: Strategy) -> None:
+    """Make `strategy` known by its name to the solver, the commands and the app."""
+    REGISTRY[strategy.name] = strategy
+
+
+def _search(backend: SolverBackend, boards: Tensor, s: StrategySettings) -> Iterator[SolveFrame]:
+    from .search import search
+
+    return search(backend, boards, s.iters, node_iters=s.node_iters, nodes=s.nodes, seconds=s.seconds,
+                  prior=s.prior, order=s.order, per_iteration=s.per_iteration)
+
+
+register_strategy(Strategy(
+    "search", "one pass, then search on the model's beliefs: every partial board checked exactly, a wrong guess "
+    "taken back; answers every valid puzzle within its budget", _search))
+register_strategy(Strategy(
+    "commit", "run, fix the most confident clash-free cells as givens, run again until the board is valid or "
+    "full (never takes a digit back)", lambda be, b, s: commit(be, b, s.iters, s.passes, s.per_iteration)))
+register_strategy(Strategy(
+    "single", "one pass of N iterations", lambda be, b, s: single(be, b, s.iters, s.per_iteration)))
+register_strategy(Strategy(
+    "auto", "iterate until the prediction is valid or settles, at most 4x the trained depth",
+    lambda be, b, s: auto(be, b, s.max_iters or s.iters, s.patience, s.per_iteration)))
+
+
+def strategy_names() -> tuple[str, ...]:
+    """The registered strategies' names, the default first."""
+    return tuple(REGISTRY)
+
+
+def stream(backend: SolverBackend, boards: Tensor, strategy: str, iters: int, **settings: Any
+           ) -> Iterator[SolveFrame]:
+    """The frames of `strategy` on `boards` (B, 81) int64; `settings` as :class:`StrategySettings` names them
+    (`max_iters` bounds auto, default `iters`)."""
+    if strategy not in REGISTRY:
+        raise ValueError(f"unknown strategy {strategy!r}; choose from {', '.join(REGISTRY)}")
+    return REGISTRY[strategy].run(backend, boards, StrategySettings(iters, **settings))
 
 
 def commit_cells(board: Tensor, digit: Tensor, conf: Tensor, pass_index: int, passes: int) -> list[Tensor]:
@@ -297,6 +363,9 @@ def _peer_mask() -> Tensor:
 
 _PEERS = _peer_mask()
 _CELL_UNITS = [[u for u, unit in enumerate(UNITS) if cell in unit] for cell in range(81)]  # row, column, box
+
+
+STRATEGIES = strategy_names()  # the built-in ones; REGISTRY holds any registered later too
 
 
 def _clashes(board: Tensor, digit: Tensor) -> Tensor:

@@ -233,11 +233,12 @@ def test_cli_reads_81_char_lines_grids_and_csv(tiny_checkpoint: Path, tmp_path: 
 
 def test_cli_json_has_the_documented_shape(tiny_checkpoint: Path, tmp_path: Path) -> None:
     (tmp_path / "p.txt").write_text(EASY + "\n")
-    code, out, _ = run([str(tmp_path / "p.txt"), "--checkpoint", str(tiny_checkpoint), "--json", "--iters", "6"])
+    code, out, _ = run([str(tmp_path / "p.txt"), "--checkpoint", str(tiny_checkpoint), "--json", "--iters", "6",
+                        "--strategy", "commit"])
     data = json.loads(out)
     (r,) = data["results"]
     assert set(r) >= {"puzzle", "prediction", "valid", "iterations", "energy"}
-    assert len(r["prediction"]) == 81 and r["iterations"] == 6 * r["passes"]  # the default strategy is commit
+    assert len(r["prediction"]) == 81 and r["iterations"] == 6 * r["passes"]
     # a commit run: the energy covers every reported iteration, pass after pass
     assert len(r["energy"]["attn"]) == len(r["energy"]["ff"]) == r["iterations"]
     assert r["pass_lengths"] == [6] * r["passes"] and r["passes"] > 1
@@ -431,7 +432,8 @@ def test_cli_version_quiet_and_trace_of_every_pass(tiny_checkpoint: Path, tmp_pa
     code, out, _ = run(["--version"])
     assert code == 0 and out.startswith("hyperset-solve ")
     (tmp_path / "p.txt").write_text(EASY + "\n" + EASY + "\n")
-    common = [str(tmp_path / "p.txt"), "--checkpoint", str(tiny_checkpoint), "--iters", "2", "--passes", "3"]
+    common = [str(tmp_path / "p.txt"), "--checkpoint", str(tiny_checkpoint), "--iters", "2", "--passes", "3",
+              "--strategy", "commit"]
     code, out, _ = run([*common, "--quiet"])
     assert code in (0, 1) and out.count("\n") == 1 and "boards valid" in out  # the summary only
     code, out, _ = run([*common, "--quiet", "--json"])
@@ -494,7 +496,8 @@ def test_empty_paths_and_unreadable_checkpoint_files_are_one_line(tiny_checkpoin
 
 def test_the_summary_names_the_strategy_that_ran(tiny_checkpoint: Path, tmp_path: Path) -> None:
     (tmp_path / "p.txt").write_text(EASY + "\n")
-    for args, name in (([], "commit"), (["--strategy", "single"], "single"), (["--iters", "auto"], "auto")):
+    for args, name in (([], "search"), (["--strategy", "commit"], "commit"), (["--strategy", "single"], "single"),
+                       (["--iters", "auto"], "auto"), (["--strategy", "auto"], "auto")):
         code, out, _ = run([str(tmp_path / "p.txt"), "--checkpoint", str(tiny_checkpoint), "-q", *args])
         assert f"— strategy {name}," in out, (args, out)
 

@@ -1,0 +1,308 @@
+"""The search strategy: depth-first search on the model's beliefs, every partial board checked exactly.
+
+A board's search is a tree of partial boards (nodes). At each node:
+
+1. **Exact checks.** The digits of the node are placed and naked and hidden singles propagated to a fixed point
+   (the same for every prior, counted apart from the model's choices as ``propagated``). A cell left with no
+   candidate, or a unit with no place for a digit, is a dead end: the decision that led there is taken back
+   (a *backtrack*) and the next alternative tried. A board with every cell placed is a solution.
+2. **The model** runs one pass on the node's board (givens + every digit placed so far). If its prediction for
+   the remaining blanks completes a valid board, that is the answer. Otherwise its beliefs, renormalised over each
+   cell's remaining candidates, choose the next decision: the cell whose most likely candidate is most likely
+   (with a uniform prior: the cell with the fewest candidates), and the order of its digits (most likely first).
+3. **Frontier.** The children are pushed on the board's frontier: a stack (``order="depth"``: the most recent
+   decision is the first taken back) or a heap on the decisions' joint probability (``order="best"``).
+
+Nodes of many boards go through the model in one batch. A board ends solved (a valid board, and only then),
+with a proof that it has no solution (the frontier ran empty), or at its budget (``nodes`` model calls per board,
+``seconds`` for the batch), reported with the most complete board it reached. ``prior="uniform"`` runs the same
+search with the model's beliefs replaced by a uniform prior and no model call (the reference for what the model
+is worth: ``nodes`` then counts the expansions).
+
+Everything is deterministic: no random numbers are drawn.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .backends import SolverBackend
+from .strategies import BoardResult, SolveFrame, _leave_valid, _pass
+from .sudoku.exact import _ALL, _propagate
+
+__all__ = ["ORDERS", "PRIORS", "SearchInfo", "search"]
+
+PRIORS = ("model", "uniform")
+ORDERS = ("depth", "best")
+
+_BIT_DIGIT = {1 << d: d + 1 for d in range(9)}
+_DIGIT_BITS = np.array([1 << d for d in range(9)], dtype=np.int64)
+
+
+@dataclass
+class SearchInfo:
+    """How a board's search went: `status` "solved", "no solution" or "budget"; `nodes` (model calls, or
+    expansions with the uniform prior), `backtracks` (decisions taken back), `decisions` (cells fixed by a choice
+    on the way to the answer), `propagated` (cells the exact checks placed), `depth` (decisions of the node
+    reached)."""
+
+    status: str = "running"
+    nodes: int = 0
+    backtracks: int = 0
+    decisions: int = 0
+    propagated: int = 0
+    depth: int = 0
+    by_model: bool = False  # the answer was the model's own prediction at a node
+
+    def to_json(self) -> dict[str, object]:
+        return {"status": self.status, "nodes": self.nodes, "backtracks": self.backtracks,
+                "decisions": self.decisions, "propagated": self.propagated}
+
+
+@dataclass(order=True)
+class _Entry:
+    key: tuple[float, int]
+    cands: list[int] = field(compare=False)
+    cell: int = field(compare=False)
+    bit: int = field(compare=False)
+    depth: int = field(compare=False)
+    logp: float = field(compare=False)
+
+
+class _Tree:
+    """One board's search."""
+
+    def __init__(self, givens: list[int], order: str):
+        self.order, self.info = order, SearchInfo()
+        self.frontier: list[_Entry] = []
+        self.pushed = 0
+        self.given = sum(1 for d in givens if d)
+        self.best_board = list(givens)  # the most complete board reached
+        self.answer: list[int] | None = None
+        self.proposal: list[int] | None = None  # the model's last full prediction
+        cands = [1 << (d - 1) if d else _ALL for d in givens]
+        self.root: list[int] | None = cands if _propagate(cands, [i for i, d in enumerate(givens) if d]) else None
+        if self.root is None:
+            self.info.status = "no solution"
+
+    def push(self, entries: list[_Entry]) -> None:
+        if self.order == "depth":
+            self.frontier.extend(reversed(entries))  # the most likely child on top
+        else:
+            for e in entries:
+                heapq.heappush(self.frontier, e)
+
+    def pop(self) -> _Entry:
+        return self.frontier.pop() if self.order == "depth" else heapq.heappop(self.frontier)
+
+    def key(self, depth: int, logp: float) -> tuple[float, int]:
+        self.pushed += 1
+        return (-logp, self.pushed) if self.order == "best" else (0.0, self.pushed)
+
+    def note(self, cands: list[int], depth: int) -> None:
+        board = _digits(cands)
+        if sum(1 for d in board if d) > sum(1 for d in self.best_board if d):
+            self.best_board = board
+        self.info.depth = depth
+
+    def finish(self, board: list[int], depth: int, placed: int, by_model: bool = False) -> None:
+        """Solved: `board` the answer, `placed` the cells filled before the last step (givens, decisions and
+        propagation), the rest by propagation or, `by_model`, by the model's prediction."""
+        self.answer = board
+        self.info.status, self.info.decisions, self.info.by_model = "solved", depth, by_model
+        self.info.propagated = (placed if by_model else 81) - self.given - depth
+
+
+def _digits(cands: list[int]) -> list[int]:
+    return [_BIT_DIGIT.get(m, 0) for m in cands]
+
+
+def _solved(cands: list[int]) -> bool:
+    return all(not m & (m - 1) for m in cands)
+
+
+def _next_node(tree: _Tree, max_nodes: int, model_root: bool) -> tuple[list[int], int, float] | None:
+    """Pop the frontier until a node to expand: (candidates, depth, log-probability); None when the board ended
+    (solved, no solution) or its budget ran out. The root goes to the model even when the checks alone solve it
+    (`model_root`): the model has the first look at every puzzle."""
+    if tree.info.status != "running":
+        return None
+    if tree.root is not None:  # the root: no decision yet
+        cands, tree.root = tree.root, None
+        if _solved(cands) and not model_root:
+            tree.finish(_digits(cands), 0, 81)
+            return None
+        return cands, 0, 0.0
+    while tree.frontier:
+        if tree.info.nodes >= max_nodes:
+            tree.info.status = "budget"
+            return None
+        e = tree.pop()
+        cands = e.cands[:]
+        cands[e.cell] = e.bit
+        if not _propagate(cands, [e.cell]):
+            tree.info.backtracks += 1
+            continue
+        if _solved(cands):
+            tree.finish(_digits(cands), e.depth, 81)
+            return None
+        return cands, e.depth, e.logp
+    tree.info.status = "no solution"
+    return None
+
+
+def _expand(tree: _Tree, cands: list[int], depth: int, logp: float, probs: np.ndarray | None) -> None:
+    """Push the children of a node: the cell whose most likely candidate is most likely under `probs` (81, 9)
+    (None: uniform), its candidates most likely first."""
+    masks = np.asarray(cands, dtype=np.int64)
+    legal = (masks[:, None] & _DIGIT_BITS[None, :]) != 0  # (81, 9)
+    open_ = legal.sum(1) > 1
+    p = np.where(legal, 1.0 if probs is None else np.maximum(probs, 1e-12), 0.0)
+    q = p / np.maximum(p.sum(1, keepdims=True), 1e-30)
+    score = np.where(open_, q.max(1), -1.0)
+    cell = int(np.argmax(score))  # ties: the first cell
+    digits = np.nonzero(legal[cell])[0]
+    ranked = digits[np.argsort(-q[cell, digits], kind="stable")]
+    tree.push([_Entry(tree.key(depth + 1, logp + math.log(q[cell, d])), cands, cell, 1 << int(d), depth + 1,
+                      logp + math.log(q[cell, d])) for d in ranked])
+
+
+def search(backend: SolverBackend | None, boards: Tensor, iters: int, *, node_iters: int | None = None,
+           nodes: int = 1000, seconds: float | None = None, prior: str = "model", order: str = "depth",
+           width: int = 1, per_iteration: bool = False) -> Iterator[SolveFrame]:
+    """The search's frames on `boards` (B, 81): one ``"node"`` frame per batch of nodes (the boards of the batch,
+    the model's prediction on each node's board, the counters in `info`), the finished boards in `done` with
+    their :class:`SearchInfo` in ``BoardResult.search``.
+
+    The root pass runs `iters` iterations on the puzzle as given (the model's own first look); every later node
+    `node_iters` (default `iters`) on the node's board. A board leaves a pass at the first iteration its
+    prediction is valid, where the backend can run one iteration at a time. `nodes`: most nodes per board;
+    `seconds`: most seconds for the batch; `width`: nodes of one board per batch."""
+    if prior not in PRIORS:
+        raise ValueError(f"prior {prior!r}: expected one of {', '.join(PRIORS)}")
+    if order not in ORDERS:
+        raise ValueError(f"order {order!r}: expected one of {', '.join(ORDERS)}")
+    for name, v in (("nodes", nodes), ("width", width)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a whole number >= 1, got {v!r}")
+    if seconds is not None and not (isinstance(seconds, (int, float)) and seconds > 0 and math.isfinite(seconds)):
+        raise ValueError(f"seconds must be a positive number, got {seconds!r}")
+    node_iters = iters if node_iters is None else node_iters
+    use_model = prior == "model"
+    if use_model and backend is None:
+        raise ValueError("the model prior needs a backend")
+    leave = None
+    if use_model:
+        try:
+            backend.check(max(iters, node_iters), True)
+            leave = _leave_valid
+        except ValueError:
+            backend.check(iters, False)
+            backend.check(node_iters, False)
+    start = time.perf_counter()
+    givens = boards.tolist()
+    trees = [_Tree(g, order) for g in givens]
+    energy: list[dict[str, list[float]]] = [{} for _ in trees]
+    lengths: list[list[int]] = [[] for _ in trees]
+    finished: set[int] = set()
+    step = ran = 0
+    while len(finished) < len(trees):
+        out_of_time = seconds is not None and time.perf_counter() - start > seconds
+        batch: list[tuple[int, list[int], int, float]] = []
+        for b, tree in enumerate(trees):
+            if b in finished:
+                continue
+            if out_of_time and tree.info.status == "running":
+                tree.info.status = "budget"
+            for _ in range(width):
+                node = _next_node(tree, nodes, use_model)
+                if node is None:
+                    break
+                tree.info.nodes += 1
+                tree.note(node[0], node[1])
+                if use_model:
+                    batch.append((b, *node))
+                else:
+                    _expand(tree, node[0], node[1], node[2], None)
+        done: dict[int, BoardResult] = {}
+        frame = None
+        if batch:
+            frame = yield from _model_step(backend, trees, batch, givens, boards.device, step, ran,
+                                           iters if step == 0 else node_iters, per_iteration, leave, energy, lengths)
+            ran += iters if step == 0 else node_iters
+        for b, tree in enumerate(trees):
+            if b not in finished and tree.info.status != "running":
+                finished.add(b)
+                done[b] = _result(tree, givens[b], energy[b], lengths[b])
+        step += 1
+        if frame is not None:
+            frame.done = done
+            yield frame
+        elif done:
+            rows = sorted(done)
+            yield SolveFrame("node", step, 0, ran, rows, torch.stack([done[b].digits for b in rows]),
+                             torch.stack([done[b].confidence for b in rows]), {},
+                             "search" if backend is None else backend.source, done,
+                             {b: trees[b].info.to_json() for b in rows})
+
+
+def _model_step(backend: SolverBackend, trees: list[_Tree], batch: list[tuple[int, list[int], int, float]],
+                givens: list[list[int]], device: torch.device, step: int, ran: int, iters: int,
+                per_iteration: bool, leave: object, energy: list[dict[str, list[float]]], lengths: list[list[int]]):
+    """One pass of the model on the batch's nodes (roots see the puzzle as given): a node whose prediction is
+    a valid board ends its board; the others are expanded on the model's beliefs. Returns the node frame."""
+    rows = [b for b, *_ in batch]
+    seen = [givens[b] if depth == 0 else _digits(cands) for b, cands, depth, _ in batch]
+    node_boards = torch.tensor(seen, dtype=torch.long, device=device)
+    cell_conf = (node_boards > 0).float()
+    end = yield from _pass(backend, node_boards, cell_conf, iters, step, ran, rows, per_iteration, leave)
+    probs = torch.softmax(end.logits.float(), -1)
+    conf, arg = probs.max(-1)
+    proposal = torch.where(node_boards > 0, node_boards, arg + 1)
+    valid = _valid_rows(proposal)
+    probs_np = probs.cpu().numpy()
+    for j, (b, cands, depth, logp) in enumerate(batch):
+        tree = trees[b]
+        for k, v in end.energy_of(j).items():
+            energy[b].setdefault(k, []).extend(v)
+        lengths[b].append(end.lengths[j])
+        if tree.info.status != "running":
+            continue  # ended by another node of the same batch
+        if valid[j]:
+            tree.finish(proposal[j].tolist(), depth, sum(1 for d in seen[j] if d), by_model=True)
+        elif _solved(cands):
+            tree.finish(_digits(cands), depth, 81)
+        else:
+            tree.proposal = proposal[j].tolist()
+            _expand(tree, cands, depth, logp, probs_np[j])
+    info = {b: trees[b].info.to_json() for b in dict.fromkeys(rows)}
+    return SolveFrame("node", step, max(end.lengths), ran + max(end.lengths), rows, proposal,
+                      torch.where(node_boards > 0, cell_conf, conf), end.energies, backend.source, {}, info)
+
+
+def _valid_rows(digits: Tensor) -> list[bool]:
+    from .strategies import _valid_mask
+
+    return _valid_mask(digits).tolist()
+
+
+def _result(tree: _Tree, givens: list[int], energy: dict[str, list[float]], lengths: list[int]) -> BoardResult:
+    """The board a finished search reports: the answer, else the model's last prediction where the budget ran
+    out, else the most complete board reached (blanks 0 where nothing was predicted)."""
+    if tree.answer is not None:
+        digits = tree.answer
+    elif tree.info.status == "budget" and tree.proposal is not None:
+        digits = tree.proposal
+    else:
+        digits = tree.best_board
+    d = torch.tensor(digits, dtype=torch.long)
+    conf = torch.tensor([1.0 if g else (1.0 if tree.answer is not None else 0.0) for g in givens])
+    return BoardResult(d, conf, sum(lengths), len(lengths), energy, lengths, tree.info)
