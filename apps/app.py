@@ -51,8 +51,9 @@ import torch.nn.functional as F
 from PIL import Image
 
 from hyperset.config import MAX_ITERS
+from hyperset.defaults import DEFAULT_NODES
 from hyperset.solve import DEFAULT_PASSES, DEFAULT_STRATEGY, json_number, result_of
-from hyperset.strategies import BoardResult
+from hyperset.strategies import REGISTRY, BoardResult
 from hyperset.sudoku.board import Puzzle, PuzzleError, cell_name, conflicts, parse_puzzles, validate
 
 from .energy_plot import energy_svg
@@ -90,7 +91,6 @@ DISPLAY_SIDE = 256  # images are shown upscaled to about this many pixels
 DRAW_THRESHOLD = 0.25  # a token is masked when this share of its pixels is painted
 DEFAULT_SAMPLE = "chelsea"  # the cat: of the shipped samples, the closest to CIFAR-10 (a CIFAR class, close-up)
 DEFAULT_MASK_RATIO = 0.4  # the share of tokens the random mask hides by default (the training maximum)
-STRATEGIES = ("single", "commit", "auto")
 DECODING_CHOICES = [("MaskGIT sampling", "maskgit"), ("expected embedding", "expected")]  # (label, value)
 # The expected embedding by default: on 1,000 CIFAR-10 test images at 40% masking it is 1.5 dB PSNR and 0.05 SSIM
 # closer to the originals than MaskGIT sampling (docs/mim.md), without the speckle of sampled codes; MaskGIT
@@ -541,6 +541,18 @@ class _Frame:
     passes: list[dict[str, list[float]]] = field(default_factory=list)  # the energies so far, one dict per pass
     source: str = "torch"  # where the numbers came from: the backend's source ("torch", "onnxruntime")
     result: BoardResult | None = None  # the finished board, on the last frame
+    search: dict[str, Any] | None = None  # the search's counters so far (nodes, backtracks, status)
+    taken_back: int = 0  # cells of the previous node's board the search took back at this node
+
+
+def _search_progress(frame: _Frame, budget: int) -> str:
+    """"node 5 of at most 2000, 2 backtracks, 3 digits taken back, " for the live view of a search."""
+    info = frame.search or {}
+    nodes, back = info.get("nodes", frame.pass_index + 1), info.get("backtracks", 0)
+    text = f"node {nodes} of at most {budget:,}, {back} backtrack{'s' if back != 1 else ''}, "
+    if frame.taken_back:
+        text += f"{frame.taken_back} digit{'s' if frame.taken_back != 1 else ''} taken back, "
+    return text
 
 
 class HyperSETApp:
@@ -631,20 +643,34 @@ class HyperSETApp:
         stream = self.solver.frames([puzzle], iters, strategy, max_iters=iters, patience=AUTO_PATIENCE,
                                     passes=DEFAULT_PASSES, per_iteration=per_iteration)
         last: _Frame | None = None
+        search: dict[str, Any] | None = None
+        node_board, taken_back = puzzle, 0  # the board the search's last node ran on, cells it took back
         for f in stream:
-            if f.kind == "pass" and per_iteration:  # the end of a pass: the finished board, if it is
-                if last is not None and 0 in f.done:
-                    last.result = f.done[0]
+            if f.kind in ("pass", "node") and per_iteration:  # the end of a pass or node: counters, finished board
+                search = f.info.get(0, search)
+                if last is not None:
+                    last.search = search
+                    if 0 in f.done:
+                        last.result = f.done[0]
+                if last is None and 0 in f.done:  # ended by the exact checks after the last model call
+                    last = _Frame(f.step, f.pass_index, f.t, "".join(map(str, f.digits[0].tolist())),
+                                  f.confidence[0].tolist(), passes, f.source, f.done[0], search)
                 continue
             if last is not None:
                 yield last
-            if f.pass_index == len(passes):
-                passes.append({})
+                last = None
+            if f.pass_index >= len(passes):
+                passes.extend({} for _ in range(f.pass_index + 1 - len(passes)))
             trace = passes[f.pass_index]
             for k, v in f.energies.items():  # one board: (1,) after an iteration, (t, 1) after a pass
                 trace.setdefault(k, []).extend(float(e) for e in v.reshape(-1).tolist())
-            last = _Frame(f.step, f.pass_index, f.t, "".join(map(str, f.digits[0].tolist())),
-                          f.confidence[0].tolist(), passes, f.source, f.done.get(0))
+            digits = "".join(map(str, f.digits[0].tolist()))
+            if f.kind == "iteration" and f.t == 1 and strategy == "search":
+                held = "".join(d if c > 0.999 else "0" for d, c in zip(digits, f.confidence[0].tolist()))
+                taken_back = sum(a != "0" and b == "0" for a, b in zip(node_board, held))
+                node_board = held
+            last = _Frame(f.step, f.pass_index, f.t, digits, f.confidence[0].tolist(), passes, f.source,
+                          f.done.get(0), f.info.get(0, search), taken_back)
         if last is not None:
             yield last
 
@@ -669,7 +695,8 @@ class HyperSETApp:
             _toast(str(err))
             yield gr.skip(), gr.skip(), _error_md(str(err)), {"error": str(err)}
             return
-        label = {"single": f"{iters}", "auto": f"at most {iters}", "commit": f"{iters} per pass"}[strategy]
+        label = {"single": f"{iters}", "auto": f"at most {iters}", "commit": f"{iters} per pass",
+                 "search": f"{iters} first, then {self.solver.search_iters} per node"}.get(strategy, f"{iters}")
         pending: _Frame | None = None
         stopped = ""
         # seconds spent drawing plots and that the consumer (Gradio: postprocessing, sending) held the generator
@@ -686,6 +713,8 @@ class HyperSETApp:
                         plot_cost = time.perf_counter() - now
                         drawing += plot_cost
                     where = f"pass {pending.pass_index + 1}, " if strategy == "commit" else ""
+                    if strategy == "search":
+                        where = _search_progress(pending, DEFAULT_NODES)
                     verdict = f"{SOLVING} {where}iteration {pending.t} ({label}; {strategy}). Stop cancels."
                     update = self._board(pending, puzzle), plot, verdict, gr.skip()
                     sent = time.perf_counter()
@@ -705,8 +734,8 @@ class HyperSETApp:
     def _settings(self, iterations: Any, strategy: Any) -> tuple[int, str]:
         iters = _int_in(self.default_iters if iterations is None else iterations, 1, self.max_iters, "iterations")
         strategy = str(strategy or DEFAULT_STRATEGY).lower()
-        if strategy not in STRATEGIES:
-            raise InputError(f"strategy must be one of {', '.join(STRATEGIES)} (got {strategy!r})")
+        if strategy not in REGISTRY:
+            raise InputError(f"strategy must be one of {', '.join(REGISTRY)} (got {strategy!r})")
         return iters, strategy
 
     def _check_backend(self, iters: int, strategy: str, per_iteration: bool) -> None:
@@ -803,7 +832,7 @@ class HyperSETApp:
                 r.passes
         else:
             prediction, confidence, n_iters, n_passes = frame.digits, frame.confidence, frame.step, len(passes) or 1
-        if strategy != "commit":
+        if strategy not in ("commit", "search"):
             n_passes = 1
         backend: dict[str, Any] = {"frames": frame.source, "final": frame.source, "name": solver.backend_name,
                                    "device": solver.device_name()}
@@ -816,6 +845,9 @@ class HyperSETApp:
             how += f" ({n_passes} pass{'es' if n_passes != 1 else ''} of {iters})"
         elif strategy == "auto":
             how += f" (auto, at most {iters})"
+        searched = result_of(puzzle, frame.result) if frame.result is not None and frame.result.search else None
+        if searched is not None and not stopped:
+            how += f" in {n_passes} node{'s' if n_passes != 1 else ''}: {searched.how}"
         depth = f"trained depth {self.trained_iters}"
         tail = (f"{how}, {depth} · {seconds:.2f} s · mean confidence on blanks {mean_conf:.2f} · "
                 f"{backend['name']} on {backend['device']}")
@@ -847,6 +879,12 @@ class HyperSETApp:
             details["stopped"] = stopped
         if strategy == "commit":
             details["energy_per_pass"] = passes
+        if searched is not None and not stopped:
+            details.update(nodes=searched.search["nodes"], backtracks=searched.search["backtracks"],
+                           search=dict(searched.search), how=searched.how)
+        elif frame.search is not None:
+            details.update(nodes=frame.search["nodes"], backtracks=frame.search["backtracks"],
+                           search=dict(frame.search))
         return (self._board(final_frame, puzzle, caption), self._sudoku_plot(passes, iters), text, details)
 
     # ---- reconstruction -----------------------------------------------------------------------------------
@@ -1092,11 +1130,9 @@ class HyperSETApp:
                 iters = gr.Slider(1, self.max_iters, value=self.default_iters, step=1, elem_id="sudoku-iters",
                                   label=f"Iterations per pass (trained depth {trained}; {_up_to(trained)})",
                                   info="'auto' stops earlier when the board is valid or settled")
-                strategy = gr.Radio(list(STRATEGIES), value=DEFAULT_STRATEGY, label="Strategy",
+                strategy = gr.Radio(list(REGISTRY), value=DEFAULT_STRATEGY, label="Strategy",
                                     elem_id="sudoku-strategy",
-                                    info="single: one pass · commit: fix the most confident digits and run again "
-                                         f"(up to {DEFAULT_PASSES} passes) · auto: stop when solved or unchanged "
-                                         "for 4 iterations")
+                                    info=" · ".join(f"{k}: {v.description}" for k, v in REGISTRY.items()))
                 for component in (grid, iters, strategy):
                     _lenient(component)
                 with gr.Row():

@@ -132,6 +132,24 @@ def test_solve_commit_and_auto(app: HyperSETApp):
     assert 1 <= len(auto) <= cap and auto[-1][3]["iterations"] == len(auto)
 
 
+HARD = "000000200200000109000050000010400900060080030008000060400300000580040600006002004"  # rated 51+ (seed 424242)
+
+
+def test_solve_search_streams_nodes_and_ends_with_the_searchs_counters(app: HyperSETApp):
+    """The search in the app: the live verdict counts nodes and backtracks, the final one says how the answer
+    was reached, and the board is the solver's."""
+    updates = list(app.solve(puzzle_to_grid(HARD), 2, "search"))
+    live = [u[2] for u in updates[:-1] if isinstance(u[2], str)]
+    assert any("node 1 of at most" in v and "backtrack" in v for v in live)
+    *_, verdict, details = updates[-1]
+    ref = app.solver.solve([HARD], iters=2, strategy="search")[0]
+    assert details["valid"] and details["prediction"] == ref.prediction
+    assert details["nodes"] == ref.search["nodes"] and details["backtracks"] == ref.search["backtracks"]
+    assert ref.how in verdict
+    board, verdict, energies = app.api_solve(HARD, 2, "search")
+    assert board == ref.prediction and verdict == "solved"
+
+
 def test_app_and_cli_give_the_same_frames(app: HyperSETApp, tmp_path: Path):
     """The app's streamed solve and hyperset-solve run the same strategy streams: the same boards after every
     pass, the same iteration counts and the same energy at every iteration."""
