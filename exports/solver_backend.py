@@ -384,7 +384,8 @@ class OnnxSolverBackend:
                     keep = rows.detach().cpu().numpy()
                     x, x0 = x[keep], x0[keep]
 
-    def run(self, boards: torch.Tensor, iters: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def run(self, boards: torch.Tensor, iters: int, energies: bool = True
+            ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         return self(boards, iters)
 
     def __call__(self, boards: torch.Tensor, iters: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

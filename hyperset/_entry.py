@@ -48,3 +48,7 @@ def export() -> Any:
 
 def app() -> Any:
     return _run("hyperset-app", "hyperset.apps.cli:main")
+
+
+def generate() -> Any:
+    return _run("hyperset-generate", "hyperset.sudoku.rated:main")

@@ -60,8 +60,9 @@ class SolverBackend(Protocol):
         """Raise ValueError, before any work, if this backend cannot run `iters` iterations (one call, or one
         iteration at a time when `per_iteration`)."""
 
-    def run(self, boards: Tensor, iters: int) -> tuple[Tensor, dict[str, Tensor]]:
-        """(B, 81) boards -> logits (B, 81, 9) after `iters` iterations and energies {name: (T, B)}."""
+    def run(self, boards: Tensor, iters: int, energies: bool = True) -> tuple[Tensor, dict[str, Tensor]]:
+        """(B, 81) boards -> logits (B, 81, 9) after `iters` iterations and energies {name: (T, B)}; with
+        `energies` False the backend may leave them out ({}), where that saves work."""
 
     def iterate(self, boards: Tensor, iters: int) -> Generator[BackendStep, Tensor | None, None]:
         """The same computation one iteration at a time. The consumer may send the rows of the batch to keep (an
@@ -84,12 +85,15 @@ class TorchBackend:
         return None
 
     @torch.no_grad()
-    def run(self, boards: Tensor, iters: int) -> tuple[Tensor, dict[str, Tensor]]:
+    def run(self, boards: Tensor, iters: int, energies: bool = True) -> tuple[Tensor, dict[str, Tensor]]:
         """The logits after `iters` iterations and the energies (T, B) of every iteration: ``model.run`` with the
-        trace (on a CPU one slice of boards at a time through all the iterations, see `RecurrentCore.run`)."""
+        trace (on a CPU one slice of boards at a time through all the iterations, see `RecurrentCore.run`);
+        without `energies`, no trace."""
         if int(iters) < 1:
             raise ValueError(f"iterations must be >= 1, got {iters}")
-        out = self.model.run(boards.to(self.torch_device), int(iters), trace=True)
+        out = self.model.run(boards.to(self.torch_device), int(iters), trace=energies)
+        if not energies:
+            return out.logits.float(), {}
         return out.logits.float(), {k: torch.stack(v) for k, v in out.trace.energy.items()}
 
     @torch.no_grad()  # on a generator: every resume runs without gradient, and sends pass through
@@ -118,7 +122,7 @@ class CallableBackend:
             raise ValueError(f"the {self.name} backend runs whole passes only; iterations 'auto' and per-iteration "
                              "frames need the torch backend only")
 
-    def run(self, boards: Tensor, iters: int) -> tuple[Tensor, dict[str, Tensor]]:
+    def run(self, boards: Tensor, iters: int, energies: bool = True) -> tuple[Tensor, dict[str, Tensor]]:
         return self.fn(boards, iters)
 
     def iterate(self, boards: Tensor, iters: int) -> Iterator[BackendStep]:

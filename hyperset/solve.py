@@ -230,7 +230,10 @@ class Solver:
             strategy, iters = "auto", None
         if iters is not None and (isinstance(iters, bool) or not isinstance(iters, numbers.Integral)):
             raise ValueError(f"iterations must be a whole number or 'auto', got {iters!r}")
-        n_iters = int(iters) if iters is not None else self.default_iters
+        if iters is not None:
+            n_iters = int(iters)
+        else:  # the search's first pass: the trained depth (its nodes and backtracking do the rest)
+            n_iters = self.trained_iters if strategy == "search" else self.default_iters
         if n_iters < 1:
             raise ValueError(f"iterations must be >= 1, got {n_iters}")
         whole_number("passes", passes, 1)

@@ -110,17 +110,18 @@ def _read(logits: Tensor, board: Tensor, cell_conf: Tensor) -> tuple[Tensor, Ten
 
 
 def _pass(backend: SolverBackend, board: Tensor, cell_conf: Tensor, iters: int, pass_index: int, start: int,
-          rows: list[int], per_iteration: bool, leave: _Leave | None = None) -> _PassGen:
+          rows: list[int], per_iteration: bool, leave: _Leave | None = None, energies: bool = True) -> _PassGen:
     """One pass of `iters` iterations on `board` (b, 81), iteration frames when `per_iteration`.
 
     With `leave`, the pass reads the prediction after every iteration and a board leaves the pass at the first
     iteration `leave` names it; the backend then runs the others only (their rows are sent to it). Without it,
-    and without iteration frames, the backend runs the pass in one call."""
+    and without iteration frames, the backend runs the pass in one call (without the energies when not
+    `energies`)."""
     n = len(board)
     if leave is None and not per_iteration:
-        logits, energies = backend.run(board, iters)
-        steps_run = next(iter(energies.values())).shape[0] if energies else iters
-        return _PassEnd(logits, [steps_run] * n, energies)
+        logits, trace = backend.run(board, iters) if energies else backend.run(board, iters, energies=False)
+        steps_run = next(iter(trace.values())).shape[0] if trace else iters
+        return _PassEnd(logits, [steps_run] * n, trace)
     live = torch.arange(n, device=board.device)  # positions in the pass of the boards still running
     final: Tensor | None = None
     lengths = [iters] * n

@@ -85,9 +85,9 @@ def test_the_budget_in_nodes_is_respected_and_reported_with_the_board_reached(mo
 
 def test_the_budget_in_seconds_is_respected(model) -> None:
     class Slow(TorchBackend):
-        def run(self, boards, iters):
+        def run(self, boards, iters, energies=True):
             time.sleep(0.05)
-            return super().run(boards, iters)
+            return super().run(boards, iters, energies)
 
         def check(self, iters, per_iteration):
             if per_iteration:
@@ -120,7 +120,7 @@ def test_a_model_whose_beliefs_are_the_solution_needs_no_backtrack() -> None:
             if per_iteration:
                 raise ValueError("whole passes only")
 
-        def run(self, boards, iters):
+        def run(self, boards, iters, energies=True):
             out = torch.zeros(len(boards), 81, 9)
             for i, b in enumerate(boards.tolist()):
                 sol = next(s for s in solutions.values() if all(d in (0, int(c)) for d, c in zip(b, s)))

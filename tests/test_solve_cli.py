@@ -443,8 +443,8 @@ def test_cli_version_quiet_and_trace_of_every_pass(tiny_checkpoint: Path, tmp_pa
 
 
 def test_solve_iterations_of_a_checkpoint_set_the_default_depth_per_pass(tmp_path):
-    """A checkpoint's solve_iterations is the depth the solver, the CLI and the app run when none is given; an
-    explicit --iters wins; a bad value is a checkpoint error."""
+    """A checkpoint's solve_iterations is the depth the solver, the CLI and the app run per pass when none is given
+    (the search: search_iterations per node); an explicit --iters wins; a bad value is a checkpoint error."""
     from hyperset.checkpoint import CheckpointError
 
     ck = write_tiny_sudoku_checkpoint(tmp_path / "m", iters=3)
@@ -456,7 +456,12 @@ def test_solve_iterations_of_a_checkpoint_set_the_default_depth_per_pass(tmp_pat
     puzzle = "000014200500070300000590004058400001000000006003080090870060000420805017009047000"
     assert solver.solve([puzzle], strategy="single")[0].iterations == 5
     assert solver.solve([puzzle], iters=2, strategy="single")[0].iterations == 2
-    assert all(n == 5 for n in solver.solve([puzzle], passes=2)[0].pass_lengths)
+    assert all(n == 5 for n in solver.solve([puzzle], passes=2, strategy="commit")[0].pass_lengths)
+    # the search's first pass runs the trained depth, its nodes search_iterations (else the trained depth)
+    (ck / "config.json").write_text(json.dumps({**meta, "solve_iterations": 5, "search_iterations": 2}))
+    solver = Solver.load(ck, "cpu")
+    r = solver.solve([puzzle])[0]
+    assert r.pass_lengths[0] <= 3 and all(n == 2 for n in r.pass_lengths[1:])
     (ck / "config.json").write_text(json.dumps({**meta, "solve_iterations": 0}))
     with pytest.raises(CheckpointError, match="solve_iterations"):
         Solver.load(ck, "cpu")

@@ -72,3 +72,21 @@ def test_the_python_fallback_makes_the_same_puzzles_as_the_c_library(monkeypatch
     py = rated.generate_rated(2, "1-2", seed=3) + rated.generate_rated(1, "11-50", seed=3)
     assert py == c
     assert rated.rate(HARD) == 64  # the Python rating agrees too
+
+
+def test_the_command_writes_lines_the_solver_and_trainer_read(tmp_path, capsys) -> None:
+    from hyperset.sudoku.board import parse_file
+    from hyperset.sudoku.data import load_csv
+
+    out = tmp_path / "hard.csv"
+    rated.main(["-n", "3", "-b", "3-10", "-s", "2", "-o", str(out), "-q"])
+    puzzles, solutions = load_csv(out)
+    assert len(puzzles) == 3 and [p.givens for p in parse_file(str(out))] == [
+        p.puzzle for p in rated.generate_rated(3, "3-10", seed=2)]
+    rated.main(["-n", "2", "-b", "3-10", "-s", "2", "--ratings", "-q"])
+    rows = capsys.readouterr().out.splitlines()
+    assert [int(r.split(",")[2]) for r in rows] == [p.rating for p in rated.generate_rated(2, "3-10", seed=2)]
+    for bad in (["-b", "hard"], ["-n", "-1"], ["-o", str(tmp_path)]):
+        with pytest.raises(SystemExit) as e:
+            rated.main(bad)
+        assert e.value.code == 2

@@ -361,3 +361,83 @@ def generate_rated(n: int, bucket: str = "51+", seed: int = 0, propagation: str 
     """`n` minimal puzzles whose rating lies in `bucket` (a name of BUCKETS, or a range like ``"5-20"`` or
     ``"100+"``), the same for the same arguments."""
     return list(iter_rated(n, bucket, seed, propagation, start))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``hyperset-generate``: rated minimal puzzles as ``puzzle,solution`` lines (what ``hyperset-solve`` and
+    ``hyperset-train`` read), with ``--ratings`` a third column."""
+    import argparse
+    import os
+    import sys
+    import tempfile
+
+    ap = argparse.ArgumentParser(prog="hyperset-generate", description="Generate rated minimal Sudoku puzzles as "
+                                 "'puzzle,solution' lines (0 = blank), the same for the same seed.")
+    ap.add_argument("-n", "--count", type=int, default=100, help="how many puzzles (default 100)")
+    ap.add_argument("-b", "--bucket", default="51+",
+                    help=f"rating range: {', '.join(BUCKETS)}, or A-B, or A+ (default 51+)")
+    ap.add_argument("-s", "--seed", type=int, default=0, help="the collection's seed (default 0)")
+    ap.add_argument("--start", type=int, default=0, help="the index of the first puzzle (default 0)")
+    ap.add_argument("--propagation", choices=PROPAGATIONS, default="singles",
+                    help="what the rating solver places between guesses (default singles: naked and hidden)")
+    ap.add_argument("--ratings", action="store_true", help="add the rating as a third column")
+    ap.add_argument("-o", "--out", default=None, help="write to this file (default: standard output)")
+    ap.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    ap.add_argument("-V", "--version", action="version", version=f"hyperset-generate {_version()}")
+    args = ap.parse_args(argv)
+    if args.count < 0 or args.start < 0:
+        ap.error("--count and --start must be >= 0")
+    try:
+        bucket_range(args.bucket)
+    except ValueError as e:
+        ap.error(str(e))
+    if args.out is not None and os.path.lexists(args.out) and not os.path.isfile(args.out):
+        ap.error(f"--out {args.out}: not a regular file; not replacing it")
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=args.count, unit="puzzle", file=sys.stderr, leave=False,
+               disable=args.quiet or not sys.stderr.isatty())
+    lines = []
+    try:
+        for p in iter_rated(args.count, args.bucket, args.seed, args.propagation, args.start):
+            lines.append(f"{p.puzzle},{p.solution}" + (f",{p.rating}" if args.ratings else ""))
+            bar.update(1)
+    except KeyboardInterrupt:
+        sys.stderr.write("hyperset-generate: interrupted; nothing written\n")
+        sys.exit(130)
+    finally:
+        bar.close()
+    text = "".join(line + "\n" for line in lines)
+    try:
+        if args.out is None:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+            return
+        folder = os.path.dirname(os.path.abspath(args.out))
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".hyperset-generate-")
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+            os.replace(tmp, args.out)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    except BrokenPipeError:
+        sys.stderr.close()
+        sys.exit(0)
+    except OSError as e:
+        sys.stderr.write(f"hyperset-generate: error: cannot write the puzzles: {e.strerror or e}\n")
+        sys.exit(2)
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("hyperset")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+if __name__ == "__main__":
+    main()
