@@ -8,8 +8,9 @@ a seed used for training), on the shipped model unless --checkpoint says otherwi
   * the default command's solver (strategy search, its default budget): share solved, boards reported valid that
     are not (must be 0), puzzles/s, nodes (model calls) and backtracks per board, the share solved by the model
     without a single backtrack;
-  * the same search with a uniform prior (same checks, same order rules, no model call): nodes and seconds. The
-    model-guided search's median nodes beside the uniform prior's is the model's share;
+  * the same search with the exact checks first (the model sees what they leave, no first look at the puzzle
+    as given) and with a uniform prior (same checks, same order rules, no model call): nodes and seconds. Those
+    two at equal checks are the model's share;
   * single (T and 4T), auto and commit on the first --baseline-puzzles boards: share solved, seconds, iterations;
   * the scaling curves: share solved within a budget of nodes (a depth-first search with budget k visits the
     first k nodes of the unbounded run, so one run gives the whole curve) and against the iterations spent.
@@ -29,7 +30,6 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import bench_args
-import numpy as np
 import torch
 from flops import machine
 
@@ -41,6 +41,7 @@ from hyperset.sudoku import rated
 from hyperset.sudoku.board import validate
 
 BUDGETS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048]
+ITER_BUDGETS = [8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 2048, 4096, 8192]
 
 
 def _chunk(args: tuple[int, str, int, int]) -> list[tuple[str, str, int]]:
@@ -95,12 +96,15 @@ def run_stats(results: list, solutions: list[str], seconds: float) -> dict:
 
 def curves(results: list) -> dict:
     """Share solved within each node budget, and the iterations each solved board spent."""
-    n = len(results)
     nodes = [r.search["nodes"] if r.valid else None for r in results]
-    iters = sorted(r.iterations for r in results if r.valid)
-    return {"nodes_budget": BUDGETS,
-            "solved_within_nodes": [sum(1 for k in nodes if k is not None and k <= b) / n for b in BUDGETS],
-            "iterations_to_answer": iters}
+    iters = [r.iterations if r.valid else None for r in results]
+    return {"nodes_budget": BUDGETS, "solved_within_nodes": within(nodes, BUDGETS),
+            "iterations_budget": ITER_BUDGETS, "solved_within_iterations": within(iters, ITER_BUDGETS)}
+
+
+def within(spent: list[int | None], budgets: list[int]) -> list[float]:
+    """Share of boards solved (spent not None) with at most each budget."""
+    return [round(sum(1 for k in spent if k is not None and k <= b) / len(spent), 4) for b in budgets]
 
 
 def bucket_run(solver: Solver, bucket: str, ps: list[rated.RatedPuzzle], baseline: int, T: int) -> dict:
@@ -109,6 +113,10 @@ def bucket_run(solver: Solver, bucket: str, ps: list[rated.RatedPuzzle], baselin
     res, sec = timed(solver, puzzles)
     default = run_stats(res, solutions, sec)
     default["curve"] = curves(res)
+    print(f"  {bucket}: checks first", file=sys.stderr)
+    cres, csec = timed(solver, puzzles, first_look=False)
+    checks_first = run_stats(cres, solutions, csec)
+    checks_first["curve"] = curves(cres)
     print(f"  {bucket}: uniform prior", file=sys.stderr)
     ures, usec = timed(solver, puzzles, prior="uniform")
     uniform = run_stats(ures, solutions, usec)
@@ -116,12 +124,17 @@ def bucket_run(solver: Solver, bucket: str, ps: list[rated.RatedPuzzle], baselin
     out = {"ratings": {"min": min(p.rating for p in ps), "median": statistics.median(p.rating for p in ps),
                        "max": max(p.rating for p in ps)},
            "givens_mean": statistics.mean(81 - p.puzzle.count("0") for p in ps),
-           "default": default, "search_uniform": uniform,
-           "model_share": {"nodes_median_model": default["nodes_median"], "nodes_median_uniform":
-                           uniform["nodes_median"], "nodes_mean_model": default["nodes_mean"],
-                           "nodes_mean_uniform": uniform["nodes_mean"],
-                           "no_backtrack_share_model": default["no_backtrack_share"],
-                           "model_needs_no_more_nodes_median": default["nodes_median"] <= uniform["nodes_median"]}}
+           "default": default, "search_checks_first": checks_first, "search_uniform": uniform,
+           # at equal checks: the search with the checks first (the model sees what they leave) against the
+           # uniform prior; the default adds the model's first look at the puzzle as given
+           "model_share": {"nodes_median_model": checks_first["nodes_median"],
+                           "nodes_median_uniform": uniform["nodes_median"],
+                           "nodes_mean_model": checks_first["nodes_mean"], "nodes_mean_uniform": uniform["nodes_mean"],
+                           "seconds_model": checks_first["seconds"], "seconds_uniform": uniform["seconds"],
+                           "no_backtrack_share_model": checks_first["no_backtrack_share"],
+                           "no_backtrack_share_uniform": uniform["no_backtrack_share"],
+                           "model_needs_no_more_nodes_median":
+                               checks_first["nodes_median"] <= uniform["nodes_median"]}}
     sub, sub_sol = puzzles[:baseline], solutions[:baseline]
     for name, kw in ((f"single@{T}", {"strategy": "single", "iters": T}),
                      (f"single@{4 * T}", {"strategy": "single", "iters": 4 * T}),
@@ -145,11 +158,9 @@ def plot(out: dict, path: Path) -> None:
     for j, b in enumerate(buckets):
         r = out["buckets"][b]
         ax = axes[0, j]
-        iters = r["default"]["curve"]["iterations_to_answer"]
-        n = r["default"]["puzzles"]
-        if iters:
-            xs = np.array(iters)
-            ax.step(xs, np.arange(1, len(xs) + 1) / n, where="post", label="search (model)", color="C0")
+        cv = r["default"]["curve"]
+        ax.step(cv["iterations_budget"], cv["solved_within_iterations"], where="post", label="search (model)",
+                color="C0")
         for k, (name, s) in enumerate(r["strategies"].items()):
             if name == "search":
                 continue
@@ -162,8 +173,9 @@ def plot(out: dict, path: Path) -> None:
             ax.set_ylabel("share solved")
             ax.legend(fontsize=7)
         ax = axes[1, j]
-        for name, key, c in (("search, model prior", "default", "C0"), ("search, uniform prior", "search_uniform",
-                                                                          "C7")):
+        for name, key, c in (("search (default)", "default", "C0"), ("search, checks first", "search_checks_first",
+                                                                       "C1"),
+                             ("search, uniform prior", "search_uniform", "C7")):
             cv = r[key]["curve"]
             ax.step(cv["nodes_budget"], cv["solved_within_nodes"], where="post", label=name, color=c)
         ax.set_xscale("log", base=2)

@@ -247,6 +247,9 @@ def _load_puzzles(files: tuple[str, ...]) -> list[Puzzle]:
 @click.option("--prior", type=click.Choice(["model", "uniform"]), default="model", show_default=True,
               help="search: order the guesses by the model's beliefs, or uniformly (no model call: the reference "
                    "for what the model is worth)")
+@click.option("--first-look/--checks-first", default=True, show_default=True,
+              help="search: the model's first pass sees the puzzle as given (its own answer where it can), or the "
+                   "exact checks run first and the model sees what they leave")
 @click.option("--order", "search_order", type=click.Choice(["depth", "best"]), default="depth", show_default=True,
               help="search: take back the latest guess first (depth), or expand the most probable node (best)")
 @click.option("--checkpoint", type=click.Path(), default=None, help="checkpoint folder [default: the shipped model]")
@@ -267,7 +270,8 @@ def _load_puzzles(files: tuple[str, ...]) -> list[Puzzle]:
               help="write the energy curve, every pass marked (.png, .svg, .pdf or .jpg: the suffix picks the format)")
 @click.option("--color/--no-color", default=None, help="colour givens and filled cells [default: on a terminal]")
 def solve_main(files: tuple[str, ...], iters: str | None, strategy: str, passes: int, nodes: int,
-               seconds: float | None, node_iters: int | None, prior: str, search_order: str, checkpoint: str | None,
+               seconds: float | None, node_iters: int | None, prior: str, first_look: bool, search_order: str,
+               checkpoint: str | None,
                device: str, backend: str, onnx_model: str | None, batch_size: int | None, threads: int | None,
                as_json: bool, quiet: bool, trace: bool, plot: str | None, color: bool | None) -> None:
     """Solve the Sudoku puzzles in FILES ('-' reads standard input).
@@ -280,7 +284,7 @@ def solve_main(files: tuple[str, ...], iters: str | None, strategy: str, passes:
     """
     try:
         search = {"nodes": nodes, "seconds": seconds, "node_iters": node_iters, "prior": prior,
-                  "order": search_order}
+                  "order": search_order, "first_look": first_look}
         _solve(files, iters, strategy, passes, search, checkpoint, device, backend, onnx_model, batch_size, threads,
                as_json, quiet, trace, plot, color)
     except KeyboardInterrupt:  # while loading or printing; an interrupted solve keeps its results (_solve)

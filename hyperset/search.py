@@ -177,14 +177,17 @@ def _expand(tree: _Tree, cands: list[int], depth: int, logp: float, probs: np.nd
 
 def search(backend: SolverBackend | None, boards: Tensor, iters: int, *, node_iters: int | None = None,
            nodes: int = 1000, seconds: float | None = None, prior: str = "model", order: str = "depth",
-           width: int = 1, per_iteration: bool = False) -> Iterator[SolveFrame]:
+           width: int = 1, first_look: bool = True, per_iteration: bool = False) -> Iterator[SolveFrame]:
     """The search's frames on `boards` (B, 81): one ``"node"`` frame per batch of nodes (the boards of the batch,
     the model's prediction on each node's board, the counters in `info`), the finished boards in `done` with
     their :class:`SearchInfo` in ``BoardResult.search``.
 
-    The root pass runs `iters` iterations on the puzzle as given (the model's own first look), a board leaving
+    With `first_look`, the root pass runs `iters` iterations on the puzzle as given (the model's own first look,
+    even where the exact checks alone would solve it), a board leaving
     it at the first iteration its prediction is valid where the backend can run one iteration at a time; every
-    later node runs `node_iters` (default `iters`) on the node's board in one call. `nodes`: most nodes per board;
+    later node runs `node_iters` (default `iters`) on the node's board in one call. Without it the root is a node
+    like the others: the checks first, then the model on the board they leave (the same checks as the uniform
+    prior's, so their node counts compare the priors alone). `nodes`: most nodes per board;
     `seconds`: most seconds for the batch; `width`: nodes of one board per batch."""
     if prior not in PRIORS:
         raise ValueError(f"prior {prior!r}: expected one of {', '.join(PRIORS)}")
@@ -223,7 +226,7 @@ def search(backend: SolverBackend | None, boards: Tensor, iters: int, *, node_it
             if out_of_time and tree.info.status == "running":
                 tree.info.status = "budget"
             for _ in range(width):
-                node = _next_node(tree, nodes, use_model)
+                node = _next_node(tree, nodes, use_model and first_look)
                 if node is None:
                     break
                 tree.info.nodes += 1
@@ -236,7 +239,8 @@ def search(backend: SolverBackend | None, boards: Tensor, iters: int, *, node_it
         frame = None
         if batch:
             # the first pass stops a board at its first valid iteration; a node's short pass runs whole, in one call
-            frame = yield from _model_step(backend, trees, batch, givens, boards.device, step, ran,
+            frame = yield from _model_step(backend, trees, batch, givens if first_look else None, boards.device, step,
+                                           ran,
                                            iters if step == 0 else node_iters, per_iteration,
                                            leave if step == 0 else None, energy, lengths)
             ran += iters if step == 0 else node_iters
@@ -257,12 +261,13 @@ def search(backend: SolverBackend | None, boards: Tensor, iters: int, *, node_it
 
 
 def _model_step(backend: SolverBackend, trees: list[_Tree], batch: list[tuple[int, list[int], int, float]],
-                givens: list[list[int]], device: torch.device, step: int, ran: int, iters: int,
+                givens: list[list[int]] | None, device: torch.device, step: int, ran: int, iters: int,
                 per_iteration: bool, leave: object, energy: list[dict[str, list[float]]], lengths: list[list[int]]):
     """One pass of the model on the batch's nodes (roots see the puzzle as given): a node whose prediction is
-    a valid board ends its board; the others are expanded on the model's beliefs. Returns the node frame."""
+    a valid board ends its board; the others are expanded on the model's beliefs. Returns the node frame.
+    `givens`: the puzzles as given, which the roots see (None: the roots see the board the checks left)."""
     rows = [b for b, *_ in batch]
-    seen = [givens[b] if depth == 0 else _digits(cands) for b, cands, depth, _ in batch]
+    seen = [givens[b] if depth == 0 and givens is not None else _digits(cands) for b, cands, depth, _ in batch]
     node_boards = torch.tensor(seen, dtype=torch.long, device=device)
     cell_conf = (node_boards > 0).float()
     # the energies of the first pass are traced; a node's pass runs without (a quarter of its time on a CPU)

@@ -268,14 +268,17 @@ class Solver:
         return n if isinstance(n, int) and not isinstance(n, bool) and n >= 1 else self.trained_iters
 
     def _search_settings(self, search: dict[str, Any]) -> dict[str, Any]:
-        """The search's knobs (`node_iters`, `nodes`, `seconds`, `prior`, `order`), checked, defaults filled."""
+        """The search's knobs (`node_iters`, `nodes`, `seconds`, `prior`, `order`, `first_look`), checked, defaults
+        filled."""
         from .search import ORDERS, PRIORS
 
-        unknown = set(search) - {"node_iters", "nodes", "seconds", "prior", "order"}
+        unknown = set(search) - {"node_iters", "nodes", "seconds", "prior", "order", "first_look"}
         if unknown:
             raise TypeError(f"unexpected keyword argument(s): {', '.join(sorted(unknown))}")
         out = {"node_iters": self.search_iters, "nodes": DEFAULT_NODES, "seconds": None, "prior": "model",
-               "order": "depth", **{k: v for k, v in search.items() if v is not None}}
+               "order": "depth", "first_look": True, **{k: v for k, v in search.items() if v is not None}}
+        if not isinstance(out["first_look"], bool):
+            raise ValueError(f"first_look must be True or False, got {out['first_look']!r}")
         whole_number("node_iters", out["node_iters"], 1)
         whole_number("nodes", out["nodes"], 1)
         sec = out["seconds"]

@@ -270,6 +270,7 @@ class StrategySettings:
     seconds: float | None = None
     prior: str = "model"
     order: str = "depth"
+    first_look: bool = True
 
 
 @dataclass(frozen=True)
@@ -294,7 +295,7 @@ def _search(backend: SolverBackend, boards: Tensor, s: StrategySettings) -> Iter
     from .search import search
 
     return search(backend, boards, s.iters, node_iters=s.node_iters, nodes=s.nodes, seconds=s.seconds,
-                  prior=s.prior, order=s.order, per_iteration=s.per_iteration)
+                  prior=s.prior, order=s.order, first_look=s.first_look, per_iteration=s.per_iteration)
 
 
 register_strategy(Strategy(

@@ -182,3 +182,14 @@ def test_torch_and_onnx_backends_give_the_same_boards(model, tmp_path: Path) -> 
     b = _run(onnx, HARD)
     assert [(_text(x), x.search.nodes, x.search.backtracks) for x in a] == [
         (_text(x), x.search.nodes, x.search.backtracks) for x in b]
+
+
+def test_the_first_look_runs_the_model_where_the_checks_alone_would_solve_it(model) -> None:
+    easy = "000014200500070300000590004058400001000000006003080090870060000420805017009047000"  # examples/medium
+    backend = TorchBackend(model, "cpu")
+    (looked,) = _run(backend, [easy])
+    (checked,) = _run(backend, [easy], first_look=False)
+    (uniform,) = _run(None, [easy], prior="uniform")
+    assert looked.search.nodes == 1 and looked.iterations > 0
+    assert checked.search.nodes == uniform.search.nodes == 0 and checked.iterations == 0
+    assert _text(looked) == _text(checked) == solve(easy)
