@@ -8,8 +8,9 @@ A board's search is a tree of partial boards (nodes). At each node:
    (a *backtrack*) and the next alternative tried. A board with every cell placed is a solution.
 2. **The model** runs one pass on the node's board (givens + every digit placed so far). If its prediction for
    the remaining blanks completes a valid board, that is the answer. Otherwise its beliefs, renormalised over each
-   cell's remaining candidates, choose the next decision: the cell whose most likely candidate is most likely
-   (with a uniform prior: the cell with the fewest candidates), and the order of its digits (most likely first).
+   cell's remaining candidates, choose the next decision: among the cells with the fewest candidates, the one
+   where the model is least sure (with a uniform prior: the first of them), and the order of its digits (most
+   likely first).
 3. **Frontier.** The children are pushed on the board's frontier: a stack (``order="depth"``: the most recent
    decision is the first taken back) or a heap on the decisions' joint probability (``order="best"``).
 
@@ -160,14 +161,18 @@ def _next_node(tree: _Tree, max_nodes: int, model_root: bool) -> tuple[list[int]
 
 
 def _expand(tree: _Tree, cands: list[int], depth: int, logp: float, probs: np.ndarray | None) -> None:
-    """Push the children of a node: the cell whose most likely candidate is most likely under `probs` (81, 9)
-    (None: uniform), its candidates most likely first."""
+    """Push the children of a node: of the cells with the fewest candidates, the one where `probs` (81, 9) is
+    least sure (the lowest top probability; None: uniform, the first such cell), its candidates most likely
+    first. Branching where the model is unsure, among the cells the checks leave most constrained, needed the
+    fewest nodes of the rules measured (docs/search.md)."""
     masks = np.asarray(cands, dtype=np.int64)
     legal = (masks[:, None] & _DIGIT_BITS[None, :]) != 0  # (81, 9)
-    open_ = legal.sum(1) > 1
+    count = legal.sum(1)
+    open_ = count > 1
+    fewest = open_ & (count == count[open_].min())
     p = np.where(legal, 1.0 if probs is None else np.maximum(probs, 1e-12), 0.0)
     q = p / np.maximum(p.sum(1, keepdims=True), 1e-30)
-    score = np.where(open_, q.max(1), -1.0)
+    score = np.where(fewest, 2.0 - q.max(1), -1.0)
     cell = int(np.argmax(score))  # ties: the first cell
     digits = np.nonzero(legal[cell])[0]
     ranked = digits[np.argsort(-q[cell, digits], kind="stable")]
