@@ -321,7 +321,7 @@ def test_hyperset_solve_onnx_backend_matches_torch(tiny_checkpoint: Path, tmp_pa
     monkeypatch.setenv("HYPERSET_CACHE_DIR", str(tmp_path / "cache"))
     puzzles = tmp_path / "puzzles.txt"
     puzzles.write_text("\n".join(PUZZLES) + "\n")
-    common = [str(puzzles), "--checkpoint", str(tiny_checkpoint), "--json", "--device", "cpu"]
+    common = [str(puzzles), "--checkpoint", str(tiny_checkpoint), "--json", "--device", "cpu", "--strategy", "commit"]
     runs = {}
     for iters in ("2", "5"):
         runs["torch", iters] = _solve([*common, "--iters", iters])

@@ -27,7 +27,7 @@ ROOMS = {"training": "hyperset/training", "exports": "hyperset/exports", "apps":
 SOURCES = {"hyperset": "hyperset", **ROOMS}  # repository folder -> its place in the installed package
 SCRIPTS = {"hyperset-solve": "hyperset._entry:solve", "hyperset-train": "hyperset._entry:train",
            "hyperset-eval": "hyperset._entry:evaluate", "hyperset-export": "hyperset._entry:export",
-           "hyperset-app": "hyperset._entry:app"}
+           "hyperset-app": "hyperset._entry:app", "hyperset-generate": "hyperset._entry:generate"}
 OLD_IMPORT = re.compile(r"^\s*(from|import) (exports|training|apps)\b", re.MULTILINE)
 OLD_MAIN = re.compile(r'"-m", "(training|exports|apps)\b')  # subprocess command lines
 
