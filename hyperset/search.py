@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 
 from .backends import SolverBackend
-from .strategies import BoardResult, SolveFrame, _leave_valid, _pass
+from .strategies import BoardResult, SolveFrame, _leave_valid, _pass, _valid_mask
 from .sudoku.exact import _ALL, _propagate
 
 __all__ = ["ORDERS", "PRIORS", "SearchInfo", "search"]
@@ -104,7 +104,7 @@ class _Tree:
     def pop(self) -> _Entry:
         return self.frontier.pop() if self.order == "depth" else heapq.heappop(self.frontier)
 
-    def key(self, depth: int, logp: float) -> tuple[float, int]:
+    def key(self, logp: float) -> tuple[float, int]:
         self.pushed += 1
         return (-logp, self.pushed) if self.order == "best" else (0.0, self.pushed)
 
@@ -176,8 +176,8 @@ def _expand(tree: _Tree, cands: list[int], depth: int, logp: float, probs: np.nd
     cell = int(np.argmax(score))  # ties: the first cell
     digits = np.nonzero(legal[cell])[0]
     ranked = digits[np.argsort(-q[cell, digits], kind="stable")]
-    tree.push([_Entry(tree.key(depth + 1, logp + math.log(q[cell, d])), cands, cell, 1 << int(d), depth + 1,
-                      logp + math.log(q[cell, d])) for d in ranked])
+    child_logp = [logp + math.log(q[cell, d]) for d in ranked]
+    tree.push([_Entry(tree.key(lp), cands, cell, 1 << int(d), depth + 1, lp) for d, lp in zip(ranked, child_logp)])
 
 
 def search(backend: SolverBackend | None, boards: Tensor, iters: int, *, node_iters: int | None = None,
@@ -275,13 +275,13 @@ def _model_step(backend: SolverBackend, trees: list[_Tree], batch: list[tuple[in
     seen = [givens[b] if depth == 0 and givens is not None else _digits(cands) for b, cands, depth, _ in batch]
     node_boards = torch.tensor(seen, dtype=torch.long, device=device)
     cell_conf = (node_boards > 0).float()
-    # the energies of the first pass are traced; a node's pass runs without (a quarter of its time on a CPU)
+    # the energies of the first pass are traced; a node's pass runs without them
     end = yield from _pass(backend, node_boards, cell_conf, iters, step, ran, rows, per_iteration, leave,
                            energies=step == 0)
     probs = torch.softmax(end.logits.float(), -1)
     conf, arg = probs.max(-1)
     proposal = torch.where(node_boards > 0, node_boards, arg + 1)
-    valid = _valid_rows(proposal)
+    valid = _valid_mask(proposal).tolist()
     probs_np = probs.cpu().numpy()
     for j, (b, cands, depth, logp) in enumerate(batch):
         tree = trees[b]
@@ -300,12 +300,6 @@ def _model_step(backend: SolverBackend, trees: list[_Tree], batch: list[tuple[in
     info = {b: trees[b].info.to_json() for b in dict.fromkeys(rows)}
     return SolveFrame("node", step, max(end.lengths), ran + max(end.lengths), rows, proposal,
                       torch.where(node_boards > 0, cell_conf, conf), end.energies, backend.source, {}, info)
-
-
-def _valid_rows(digits: Tensor) -> list[bool]:
-    from .strategies import _valid_mask
-
-    return _valid_mask(digits).tolist()
 
 
 def _result(tree: _Tree, givens: list[int], energy: dict[str, list[float]], lengths: list[int]) -> BoardResult:

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import cbuild
+from .exact import _propagate
 
 __all__ = ["BUCKETS", "RatedPuzzle", "bucket_of", "bucket_range", "generate_rated", "iter_rated", "rate"]
 
@@ -140,12 +141,6 @@ class _Random:
             a[i], a[j] = a[j], a[i]
 
 
-def _py_propagate(c: list[int], queue: list[int], hidden: bool) -> bool:
-    from .exact import _propagate
-
-    return _propagate(c, queue, hidden)
-
-
 class _OutOfNodes(Exception):
     pass
 
@@ -162,7 +157,7 @@ class _PySearch:
         self.nodes -= 1
         if self.nodes < 0:
             raise _OutOfNodes
-        if not _py_propagate(c, queue, self.hidden):
+        if not _propagate(c, queue, self.hidden):
             self.dead += 1
             return
         best, best_n = -1, 10
