@@ -140,6 +140,9 @@ def empty_grid() -> list[list[str]]:
     return [[""] * 9 for _ in range(9)]
 
 
+_PASTE_BOX_JS = "(document.querySelector('#sudoku-text textarea')?.value ?? '')"  # the paste box's text, in the page
+
+
 def puzzle_to_grid(puzzle: str) -> list[list[str]]:
     """81-character puzzle (0 = blank) -> 9 rows of 9 strings ("" = blank) for the editable grid."""
     return [["" if ch == "0" else ch for ch in puzzle[r * 9:(r + 1) * 9]] for r in range(9)]
@@ -625,6 +628,27 @@ class HyperSETApp:
         notes = [f"{p.n_givens} givens. Press **Solve**.", *(f"Note: {w}." for w in p.warnings)]
         return render_board(p.givens, p.givens), " ".join(notes)
 
+    def solve_edited(self, grid: Any, text: Any, last: Any, iterations: Any = None,
+                     strategy: Any = DEFAULT_STRATEGY) -> Iterator[tuple[Any, ...]]:
+        """The Solve button: the puzzle edited last, the grid's or the paste box's (`last`: "grid" or "text"). A
+        pasted puzzle is put in the grid first, and the verdict says which puzzle is solved. Yields (grid, board,
+        energy plot, verdict, details)."""
+        if last == "text" and isinstance(text, str) and text.strip():
+            new_grid, _, message = self.load_text(text)
+            if new_grid is gr.skip() or isinstance(new_grid, dict) or not isinstance(new_grid, list):
+                yield gr.skip(), gr.skip(), gr.skip(), message, {"error": message}
+                return
+            grid, where = new_grid, "the pasted puzzle (now in the grid)"
+        else:
+            new_grid, where = gr.skip(), "the puzzle in the grid"
+        first = True
+        for update in self.solve(grid, iterations, strategy):
+            board, plot, verdict, details = update
+            if first and isinstance(verdict, str) and verdict.startswith(SOLVING):
+                verdict = f"{verdict} Solving {where}."
+            yield (new_grid if first else gr.skip()), board, plot, verdict, details
+            first = False
+
     def stopped(self, verdict: Any) -> Any:
         """The Stop button: a verdict that says a solve was running becomes a stopped message (else unchanged)."""
         if isinstance(verdict, str) and verdict.startswith(SOLVING):
@@ -696,7 +720,8 @@ class HyperSETApp:
             yield gr.skip(), gr.skip(), _error_md(str(err)), {"error": str(err)}
             return
         label = {"single": f"{iters}", "auto": f"at most {iters}", "commit": f"{iters} per pass",
-                 "search": f"{iters} first, then {self.solver.search_iters} per node"}.get(strategy, f"{iters}")
+                 "search": f"{iters} first, then {self.solver.search_iters} per node",
+                 "views": f"{iters} on the puzzle and each view"}.get(strategy, f"{iters}")
         pending: _Frame | None = None
         stopped = ""
         # seconds spent drawing plots and that the consumer (Gradio: postprocessing, sending) held the generator
@@ -846,7 +871,9 @@ class HyperSETApp:
         elif strategy == "auto":
             how += f" (auto, at most {iters})"
         searched = result_of(puzzle, frame.result) if frame.result is not None and frame.result.search else None
-        if searched is not None and not stopped:
+        if searched is not None and not stopped and strategy == "views":
+            how += f" per view ({searched.search['views']} views): {searched.how}"
+        elif searched is not None and not stopped:
             how += f" in {n_passes} node{'s' if n_passes != 1 else ''}: {searched.how}"
         depth = f"trained depth {self.trained_iters}"
         tail = (f"{how}, {depth} · {seconds:.2f} s · mean confidence on blanks {mean_conf:.2f} · "
@@ -1155,9 +1182,22 @@ class HyperSETApp:
                    show_progress="hidden")
         clear_btn.click(self.clear, None, [grid, board, verdict, text, plot, details], api_visibility="private",
                         concurrency_limit=None)
-        solve_ev = solve_btn.click(self.solve, [grid, iters, strategy], [board, plot, verdict, details],
-                                   api_name="solve_stream", show_progress="minimal",
-                                   concurrency_id=MODEL_QUEUE)
+        # Solve reads the puzzle edited last, the grid's or the paste box's (put in the grid as it starts). The
+        # browser decides at the click: the paste box's text now against its text at the last edit of the grid
+        # (typing, "Put text in the grid", an example, Clear), so a click right after a paste cannot overtake it
+        last = gr.Textbox("grid", visible=False)  # a component, not a State: the click's script sets its value
+        for event in (grid.input, load_btn.click, text.submit, clear_btn.click):
+            event(None, None, None, js=f"() => {{ window.hypersetTextSeen = {_PASTE_BOX_JS}; }}")
+        solve_ev = solve_btn.click(self.solve_edited, [grid, text, last, iters, strategy],
+                                   [grid, board, plot, verdict, details], api_visibility="private",
+                                   show_progress="minimal", concurrency_id=MODEL_QUEUE,
+                                   js=f"(g, t, l, i, s) => {{ const now = {_PASTE_BOX_JS}; "
+                                      "const seen = window.hypersetTextSeen ?? ''; "
+                                      "return [g, now, now !== seen && now.trim() ? 'text' : 'grid', i, s]; }")
+        # the streamed solve for API clients: (grid, iterations, strategy) -> board, plot, verdict, details
+        stream_api = gr.Button("solve_stream", visible=False)
+        stream_api.click(self.solve, [grid, iters, strategy], [board, plot, verdict, details],
+                         api_name="solve_stream", concurrency_id=MODEL_QUEUE)
         stop_btn.click(self.stopped, [verdict], [verdict], cancels=[solve_ev], api_visibility="private",
                        concurrency_limit=None, show_progress="hidden")
         self._solve_api()

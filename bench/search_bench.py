@@ -11,11 +11,15 @@ a seed used for training), on the shipped model unless --checkpoint says otherwi
   * the same search with the exact checks first (the model sees what they leave, no first look at the puzzle
     as given) and with a uniform prior (same checks, same order rules, no model call): nodes and seconds. Those
     two at equal checks are the model's share;
-  * single (T and 4T), auto and commit on the first --baseline-puzzles boards: share solved, seconds, iterations;
+  * single (T and 4T), auto, commit, views (the puzzle and 2 or 8 symmetry transforms, the exact check picks),
+    the search with the views as its first look, and the search at smaller node budgets, on the first
+    --baseline-puzzles boards: share solved, seconds, model iterations (every view and node counted);
   * the scaling curves: share solved within a budget of nodes (a depth-first search with budget k visits the
-    first k nodes of the unbounded run, so one run gives the whole curve) and against the iterations spent.
+    first k nodes of the unbounded run, so one run gives the whole curve; the runs at smaller budgets check it,
+    `budget_runs_monotone`) and against the iterations spent.
 
-Writes the JSON and a PNG beside it (solve rate against iterations per board, and against nodes). Puzzles are
+Writes the JSON and a PNG beside it (solve rate against model iterations per board, against seconds per puzzle,
+and against nodes). Puzzles are
 generated in --threads processes and cached in the package's cache folder (hyperset.cbuild.cache_dir's parent).
 """
 
@@ -41,6 +45,7 @@ from hyperset.sudoku import rated
 from hyperset.sudoku.board import validate
 
 BUDGETS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048]
+SMALL_BUDGETS = [4, 32, 256]  # search runs of their own at these node budgets (the baseline puzzles)
 ITER_BUDGETS = [8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 2048, 4096, 8192]
 
 
@@ -82,7 +87,8 @@ def run_stats(results: list, solutions: list[str], seconds: float) -> dict:
     out = {"puzzles": len(results), "solved": sum(solved), "solve_rate": sum(solved) / len(results),
            "reported_valid_but_invalid": invalid_reported_valid, "valid_but_not_the_solution": wrong_valid,
            "seconds": round(seconds, 3), "puzzles_per_s": round(len(results) / seconds, 3),
-           "iterations_mean": statistics.mean(r.iterations for r in results)}
+           "iterations_mean": statistics.mean(r.iterations for r in results),
+           "model_iterations_mean": statistics.mean(model_iterations(r) for r in results)}
     if results and results[0].search is not None:
         nodes = [r.search["nodes"] for r in results]
         bts = [r.search["backtracks"] for r in results]
@@ -94,10 +100,15 @@ def run_stats(results: list, solutions: list[str], seconds: float) -> dict:
     return out
 
 
+def model_iterations(r) -> int:
+    """Iterations the model ran for a board: every view and node of a search or views run, else its iterations."""
+    return r.search["model_iterations"] if r.search is not None and "model_iterations" in r.search else r.iterations
+
+
 def curves(results: list) -> dict:
     """Share solved within each node budget, and the iterations each solved board spent."""
     nodes = [r.search["nodes"] if r.valid else None for r in results]
-    iters = [r.iterations if r.valid else None for r in results]
+    iters = [model_iterations(r) if r.valid else None for r in results]
     return {"nodes_budget": BUDGETS, "solved_within_nodes": within(nodes, BUDGETS),
             "iterations_budget": ITER_BUDGETS, "solved_within_iterations": within(iters, ITER_BUDGETS)}
 
@@ -140,11 +151,46 @@ def bucket_run(solver: Solver, bucket: str, ps: list[rated.RatedPuzzle], baselin
                      (f"single@{4 * T}", {"strategy": "single", "iters": 4 * T}),
                      ("auto", {"strategy": "single", "iters": "auto"}),
                      ("commit", {"strategy": "commit"}),
-                     ("search", {"strategy": "search"})):
+                     ("views@2", {"strategy": "views", "views": 2}),
+                     ("views@8", {"strategy": "views", "views": 8}),
+                     *((f"search@{k}", {"strategy": "search", "nodes": k}) for k in SMALL_BUDGETS),
+                     ("search", {"strategy": "search"}),
+                     ("search+views@8", {"strategy": "search", "views": 8})):
         print(f"  {bucket}: {name} on {len(sub)}", file=sys.stderr)
         r, s = timed(solver, sub, **kw)
         out.setdefault("strategies", {})[name] = run_stats(r, sub_sol, s)
+    rates = [out["strategies"][f"search@{k}"]["solve_rate"] for k in SMALL_BUDGETS]
+    rates.append(out["strategies"]["search"]["solve_rate"])
+    out["budget_runs_monotone"] = all(a <= b for a, b in zip(rates, rates[1:]))
     return out
+
+
+def markdown(out: dict) -> str:
+    """The tables of docs/search.md from a result: the default command, the model's share, the strategies."""
+    rows = out["buckets"]
+    lines = ["| bucket | median rating | default command: solved | reported valid but not | puzzles/s "
+             "| nodes: median (mean, max) | no backtrack |", "|---|---|---|---|---|---|---|"]
+    for b, r in rows.items():
+        d = r["default"]
+        lines.append(f"| {b} | {r['ratings']['median']:g} | {d['solved']:,} / {d['puzzles']:,} | "
+                     f"{d['reported_valid_but_invalid']} | {d['puzzles_per_s']:.1f} | {d['nodes_median']:g} "
+                     f"({d['nodes_mean']:.1f}, {d['nodes_max']}) | {100 * d['no_backtrack_share']:.1f}% |")
+    lines += ["", "| bucket | nodes median, model | nodes median, uniform | nodes mean, model / uniform "
+              "| no backtrack, model / uniform | seconds, model / uniform |", "|---|---|---|---|---|---|"]
+    for b, r in rows.items():
+        m = r["model_share"]
+        lines.append(f"| {b} | {m['nodes_median_model']:g} | {m['nodes_median_uniform']:g} | "
+                     f"{m['nodes_mean_model']:.1f} / {m['nodes_mean_uniform']:.1f} | "
+                     f"{100 * m['no_backtrack_share_model']:.1f}% / {100 * m['no_backtrack_share_uniform']:.1f}% | "
+                     f"{m['seconds_model']:.1f} / {m['seconds_uniform']:.1f} |")
+    names = list(next(iter(rows.values()))["strategies"])
+    lines += ["", "| bucket | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for b, r in rows.items():
+        runs = r["strategies"]
+        cells = [f"{100 * runs[k]['solve_rate']:.0f}% ({runs[k]['model_iterations_mean']:.0f} it, "
+                 f"{runs[k]['puzzles_per_s']:.1f}/s)" for k in names]
+        lines.append(f"| {b} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def plot(out: dict, path: Path) -> None:
@@ -154,25 +200,33 @@ def plot(out: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     buckets = list(out["buckets"])
-    fig, axes = plt.subplots(2, len(buckets), figsize=(3.2 * len(buckets), 6.4), squeeze=False)
+    fig, axes = plt.subplots(3, len(buckets), figsize=(3.2 * len(buckets), 9.4), squeeze=False)
     for j, b in enumerate(buckets):
         r = out["buckets"][b]
-        ax = axes[0, j]
-        cv = r["default"]["curve"]
-        ax.step(cv["iterations_budget"], cv["solved_within_iterations"], where="post", label="search (model)",
-                color="C0")
-        for k, (name, s) in enumerate(r["strategies"].items()):
-            if name == "search":
-                continue
-            ax.scatter([max(s["iterations_mean"], 1)], [s["solve_rate"]], label=name, color=f"C{k + 1}", zorder=3)
-        ax.set_xscale("log")
-        ax.set_ylim(0, 1.02)
-        ax.set_title(f"bucket {b}")
-        ax.set_xlabel("iterations per board")
-        if j == 0:
-            ax.set_ylabel("share solved")
-            ax.legend(fontsize=7)
-        ax = axes[1, j]
+        runs = r["strategies"]
+        searches = [k for k in runs if k.startswith("search@")] + ["search"]
+        points = [k for k in runs if not k.startswith("search@") and k != "search"]
+        for row, (key, label) in enumerate((("model_iterations_mean", "model iterations per board"),
+                                            ("seconds_per_puzzle", "seconds per puzzle"))):
+            ax = axes[row, j]
+            x = lambda s, key=key: max(s[key] if key in s else s["seconds"] / s["puzzles"], 1e-4)  # noqa: E731
+            if row == 0:
+                cv = r["default"]["curve"]
+                ax.step(cv["iterations_budget"], cv["solved_within_iterations"], where="post", color="C0",
+                        label="search (one run, solved within)")
+            ax.plot([x(runs[k]) for k in searches], [runs[k]["solve_rate"] for k in searches], "o-", color="C0",
+                    alpha=0.6, label="search at 4 / 32 / 256 / 2,000 nodes")
+            for k, name in enumerate(points):
+                ax.scatter([x(runs[name])], [runs[name]["solve_rate"]], label=name, color=f"C{k + 1}", zorder=3)
+            ax.set_xscale("log")
+            ax.set_ylim(0, 1.02)
+            ax.set_xlabel(label)
+            if row == 0:
+                ax.set_title(f"bucket {b}")
+            if j == 0:
+                ax.set_ylabel("share solved")
+                ax.legend(fontsize=6)
+        ax = axes[2, j]
         for name, key, c in (("search (default)", "default", "C0"), ("search, checks first", "search_checks_first",
                                                                        "C1"),
                              ("search, uniform prior", "search_uniform", "C7")):
@@ -202,7 +256,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=bench_args.count, default=2)
     ap.add_argument("--checkpoint", default=None)
     ap.add_argument("--out", type=bench_args.output_file, default="bench/results/search_bench.json")
+    ap.add_argument("--markdown", metavar="JSON", default=None,
+                    help="print the docs' tables of a result (and the figure beside it again), run nothing")
     args = ap.parse_args(argv)
+    if args.markdown:
+        import json
+
+        result = json.loads(Path(args.markdown).read_text())
+        print(markdown(result))
+        plot(result, Path(args.markdown).with_suffix(".png"))
+        return
     for b in args.buckets:
         rated.bucket_range(b)
     sets = {b: puzzles_of(b, args.puzzles, args.seed, args.threads) for b in args.buckets}

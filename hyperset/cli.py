@@ -12,7 +12,7 @@ from typing import Any, NoReturn
 
 import click
 
-from .cli_options import OneLineCommand, stdout_to_devnull
+from .cli_options import OneLineCommand, closed_pipe_exit, stdout_to_devnull
 from .config import MAX_ITERS
 from .defaults import CPU_BATCH_SIZE, DEFAULT_NODES, DEFAULT_PASSES, DEFAULT_STRATEGY, GPU_BATCH_SIZE, STRATEGY_NAMES
 from .extras import require
@@ -234,7 +234,8 @@ def _load_puzzles(files: tuple[str, ...]) -> list[Puzzle]:
 @click.option("--strategy", type=click.Choice(STRATEGY_NAMES), default=DEFAULT_STRATEGY, show_default=True,
               help="search: one pass, then search on the model's beliefs with exact checks, taking wrong guesses "
                    "back (answers every valid puzzle within its budget); commit: fix the most confident cells, run "
-                   "again; single: one pass; auto: iterate until the prediction settles")
+                   "again; single: one pass; views: one pass on the puzzle and --views symmetry transforms of it, "
+                   "the exact check picks; auto: iterate until the prediction settles")
 @click.option("--passes", type=click.IntRange(1, 81), default=DEFAULT_PASSES, show_default=True,
               help="most passes of the commit strategy")
 @click.option("--nodes", type=click.IntRange(1, 10_000_000), default=DEFAULT_NODES, show_default=True,
@@ -252,6 +253,9 @@ def _load_puzzles(files: tuple[str, ...]) -> list[Puzzle]:
                    "exact checks run first and the model sees what they leave")
 @click.option("--order", "search_order", type=click.Choice(["depth", "best"]), default="depth", show_default=True,
               help="search: take back the latest guess first (depth), or expand the most probable node (best)")
+@click.option("--views", type=click.IntRange(0, 1023), default=None,
+              help="symmetry transforms run beside the puzzle, in one batch: the views strategy's (default 8), or "
+                   "the search's first look (default none)")
 @click.option("--checkpoint", type=click.Path(), default=None, help="checkpoint folder [default: the shipped model]")
 @click.option("--device", default="auto", show_default=True, help="auto | cpu | cuda")
 @click.option("--backend", type=click.Choice(["torch", "onnx"]), default="torch", show_default=True,
@@ -271,7 +275,7 @@ def _load_puzzles(files: tuple[str, ...]) -> list[Puzzle]:
 @click.option("--color/--no-color", default=None, help="colour givens and filled cells [default: on a terminal]")
 def solve_main(files: tuple[str, ...], iters: str | None, strategy: str, passes: int, nodes: int,
                seconds: float | None, node_iters: int | None, prior: str, first_look: bool, search_order: str,
-               checkpoint: str | None,
+               views: int | None, checkpoint: str | None,
                device: str, backend: str, onnx_model: str | None, batch_size: int | None, threads: int | None,
                as_json: bool, quiet: bool, trace: bool, plot: str | None, color: bool | None) -> None:
     """Solve the Sudoku puzzles in FILES ('-' reads standard input).
@@ -282,9 +286,13 @@ def solve_main(files: tuple[str, ...], iters: str | None, strategy: str, passes:
     (or output that cannot be written), 130 when interrupted (Ctrl-C; the boards solved so far are printed, and the
     summary says how many).
     """
+    source = click.get_current_context().get_parameter_source("strategy")
+    if iters == "auto" and strategy != "auto" and source == click.core.ParameterSource.COMMANDLINE:
+        _fail(f"--iters auto runs the auto strategy (each board stops when it settles); with --strategy {strategy} "
+              "give a number of iterations, or use --strategy auto")
     try:
         search = {"nodes": nodes, "seconds": seconds, "node_iters": node_iters, "prior": prior,
-                  "order": search_order, "first_look": first_look}
+                  "order": search_order, "first_look": first_look, "views": views}
         _solve(files, iters, strategy, passes, search, checkpoint, device, backend, onnx_model, batch_size, threads,
                as_json, quiet, trace, plot, color)
     except KeyboardInterrupt:  # while loading or printing; an interrupted solve keeps its results (_solve)
@@ -329,7 +337,9 @@ def _solve(files: tuple[str, ...], iters: str | None, strategy: str, passes: int
     use_color = default_color(sys.stdout) if color is None else color
     show = None if as_json or quiet else (
         lambda p, r: _print_result(p, r, solver.trained_iters, use_color, trace))
-    if strategy != "search":
+    if strategy == "views":
+        search = {"views": search["views"]}
+    elif strategy != "search":
         search = {}
     results, seconds, interrupted = _stream(solver, puzzles, show, iters=n_iters, strategy=strategy, passes=passes,
                                             batch_size=batch_size, **search)
@@ -420,8 +430,11 @@ def _fail(message: str) -> NoReturn:
 
 
 def _output_failed(error: OSError) -> NoReturn:
-    """Standard output cannot be written (a full disk, a closed pipe): say so once. What is still buffered goes
-    to /dev/null, or Python would fail again flushing it at exit."""
+    """Standard output cannot be written: its reader closed it (`| head`): a silent exit, as Unix tools end;
+    anything else (a full disk): say so once. What is still buffered goes to /dev/null, or Python would fail again
+    flushing it at exit."""
+    if isinstance(error, BrokenPipeError):
+        closed_pipe_exit()
     stdout_to_devnull()
     _fail(f"cannot write the results: {error.strerror or error}")
 
@@ -477,7 +490,8 @@ def _print_summary(summary: Any, strategy: str) -> None:
     found = summary.extra.get("search")
     if found:
         parts = [f"{found['model_alone']} by the model alone", f"{found['with_backtracks']} with backtracks"]
-        parts += [f"{found[k]} {what}" for k, what in (("checks_alone", "by the exact checks alone"),
+        parts += [f"{found[k]} {what}" for k, what in (("by_a_view", "by a symmetry view"),
+                                                        ("checks_alone", "by the exact checks alone"),
                                                         ("no_solution", "without a solution"),
                                                         ("budget", "out of budget")) if found[k]]
         click.echo(f"search: {', '.join(parts)}; {_count(found['nodes'], 'node')}, "

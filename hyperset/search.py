@@ -53,7 +53,7 @@ class SearchInfo:
     """How a board's search went: `status` "solved", "no solution" or "budget"; `nodes` (model calls, or
     expansions with the uniform prior), `backtracks` (decisions taken back), `decisions` (cells fixed by a choice
     on the way to the answer), `propagated` (cells the exact checks placed), `depth` (decisions of the node
-    reached)."""
+    reached); with views, which view answered."""
 
     status: str = "running"
     nodes: int = 0
@@ -62,10 +62,17 @@ class SearchInfo:
     propagated: int = 0
     depth: int = 0
     by_model: bool = False  # the answer was the model's own prediction at a node
+    views: int = 0  # views of the first look (the puzzle and its transforms; 0: the puzzle alone)
+    view: int | None = None  # the view whose answer was taken (0: the puzzle as given)
+    model_iterations: int = 0  # iterations the model ran for this board, every view and node counted
 
     def to_json(self) -> dict[str, object]:
-        return {"status": self.status, "nodes": self.nodes, "backtracks": self.backtracks,
-                "decisions": self.decisions, "propagated": self.propagated}
+        out: dict[str, object] = {"status": self.status, "nodes": self.nodes, "backtracks": self.backtracks,
+                                  "decisions": self.decisions, "propagated": self.propagated,
+                                  "model_iterations": self.model_iterations}
+        if self.views:
+            out["views"], out["view"] = self.views, self.view
+        return out
 
 
 @dataclass(order=True)
@@ -182,7 +189,8 @@ def _expand(tree: _Tree, cands: list[int], depth: int, logp: float, probs: np.nd
 
 def search(backend: SolverBackend | None, boards: Tensor, iters: int, *, node_iters: int | None = None,
            nodes: int = 1000, seconds: float | None = None, prior: str = "model", order: str = "depth",
-           width: int = 1, first_look: bool = True, per_iteration: bool = False) -> Iterator[SolveFrame]:
+           width: int = 1, first_look: bool = True, views: int = 0, per_iteration: bool = False
+           ) -> Iterator[SolveFrame]:
     """The search's frames on `boards` (B, 81): one ``"node"`` frame per batch of nodes (the boards of the batch,
     the model's prediction on each node's board, the counters in `info`), the finished boards in `done` with
     their :class:`SearchInfo` in ``BoardResult.search``.
@@ -192,15 +200,17 @@ def search(backend: SolverBackend | None, boards: Tensor, iters: int, *, node_it
     it at the first iteration its prediction is valid where the backend can run one iteration at a time; every
     later node runs `node_iters` (default `iters`) on the node's board in one call. Without it the root is a node
     like the others: the checks first, then the model on the board they leave (the same checks as the uniform
-    prior's, so their node counts compare the priors alone). `nodes`: most nodes per board;
-    `seconds`: most seconds for the batch; `width`: nodes of one board per batch."""
+    prior's, so their node counts compare the priors alone). `views` > 0: the first look runs the puzzle and
+    that many of its transforms (:mod:`hyperset.views`; each a model call counted in the board's nodes), the root
+    ending at the first valid view and otherwise branching on the views' mean belief. `nodes`: most nodes per
+    board; `seconds`: most seconds for the batch; `width`: nodes of one board per batch."""
     if prior not in PRIORS:
         raise ValueError(f"prior {prior!r}: expected one of {', '.join(PRIORS)}")
     if order not in ORDERS:
         raise ValueError(f"order {order!r}: expected one of {', '.join(ORDERS)}")
-    for name, v in (("nodes", nodes), ("width", width)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must be a whole number >= 1, got {v!r}")
+    for name, v, least in (("nodes", nodes, 1), ("width", width, 1), ("views", views, 0)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < least:
+            raise ValueError(f"{name} must be a whole number >= {least}, got {v!r}")
     if seconds is not None and not (isinstance(seconds, (int, float)) and seconds > 0 and math.isfinite(seconds)):
         raise ValueError(f"seconds must be a positive number, got {seconds!r}")
     node_iters = iters if node_iters is None else node_iters
@@ -247,7 +257,8 @@ def search(backend: SolverBackend | None, boards: Tensor, iters: int, *, node_it
             frame = yield from _model_step(backend, trees, batch, givens if first_look else None, boards.device, step,
                                            ran,
                                            iters if step == 0 else node_iters, per_iteration,
-                                           leave if step == 0 else None, energy, lengths)
+                                           leave if step == 0 else None, energy, lengths,
+                                           views if step == 0 and first_look else 0)
             ran += iters if step == 0 else node_iters
         for b, tree in enumerate(trees):
             if b not in finished and tree.info.status != "running":
@@ -267,30 +278,45 @@ def search(backend: SolverBackend | None, boards: Tensor, iters: int, *, node_it
 
 def _model_step(backend: SolverBackend, trees: list[_Tree], batch: list[tuple[int, list[int], int, float]],
                 givens: list[list[int]] | None, device: torch.device, step: int, ran: int, iters: int,
-                per_iteration: bool, leave: object, energy: list[dict[str, list[float]]], lengths: list[list[int]]):
+                per_iteration: bool, leave: object, energy: list[dict[str, list[float]]], lengths: list[list[int]],
+                views: int = 0):
     """One pass of the model on the batch's nodes (roots see the puzzle as given): a node whose prediction is
     a valid board ends its board; the others are expanded on the model's beliefs. Returns the node frame.
-    `givens`: the puzzles as given, which the roots see (None: the roots see the board the checks left)."""
+    `givens`: the puzzles as given, which the roots see (None: the roots see the board the checks left);
+    `views` > 0: the batch is the roots, seen with that many transforms (:func:`hyperset.views.look`)."""
     rows = [b for b, *_ in batch]
     seen = [givens[b] if depth == 0 and givens is not None else _digits(cands) for b, cands, depth, _ in batch]
     node_boards = torch.tensor(seen, dtype=torch.long, device=device)
     cell_conf = (node_boards > 0).float()
-    # the energies of the first pass are traced; a node's pass runs without them
-    end = yield from _pass(backend, node_boards, cell_conf, iters, step, ran, rows, per_iteration, leave,
-                           energies=step == 0)
-    probs = torch.softmax(end.logits.float(), -1)
-    conf, arg = probs.max(-1)
-    proposal = torch.where(node_boards > 0, node_boards, arg + 1)
-    valid = _valid_mask(proposal).tolist()
+    view: list[int] = []
+    if views:
+        from .views import look
+
+        got = yield from look(backend, node_boards, iters, views, step, ran, rows, per_iteration)
+        end, probs, proposal, valid, view = got.end, got.mean, got.proposal, got.valid.tolist(), got.view
+        work = got.iterations
+    else:  # the energies of the first pass are traced; a node's pass runs without them
+        end = yield from _pass(backend, node_boards, cell_conf, iters, step, ran, rows, per_iteration, leave,
+                               energies=step == 0)
+        probs = torch.softmax(end.logits.float(), -1)
+        proposal = torch.where(node_boards > 0, node_boards, probs.argmax(-1) + 1)
+        valid, work = _valid_mask(proposal).tolist(), end.lengths
+    conf = probs.max(-1).values
     probs_np = probs.cpu().numpy()
     for j, (b, cands, depth, logp) in enumerate(batch):
         tree = trees[b]
         for k, v in end.energy_of(j).items():
             energy[b].setdefault(k, []).extend(v)
         lengths[b].append(end.lengths[j])
+        tree.info.model_iterations += work[j]
+        if views:
+            tree.info.nodes += views
+            tree.info.views = views + 1
         if tree.info.status != "running":
             continue  # ended by another node of the same batch
         if valid[j]:
+            if views:
+                tree.info.view = view[j]
             tree.finish(proposal[j].tolist(), depth, sum(1 for d in seen[j] if d), by_model=True)
         elif _solved(cands):
             tree.finish(_digits(cands), depth, 81)

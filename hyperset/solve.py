@@ -65,6 +65,13 @@ class SolveResult:
         if self.search is None:
             return None
         s = self.search
+        views = s.get("views")
+        if views and s["status"] != "no solution" and s.get("view") is not None and s["nodes"] == views:
+            if s["view"] == 0:
+                return f"model alone (the puzzle as given, first of {views} views)"
+            return f"view {s['view']} of {views} (a symmetry transform of the puzzle; picked by the exact check)"
+        if views and s["status"] == "budget" and s["nodes"] == views and s["backtracks"] == 0:
+            return f"no view of {views} valid"
         if s["status"] == "no solution":
             return f"no solution: every candidate ruled out ({s['nodes']} nodes, {s['backtracks']} backtracks)"
         if s["status"] == "budget":
@@ -268,15 +275,18 @@ class Solver:
         return n if isinstance(n, int) and not isinstance(n, bool) and n >= 1 else self.trained_iters
 
     def _search_settings(self, search: dict[str, Any]) -> dict[str, Any]:
-        """The search's knobs (`node_iters`, `nodes`, `seconds`, `prior`, `order`, `first_look`), checked, defaults
-        filled."""
+        """The search's knobs (`node_iters`, `nodes`, `seconds`, `prior`, `order`, `first_look`) and `views` (of the
+        views strategy, or the search's first look), checked, defaults filled."""
         from .search import ORDERS, PRIORS
 
-        unknown = set(search) - {"node_iters", "nodes", "seconds", "prior", "order", "first_look"}
+        unknown = set(search) - {"node_iters", "nodes", "seconds", "prior", "order", "first_look", "views"}
         if unknown:
             raise TypeError(f"unexpected keyword argument(s): {', '.join(sorted(unknown))}")
         out = {"node_iters": self.search_iters, "nodes": DEFAULT_NODES, "seconds": None, "prior": "model",
-               "order": "depth", "first_look": True, **{k: v for k, v in search.items() if v is not None}}
+               "order": "depth", "first_look": True, "views": None,
+               **{k: v for k, v in search.items() if v is not None}}
+        if out["views"] is not None:
+            whole_number("views", out["views"], 0)
         if not isinstance(out["first_look"], bool):
             raise ValueError(f"first_look must be True or False, got {out['first_look']!r}")
         whole_number("node_iters", out["node_iters"], 1)
@@ -305,7 +315,8 @@ class Solver:
         "auto" settles per board; `passes` is the most passes of the commit strategy; `batch_size` defaults to
         `default_batch_size`. The search's knobs: `node_iters` (iterations per node, default `search_iters`),
         `nodes` (most per board), `seconds` (most per batch), `prior` ("model" or "uniform"), `order` ("depth"
-        or "best")."""
+        or "best"), `first_look`; `views`: symmetry transforms beside the puzzle (the views strategy's, default
+        8; the search's first look, default none)."""
         return list(self.solve_iter(puzzles, iters, strategy, batch_size, solutions, max_iters, patience, passes,
                                     **search))
 
@@ -343,7 +354,7 @@ class Solver:
                 r = result_of(p.givens, done[k]) if k in done else unsolvable_result(p)
                 if k not in done and strategy == "search":  # the parser's proof: no node needed
                     r.search = {"status": "no solution", "nodes": 0, "backtracks": 0, "decisions": 0,
-                                "propagated": 0}
+                                "propagated": 0, "model_iterations": 0}
                 r.warnings = list(p.warnings)
                 sol = solutions[i + k]
                 if sol:
@@ -361,6 +372,8 @@ def result_of(puzzle: str, board: BoardResult) -> SolveResult:
     info = None if board.search is None else board.search.to_json()
     if info is not None and info["status"] == "no solution":
         reason = "no solution: the search ruled out every candidate of some cell"
+    elif info is not None and info["status"] == "budget" and info.get("views") == info["nodes"]:
+        reason = f"no view of {info['nodes']} valid: {reason}"
     elif info is not None and info["status"] == "budget":
         reason = f"not solved within the search's budget ({info['nodes']} nodes): {reason}"
     return SolveResult(puzzle, prediction, verdict.valid, reason, verdict.conflicting_cells, board.iterations,
@@ -394,7 +407,9 @@ def summarize(results: list[SolveResult], seconds: float, solver: Solver) -> Sol
     if searched:
         statuses = [x["status"] for x in searched]
         summary.extra["search"] = {
-            "model_alone": sum(x["status"] == "solved" and x["backtracks"] == 0 and x["nodes"] > 0 for x in searched),
+            "model_alone": sum(x["status"] == "solved" and x["backtracks"] == 0 and x["nodes"] > 0
+                               and not x.get("view") for x in searched),
+            "by_a_view": sum(x["status"] == "solved" and bool(x.get("view")) for x in searched),
             "with_backtracks": sum(x["status"] == "solved" and x["backtracks"] > 0 for x in searched),
             "checks_alone": sum(x["status"] == "solved" and x["nodes"] == 0 for x in searched),
             "no_solution": statuses.count("no solution"), "budget": statuses.count("budget"),

@@ -15,6 +15,8 @@ the boards, iteration counts and energies are the same.
             as soon as its prediction is a valid full board; only unfinished boards run again.
     search  one pass, then depth-first search on the model's beliefs with exact checks and backtracking
             (:mod:`hyperset.search`); the default.
+    views   one pass on the puzzle and K of its symmetry transforms in one batch, each answer mapped back, the
+            exact check picks (:mod:`hyperset.views`).
 
 The strategies live in `REGISTRY` (name, description, run); `register_strategy` adds one, which the solver, the
 commands and the app then offer.
@@ -257,8 +259,9 @@ def _leave_valid(t: int, live: Tensor, digits: Tensor, valid: Tensor) -> Tensor:
 @dataclass(frozen=True)
 class StrategySettings:
     """What a strategy reads: iterations per pass (`iters`; the root pass of ``search``), most passes of
-    ``commit``, most iterations and patience of ``auto``, iteration frames, and the search's knobs (iterations per
-    node, most nodes per board, most seconds, prior, order)."""
+    ``commit``, most iterations and patience of ``auto``, iteration frames, the search's knobs (iterations per
+    node, most nodes per board, most seconds, prior, order, first look) and the symmetry views (of the views
+    strategy, default 8; of the search's first look, default none)."""
 
     iters: int
     passes: int = 16
@@ -271,6 +274,7 @@ class StrategySettings:
     prior: str = "model"
     order: str = "depth"
     first_look: bool = True
+    views: int | None = None
 
 
 @dataclass(frozen=True)
@@ -295,7 +299,14 @@ def _search(backend: SolverBackend, boards: Tensor, s: StrategySettings) -> Iter
     from .search import search
 
     return search(backend, boards, s.iters, node_iters=s.node_iters, nodes=s.nodes, seconds=s.seconds,
-                  prior=s.prior, order=s.order, first_look=s.first_look, per_iteration=s.per_iteration)
+                  prior=s.prior, order=s.order, first_look=s.first_look, views=s.views or 0,
+                  per_iteration=s.per_iteration)
+
+
+def _views(backend: SolverBackend, boards: Tensor, s: StrategySettings) -> Iterator[SolveFrame]:
+    from .views import DEFAULT_VIEWS, views
+
+    return views(backend, boards, s.iters, DEFAULT_VIEWS if s.views is None else s.views, s.per_iteration)
 
 
 register_strategy(Strategy(
@@ -306,6 +317,9 @@ register_strategy(Strategy(
     "full (never takes a digit back)", lambda be, b, s: commit(be, b, s.iters, s.passes, s.per_iteration)))
 register_strategy(Strategy(
     "single", "one pass of N iterations", lambda be, b, s: single(be, b, s.iters, s.per_iteration)))
+register_strategy(Strategy(
+    "views", "one pass on the puzzle and K symmetry transforms of it in one batch; the exact check picks a valid "
+    "answer among them", _views))
 register_strategy(Strategy(
     "auto", "iterate until the prediction is valid or settles, at most 4x the trained depth",
     lambda be, b, s: auto(be, b, s.max_iters or s.iters, s.patience, s.per_iteration)))

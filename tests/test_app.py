@@ -150,6 +150,33 @@ def test_solve_search_streams_nodes_and_ends_with_the_searchs_counters(app: Hype
     assert board == ref.prediction and verdict == "solved"
 
 
+def test_solve_takes_the_pasted_puzzle_when_the_paste_box_was_edited_last(app: HyperSETApp):
+    """Pasting a puzzle and pressing Solve without 'Put text in the grid' solved the grid's earlier puzzle."""
+    from hyperset.sudoku import parse_puzzles
+
+    medium = (Path(__file__).resolve().parent.parent / "examples" / "medium.txt").read_text()
+    givens = parse_puzzles(medium)[0].givens
+    updates = list(app.solve_edited(puzzle_to_grid(EASY), medium, "text", 2, "single"))
+    assert updates[0][0] == puzzle_to_grid(givens)  # the pasted puzzle goes into the grid first
+    assert "Solving the pasted puzzle" in updates[0][3]
+    *_, details = updates[-1]
+    assert details["puzzle"] == givens
+    # the grid edited last: its puzzle, the paste box ignored
+    *_, details = list(app.solve_edited(puzzle_to_grid(EASY), medium, "grid", 2, "single"))[-1]
+    assert details["puzzle"] == EASY
+    # bad pasted text: the message, nothing solved
+    (update,) = list(app.solve_edited(puzzle_to_grid(EASY), "12345", "text", 2, "single"))
+    assert "Input problem" in update[3] and "error" in update[4]
+
+
+def test_solve_views_ends_with_the_solvers_board_and_which_view_answered(app: HyperSETApp):
+    updates = list(app.solve(puzzle_to_grid(EASY), 2, "views"))
+    *_, verdict, details = updates[-1]
+    ref = app.solver.solve([EASY], iters=2, strategy="views")[0]
+    assert details["prediction"] == ref.prediction and details["search"]["views"] == ref.search["views"] == 9
+    assert ref.how in verdict and "per view (9 views)" in verdict
+
+
 def test_app_and_cli_give_the_same_frames(app: HyperSETApp, tmp_path: Path):
     """The app's streamed solve and hyperset-solve run the same strategy streams: the same boards after every
     pass, the same iteration counts and the same energy at every iteration."""
@@ -705,3 +732,20 @@ def test_onnx_graph_without_step_graphs_is_refused_and_its_limits_are_messages(
     assert energies["pass_lengths"] == ref.pass_lengths
     np.testing.assert_allclose(energies["attn"], ref.energy["attn"], rtol=1e-4)
     assert "every frame comes from ONNX Runtime" in " ".join(app_module.__doc__.split())  # as docs/app.md says
+
+
+def test_the_app_does_not_report_usage_unless_asked() -> None:
+    """Gradio's analytics made 8 connections at start-up; a local demo must not phone home by default."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import hyperset.apps.app, gradio.analytics as a, os; "
+            "print(os.environ['GRADIO_ANALYTICS_ENABLED'], a.analytics_enabled())")
+    env = {k: v for k, v in os.environ.items() if k != "GRADIO_ANALYTICS_ENABLED"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr[-500:]
+    assert out.stdout.split() == ["False", "False"]
+    asked = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           env={**env, "GRADIO_ANALYTICS_ENABLED": "True"})
+    assert asked.stdout.split()[0] == "True"

@@ -21,12 +21,14 @@ from typing import Any
 import pytest
 
 from hyperset.apps.app import MAX_ITER_FACTOR
+from hyperset.sudoku import parse_puzzles
 
 CHROMIUM = Path("/usr/bin/chromium")
 ROOT = Path(__file__).resolve().parent.parent
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
         "--disable-sync", "--no-first-run", "--disable-quic"]
 
+HARD = "000000200200000109000050000010400900060080030008000060400300000580040600006002004"  # rated 51+
 TIMEOUT_MS = 180_000  # generous: CI machines and shared 2-core boxes can be slow
 
 pytestmark = [
@@ -145,6 +147,13 @@ def test_solve_stop_and_reconstruct_in_chromium(url):
         assert page.locator("#sudoku-board td").count() == 81
         page.locator("#sudoku-energy svg").first.wait_for()
         assert _save(page, "sudoku.png").stat().st_size > 10_000
+        # a pasted puzzle, Solve pressed without "Put text in the grid": the pasted one is solved
+        medium = (ROOT / "examples" / "medium.txt").read_text()
+        n_medium = 81 - parse_puzzles(medium)[0].givens.count("0")
+        page.locator("#verdict").get_by_text("Verdict:").wait_for()
+        page.locator("#sudoku-text textarea").fill(medium)
+        page.locator("#solve-btn").click()
+        page.locator("#verdict").get_by_text(f"all {n_medium} givens are kept").wait_for()
         # bad text gives a message, not a stack trace
         page.locator("#sudoku-text textarea").fill("12345")
         page.get_by_role("button", name="Put text in the grid").click()
@@ -164,6 +173,24 @@ def test_solve_stop_and_reconstruct_in_chromium(url):
         time.sleep(1.5)
         assert counting.iterations == stopped_at  # the server-side generator is no longer running
         assert "Verdict:" not in page.locator("#verdict").inner_text()
+
+        # and a search mid-way: a puzzle of the 51+ bucket, stopped once the verdict counts its nodes
+        page.locator("#sudoku-text textarea").fill(HARD)
+        page.get_by_role("button", name="Put text in the grid").click()
+        page.locator("#verdict").get_by_text("Loaded a puzzle with").wait_for()
+        page.get_by_label("search").check()
+        number.fill(str(counting.trained_iters))
+        number.press("Enter")
+        page.locator("#solve-btn").click()
+        page.locator("#verdict").get_by_text("of at most").wait_for()
+        assert "backtrack" in page.locator("#verdict").inner_text()
+        page.locator("#stop-btn").click()
+        time.sleep(1.0)
+        stopped_at = counting.iterations
+        time.sleep(1.5)
+        assert counting.iterations == stopped_at
+        assert "Verdict:" not in page.locator("#verdict").inner_text()
+        counting.pause = 0.0
 
         # reconstruction with a painted mask: one stroke across the upper left of the image
         page.get_by_role("tab", name="Reconstruction").click()

@@ -440,21 +440,12 @@ def _batched_permutations(rng: np.random.Generator, shape: tuple[int, ...], k: i
     return np.argsort(rng.random((*shape, k)), axis=-1)
 
 
-def augment(
-    puzzles: np.ndarray, solutions: np.ndarray, rng: np.random.Generator
-) -> tuple[np.ndarray, np.ndarray]:
-    """Validity-preserving random symmetries, independently per sample of a ``(n, 81)`` batch.
-
-    Each sample gets a random relabelling of digits 1-9 (blanks stay 0), a transpose with probability
-    0.5, a band permutation with rows permuted inside bands, and a stack permutation with columns
-    permuted inside stacks; puzzle and solution get the same map.
-    """
-    p = np.asarray(puzzles)
-    s = np.asarray(solutions)
-    if p.shape != s.shape or p.ndim != 2 or p.shape[1] != 81:
-        raise ValueError(f"expected two (n, 81) arrays, got shapes {p.shape} and {s.shape}")
-    n = p.shape[0]
-    relabel = np.zeros((n, 10), dtype=p.dtype)
+def random_symmetries(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """`n` random validity-preserving symmetries of the Sudoku grid: ``src`` (n, 81), the cell each new cell takes
+    its digit from, and ``relabel`` (n, 10), the new name of each digit (0, the blank, stays 0). Each is a random
+    relabelling of digits 1-9, a transpose with probability 0.5, a band permutation with rows permuted inside
+    bands, and a stack permutation with columns permuted inside stacks: ``new[i] = relabel[old[src[i]]]``."""
+    relabel = np.zeros((n, 10), dtype=np.int64)
     relabel[:, 1:] = _batched_permutations(rng, (n,), 9) + 1
     transpose = rng.random(n) < 0.5
 
@@ -466,6 +457,20 @@ def augment(
     rows = lines_map()[:, :, None]  # (n, 9, 1)
     cols = lines_map()[:, None, :]  # (n, 1, 9)
     src = np.where(transpose[:, None, None], cols * 9 + rows, rows * 9 + cols).reshape(n, 81)
+    return src, relabel
+
+
+def augment(
+    puzzles: np.ndarray, solutions: np.ndarray, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """Validity-preserving random symmetries (:func:`random_symmetries`), independently per sample of a
+    ``(n, 81)`` batch; puzzle and solution get the same map."""
+    p = np.asarray(puzzles)
+    s = np.asarray(solutions)
+    if p.shape != s.shape or p.ndim != 2 or p.shape[1] != 81:
+        raise ValueError(f"expected two (n, 81) arrays, got shapes {p.shape} and {s.shape}")
+    src, relabel = random_symmetries(rng, p.shape[0])
+    relabel = relabel.astype(p.dtype)
     new_p = np.take_along_axis(relabel, np.take_along_axis(p, src, axis=1).astype(np.intp), axis=1)
     new_s = np.take_along_axis(relabel, np.take_along_axis(s, src, axis=1).astype(np.intp), axis=1)
     return new_p.astype(p.dtype, copy=False), new_s.astype(s.dtype, copy=False)
