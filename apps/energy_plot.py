@@ -17,13 +17,13 @@ import html
 import math
 from collections.abc import Sequence
 
-ENERGY_LABELS = {"attn": "E_ATTN", "ff": "E_FF"}
+ENERGY_LABELS = {"total": "E_ATTN + E_FF", "attn": "E_ATTN", "ff": "E_FF"}
 DEFAULT_TITLE = "Energy per iteration (dashed: the depth the model was trained with)"
 
 WIDTH, HEIGHT = 760, 290  # the whole plot, in SVG units (it scales to the width of its box)
 TOP, BOTTOM, LEFT, RIGHT = 44, 42, 62, 14  # margins of each panel: title and legend / x labels / y labels / gap
 GAP = 26  # between panels
-BASE_COLOR = {"attn": (37, 99, 235), "ff": (234, 88, 12)}
+BASE_COLOR = {"total": (31, 41, 55), "attn": (37, 99, 235), "ff": (234, 88, 12)}
 TRAINED_COLOR = "#dc2626"
 
 
@@ -58,6 +58,14 @@ def _shade(rgb: tuple[int, int, int], k: int, n: int) -> str:
     """The color of pass ``k`` of ``n``: the base color, lighter for earlier passes."""
     mix = 1.0 if n <= 1 else 0.25 + 0.75 * (k + 1) / n  # 1.0 for the last pass
     return "#" + "".join(f"{round(255 - (255 - c) * mix):02x}" for c in rgb)
+
+
+def _with_total(trace: dict[str, Sequence[float]]) -> dict[str, Sequence[float]]:
+    """A pass's energies with their sum E_ATTN + E_FF as "total" (where the trace has both parts)."""
+    attn, ff = trace.get("attn"), trace.get("ff")
+    if not attn or not ff or "total" in trace:
+        return trace
+    return {"total": [float(a) + float(f) for a, f in zip(attn, ff)], **trace}
 
 
 def _fmt(x: float) -> str:
@@ -129,8 +137,10 @@ def _panel(name: str, passes: Sequence[Sequence[float]], x0: float, width: float
 def energy_svg(passes: Sequence[dict[str, Sequence[float]]], trained: int, x_max: int | None = None,
                title: str = "") -> str:
     """The energy plot as HTML (a ``<div>`` holding one ``<svg>``): a panel per energy found in ``passes``
-    (E_ATTN, E_FF first, then any other name), x from 1 to max(x_max, the longest pass, ``trained``), a dashed line
-    at ``trained``; ``title`` (default: ``DEFAULT_TITLE``) is the caption under it."""
+    (first the total E_ATTN + E_FF, which the iterations descend, where both parts are there; then E_ATTN, E_FF,
+    then any other name), x from 1 to max(x_max, the longest pass, ``trained``), a dashed line at ``trained``;
+    ``title`` (default: ``DEFAULT_TITLE``) is the caption under it."""
+    passes = [_with_total(p) for p in passes]
     names = [k for k in ENERGY_LABELS if any(p.get(k) for p in passes)]
     names += sorted({k for p in passes for k, v in p.items() if v and k not in names})
     caption = html.escape(title or DEFAULT_TITLE)

@@ -112,6 +112,9 @@ def load_tensors(path: str | os.PathLike, what: str = "weights") -> dict[str, to
         raise CheckpointError(f"{path}: not a readable safetensors file ({e}); expected the {what}") from None
 
 
+RESERVED_INFO = frozenset({"format", "format_version", "kind", "model", "parameters"})  # config.json keys of the format
+
+
 def save_module(directory: str | os.PathLike, module: torch.nn.Module, kind: str, config: dict[str, Any],
                 info: dict[str, Any] | None = None) -> Path:
     """Write any module as model.safetensors + config.json ({"kind": kind, "model": config, ...info}).
@@ -122,8 +125,7 @@ def save_module(directory: str | os.PathLike, module: torch.nn.Module, kind: str
     either replaces an old one."""
     directory = Path(directory)
     module = getattr(module, "_orig_mod", module)  # torch.compile's wrapper: the weights under their own names
-    reserved = {"format", "format_version", "kind", "model", "parameters"}
-    clash = sorted(reserved & set(info or {}))
+    clash = sorted(RESERVED_INFO & set(info or {}))
     if clash:
         raise ValueError(f"checkpoint info may not set the reserved keys {', '.join(clash)}")
     for key in ("trained_iterations", "solve_iterations"):
@@ -376,4 +378,7 @@ def load_checkpoint(directory: str | os.PathLike, task: str | None = None,
         model.to(cast)
     load_weights_into(model, directory, what)
     model.to(map_location).eval()
+    # what save_pretrained keeps: the inference defaults (solve_iterations, ...) and the provenance
+    model.checkpoint_info = {k: v for k, v in meta.items() if k not in RESERVED_INFO}
+    model.checkpoint_source = str(directory)
     return model, meta

@@ -20,7 +20,7 @@ import math
 import os
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
@@ -62,18 +62,22 @@ class _OneLineErrors:
         sys.exit(code if isinstance(code, int) and not isinstance(code, bool) else 0)
 
     def invoke(self, ctx: click.Context) -> Any:
-        """The command, with standard output that cannot be written (a reader that closed: `| head`, `| true`)
-        ending it with one line and exit 2, as the README says, before click's own handler turns it into a silent
-        exit 1 (which means "some boards not solved" / "parity mismatch")."""
+        """The command, with standard output whose reader closed it (`| head`, `| true`) ending it silently with
+        EXIT_CLOSED_PIPE, as Unix tools end, before click's own handler turns it into a silent exit 1 (which means
+        "some boards not solved" / "parity mismatch")."""
         try:
             return super().invoke(ctx)  # type: ignore[misc]
-        except BrokenPipeError as e:
-            stdout_to_devnull()
-            try:
-                click.echo(f"{ctx.command_path}: error: cannot write the output: {e.strerror or e}", err=True)
-            except OSError:  # standard error is the same closed pipe (2>&1 | head)
-                pass
-            sys.exit(2)
+        except BrokenPipeError:
+            closed_pipe_exit()
+
+
+EXIT_CLOSED_PIPE = 141  # 128 + SIGPIPE: the reader of standard output closed it, as a shell reports a tool it ended
+
+
+def closed_pipe_exit() -> NoReturn:
+    """The reader of standard output is gone (`| head` has what it wanted): no message, exit EXIT_CLOSED_PIPE."""
+    stdout_to_devnull()
+    sys.exit(EXIT_CLOSED_PIPE)
 
 
 def stdout_to_devnull() -> None:
@@ -109,8 +113,8 @@ def package_version() -> str:
 
 
 def version_option(prog: str) -> Callable[[Any], Any]:
-    """--version: prints "PROG VERSION" and exits 0."""
-    return click.version_option(package_version(), "--version", prog_name=prog, message="%(prog)s %(version)s")
+    """--version, -V: prints "PROG VERSION" and exits 0."""
+    return click.version_option(package_version(), "--version", "-V", prog_name=prog, message="%(prog)s %(version)s")
 
 
 def device_option(default: str = "auto", help: str | None = None) -> Callable[[Any], Any]:
@@ -142,7 +146,7 @@ def json_safe(obj: Any) -> Any:
 def out_option() -> Callable[[Any], Any]:
     """--out FILE: the command's JSON document also written to a file, atomically (checked before any work with
     `hyperset.cli.check_output_file`, written with `write_json_out`)."""
-    return click.option("--out", type=click.Path(dir_okay=False), default=None,
+    return click.option("--out", "-o", type=click.Path(dir_okay=False), default=None,
                         help="also write the JSON document to this file (atomically)")
 
 

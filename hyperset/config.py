@@ -295,6 +295,7 @@ class Preset:
     paper_params: float | None  # millions, as printed in the paper; None when the paper gives no count
     source: str = ""
     notes: tuple[str, ...] = field(default_factory=tuple)
+    pretrained: str | None = None  # the shipped model (hyperset.pretrained.PRETRAINED) with this architecture
 
 
 def _sudoku(**kw: Any) -> ModelConfig:
@@ -325,8 +326,9 @@ def _mim(**kw: Any) -> ModelConfig:
 _PRESETS: dict[str, Preset] = {}
 
 
-def _add(name: str, config: ModelConfig, paper: float | None, source: str, *notes: str) -> None:
-    _PRESETS[name] = Preset(name, config, paper, source, tuple(notes))
+def _add(name: str, config: ModelConfig, paper: float | None, source: str, *notes: str,
+         pretrained: str | None = None) -> None:
+    _PRESETS[name] = Preset(name, config, paper, source, tuple(notes), pretrained)
 
 
 _add("sudoku", _sudoku(), 5.20, "Table: model configuration for solving Sudoku")
@@ -336,7 +338,7 @@ _add("sudoku-et", _sudoku(layer="et"), 3.62, "Sudoku Energy Transformer (authors
 _add("sudoku-cpu", _sudoku(dim=128, heads=4, ff_hidden=512, iters=16, time_dim=128, pos="grid",
                            step_init=0.1, emb_dropout=0.0), None,
      "ours: the CPU recipe of the shipped model",
-     "row/column/box position embeddings, step sizes start at 0.1, d=128")
+     "row/column/box position embeddings, step sizes start at 0.1, d=128", pretrained="sudoku")
 _add("sudoku-cpu-transformer", _sudoku(layer="transformer", dim=128, heads=4, ff_hidden=512, iters=16,
                                        pos="grid", emb_dropout=0.0), None,
      "ours: Transformer baseline with the CPU recipe")
@@ -353,18 +355,22 @@ _add("cifar10-crate", _baseline_cifar("crate"), 0.47, "Table 1 baselines (Small)
 _add("cifar10-crate-t", _baseline_cifar("crate-t"), 0.32, "Table 1 baselines (Small)")
 _add("cifar10-et", _baseline_cifar("et"), 0.91, "Table 1 baselines (Small)")
 _add("cifar10-cpu", _cifar(dim=192, heads=6, ff_hidden=192, time_dim=128, step_init=0.1), None,
-     "ours: the CPU recipe of the shipped classifier")
+     "ours: the CPU recipe of the shipped classifier", pretrained="classifier")
 _add("mim-base", _mim(), 3.94, "Table: model configuration for masked image modeling")
 _add("mim-base-24x8", _mim(iters=24, ff_hidden=8 * 768), 8.07, "MIM, 24 iterations, M=8d (authors' scripts)")
 _add("mim-transformer", _mim(layer="transformer", ff_hidden=4 * 768), 8.85, "MIM Transformer baseline",
      "the authors' code gives 8.655 M for this configuration; the paper prints 8.85 M")
 _add("mim-cpu", _mim(dim=256, heads=8, ff_hidden=512, iters=12, time_dim=256, vocab_size=513, num_classes=512,
-                     seq_len=64, step_init=0.1), None, "ours: CIFAR-10 8x8 tokens, the shipped token model")
+                     seq_len=64, step_init=0.1), None, "ours: CIFAR-10 8x8 tokens, d=256")
+_add("mim-cpu-small", _mim(dim=128, heads=4, ff_hidden=256, iters=12, time_dim=128, vocab_size=513, num_classes=512,
+                           seq_len=64, step_init=0.1), None, "ours: CIFAR-10 8x8 tokens, d=128, the shipped token model",
+     pretrained="mim")
 
 
-def list_presets() -> list[str]:
-    """Names of every preset."""
-    return sorted(_PRESETS)
+def list_presets(pretrained: bool = False) -> list[str]:
+    """Names of every preset; with `pretrained`, of those whose architecture a shipped model has (create_model(name,
+    pretrained=True) loads its weights)."""
+    return sorted(k for k, v in _PRESETS.items() if v.pretrained or not pretrained)
 
 
 def get_preset(name: str) -> Preset:

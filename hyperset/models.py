@@ -6,12 +6,13 @@ import itertools
 import math
 from collections.abc import Generator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from .config import CHOICES, ModelConfig, choice_error, get_preset
+from .config import CHOICES, ModelConfig, choice_error, get_preset, list_presets
 from .core import RecurrentCore, Trace, relay, traced_energy
 from .layers import RMSNorm
 
@@ -265,11 +266,44 @@ class HyperSETModel(nn.Module):
 
         return load_pretrained(name_or_path, device, dtype)
 
-    def save_pretrained(self, directory: str, info: dict[str, Any] | None = None) -> None:
-        """Write model.safetensors + config.json (the checkpoint format every loader reads)."""
-        from .checkpoint import save_checkpoint
+    def save_pretrained(self, directory: str, info: dict[str, Any] | None = None, card: bool = True) -> None:
+        """Write model.safetensors + config.json (the checkpoint format every loader reads) and, with `card`, a
+        model card (README.md with a Hugging Face Hub metadata header). A model loaded from a checkpoint keeps
+        what its config.json said (the inference defaults such as solve_iterations, the metrics, the recipe)
+        and records where it came from (`derived_from`); `info` goes on top."""
+        from .checkpoint import atomic_write_bytes, save_checkpoint
 
-        save_checkpoint(directory, self, {"trained_iterations": self.cfg.iters, **(info or {})})
+        kept = dict(getattr(self, "checkpoint_info", None) or {})
+        source = getattr(self, "checkpoint_source", None)
+        if source is not None:
+            kept["derived_from"] = source
+        meta = {"trained_iterations": self.cfg.iters, **kept, **(info or {})}
+        save_checkpoint(directory, self, meta)
+        if card:
+            atomic_write_bytes(Path(directory) / "README.md", model_card(self, meta).encode())
+
+
+def model_card(model: HyperSETModel, info: dict[str, Any]) -> str:
+    """A short model card: a Hub metadata header (library, tags, license), what the model is, its inference
+    defaults and measured metrics as config.json records them, and how to load it."""
+    cfg = model.cfg
+    params = sum(p.numel() for p in model.parameters())
+    task = {"sudoku": "Sudoku", "classify": "image classification", "mim": "masked image modeling"}.get(cfg.task,
+                                                                                                       cfg.task)
+    lines = ["---", "library_name: hyperset", "license: mit", "tags:", "- hyperset", "- energy-based-model",
+             f"- {cfg.task}", "---", "", f"# Hyper-SET {task} model", "",
+             f"{cfg.n_layers} {cfg.layer} layer(s) (d={cfg.dim}, {cfg.heads} heads, feedforward {cfg.ff_hidden}), "
+             f"weights shared across iterations, trained at {info.get('trained_iterations', cfg.iters)} "
+             f"iterations; {params:,} parameters.", ""]
+    facts = [(k, info[k]) for k in ("recipe", "steps", "solve_iterations", "search_iterations", "derived_from")
+             if info.get(k) is not None]
+    metrics = info.get("metrics")
+    if isinstance(metrics, dict):
+        facts += [(f"metric {k}", round(v, 4)) for k, v in metrics.items() if isinstance(v, (int, float))][:12]
+    if facts:
+        lines += ["| | |", "|---|---|", *(f"| {k} | {v} |" for k, v in facts), ""]
+    lines += ["```python", "import hyperset", "model = hyperset.load_pretrained(\"path/to/this/folder\")", "```", ""]
+    return "\n".join(lines)
 
 
 def build_model(cfg: ModelConfig) -> HyperSETModel:
@@ -279,13 +313,19 @@ def build_model(cfg: ModelConfig) -> HyperSETModel:
 def create_model(name: str, pretrained: bool = False, **overrides: Any) -> HyperSETModel:
     """A model from a named preset (see `list_presets()`), with config overrides: create_model("sudoku", iters=32).
 
-    With pretrained=True, `name` is a shipped model ("sudoku", "classifier", "mim") and its trained weights are
-    loaded (no overrides then: they would not fit the weights)."""
+    With pretrained=True the preset's shipped weights are loaded (presets that have them: `list_presets(pretrained=
+    True)`; "sudoku-cpu" is the shipped Sudoku model's architecture, "sudoku" the paper's): the same architecture
+    as create_model(name), trained. No overrides then: they would not fit the weights."""
+    preset = get_preset(name)
     if pretrained:
         if overrides:
             raise ValueError(f"create_model({name!r}, pretrained=True) takes no config overrides "
                              f"({', '.join(overrides)}): the shipped weights fix the config")
+        if preset.pretrained is None:
+            with_weights = ", ".join(list_presets(pretrained=True))
+            raise ValueError(f"preset {name!r} has no shipped weights; presets with them: {with_weights} "
+                             "(or hyperset.load_pretrained(folder) for a checkpoint of your own)")
         from .pretrained import load_pretrained
 
-        return load_pretrained(name)
-    return HyperSETModel(get_preset(name).config.replace(**overrides))
+        return load_pretrained(preset.pretrained)
+    return HyperSETModel(preset.config.replace(**overrides))

@@ -41,8 +41,12 @@ def pretrained_dir(name: str) -> Path:
     return folder
 
 
-def resolve(name_or_path: str | os.PathLike) -> Path:
-    """A checkpoint folder from a shipped model's name, a local path, or a Hub repository id (downloaded)."""
+MODELS = tuple(k for k in PRETRAINED if k != "mim-tokenizer")  # the names load_pretrained takes
+
+
+def resolve(name_or_path: str | os.PathLike, names: tuple[str, ...] = tuple(PRETRAINED)) -> Path:
+    """A checkpoint folder from a shipped model's name, a local path, or a Hub repository id (downloaded); an
+    unknown name's error lists `names`."""
     text = str(name_or_path)
     path = Path(text)
     # a shipped name is the shipped model unless a checkpoint folder of that name is here (a data folder named
@@ -54,7 +58,7 @@ def resolve(name_or_path: str | os.PathLike) -> Path:
     # "owner/name" is a Hub id unless its first part is a local folder: then it names a folder that is missing
     if text.count("/") == 1 and not text.startswith((".", "/", "~")) and not Path(text.split("/")[0]).is_dir():
         return _from_hub(text)
-    raise CheckpointError(f"{text}: no such checkpoint folder, and not a shipped model ({', '.join(PRETRAINED)})")
+    raise CheckpointError(f"{text}: no such checkpoint folder, and not a shipped model ({', '.join(names)})")
 
 
 def _from_hub(repo_id: str) -> Path:
@@ -82,5 +86,9 @@ def load_pretrained(name_or_path: str | os.PathLike, device: Any = "cpu", dtype:
         raise CheckpointError("'mim-tokenizer' is the MIM model's VQ tokenizer, not a Hyper-SET model: load it with "
                               "hyperset.vision.reconstruct.load_tokenizer()")
     device = pick_device(str(device)) if isinstance(device, (str, torch.device)) else device
-    model, _ = load_checkpoint(resolve(name_or_path), map_location=device, dtype=dtype)
+    model, _ = load_checkpoint(resolve(name_or_path, MODELS), map_location=device, dtype=dtype)
+    if str(name_or_path) in MODELS and not (Path(str(name_or_path)) / "config.json").is_file():
+        from .cli_options import package_version
+
+        model.checkpoint_source = f"hyperset {package_version()}, shipped model {str(name_or_path)!r}"
     return model

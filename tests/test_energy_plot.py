@@ -31,9 +31,12 @@ def test_panels_lines_and_points():
     texts = [t.text for t in svg.iter(f"{SVG}text")]
     assert "E_ATTN" in texts and "E_FF" in texts and "trained depth 4" in texts
     assert "pass 1" in texts and "pass 2" in texts
+    # the total the iterations descend comes first, its parts beside it
+    assert texts.index("E_ATTN + E_FF") < texts.index("E_ATTN") < texts.index("E_FF")
     lines = svg.findall(f"{SVG}polyline")
-    assert [len(_points(p)) for p in lines] == [3, 2, 3, 2]
-    a1, a2 = _points(lines[0]), _points(lines[1])
+    assert [len(_points(p)) for p in lines] == [3, 2, 3, 2, 3, 2]
+    total, a1, a2 = _points(lines[0]), _points(lines[2]), _points(lines[3])
+    assert total[0][1] < total[1][1] < total[2][1]  # 7, 5.5, 4: falling
     # the same x for the same iteration, x grows with the iteration; a larger energy is higher (smaller y)
     assert a1[0][0] == a2[0][0] and a1[0][0] < a1[1][0] < a1[2][0]
     assert a1[0][1] < a1[1][1] < a1[2][1]

@@ -26,13 +26,28 @@ def test_every_shipped_model_loads_by_name_offline(name: str) -> None:
     assert model.cfg.task == {"sudoku": "sudoku", "classifier": "classify", "mim": "mim"}[name]
 
 
-def test_create_model_pretrained_gives_the_shipped_weights() -> None:
-    a = hyperset.create_model("sudoku", pretrained=True)
-    b = hyperset.load_pretrained(pretrained_dir("sudoku"))
+@pytest.mark.parametrize("preset", hyperset.list_presets(pretrained=True))
+def test_create_model_with_and_without_pretrained_is_one_architecture(preset: str) -> None:
+    """timm's rule: one name, one architecture; pretrained=True only fills in the shipped weights."""
+    a = hyperset.create_model(preset, pretrained=True)
+    fresh = hyperset.create_model(preset)
+    assert {k: v.shape for k, v in a.state_dict().items()} == {k: v.shape for k, v in fresh.state_dict().items()}
+    b = hyperset.load_pretrained(pretrained_dir(hyperset.get_preset(preset).pretrained))
     for (k, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
         assert torch.equal(x, y), k
     with pytest.raises(ValueError, match="overrides"):
-        hyperset.create_model("sudoku", pretrained=True, iters=8)
+        hyperset.create_model(preset, pretrained=True, iters=8)
+
+
+def test_the_shipped_models_each_have_a_preset_and_a_preset_without_weights_says_which_have() -> None:
+    assert set(hyperset.list_presets(pretrained=True)) == {"sudoku-cpu", "cifar10-cpu", "mim-cpu-small"}
+    assert {hyperset.get_preset(p).pretrained for p in hyperset.list_presets(pretrained=True)} == {
+        "sudoku", "classifier", "mim"}
+    with pytest.raises(ValueError, match="no shipped weights.*sudoku-cpu"):
+        hyperset.create_model("sudoku", pretrained=True)  # the paper's 5.2 M preset: not the shipped model
+    with pytest.raises(CheckpointError) as err:
+        hyperset.load_pretrained("nope")
+    assert "mim-tokenizer" not in str(err.value) and "sudoku" in str(err.value)
 
 
 def test_save_pretrained_then_from_pretrained_gives_identical_outputs(tmp_path: Path) -> None:
@@ -133,3 +148,25 @@ def test_a_shipped_name_is_not_hidden_by_a_folder_of_that_name_that_is_no_checkp
     mine = hyperset.create_model("sudoku-cpu", dim=16, heads=2, ff_hidden=16, time_dim=16, iters=2)
     mine.save_pretrained(tmp_path / "sudoku")  # a checkpoint folder of that name is the user's
     assert hyperset.load_pretrained("sudoku").cfg.dim == 16
+
+
+def test_save_pretrained_keeps_the_inference_defaults_and_says_where_the_model_came_from(tmp_path: Path) -> None:
+    """load_pretrained("sudoku").save_pretrained(folder) kept 6 of 19 config keys: the copy then solved with other
+    defaults (107 iterations in 7 passes where the shipped model ran 17 in 1)."""
+    import json
+
+    from hyperset.solve import Solver
+
+    hyperset.load_pretrained("sudoku").save_pretrained(str(tmp_path / "copy"))
+    shipped = json.loads((pretrained_dir("sudoku") / "config.json").read_text())
+    copy = json.loads((tmp_path / "copy" / "config.json").read_text())
+    assert set(shipped) <= set(copy) and "shipped model 'sudoku'" in copy["derived_from"]
+    assert all(copy[k] == shipped[k] for k in shipped if k != "derived_from")
+    a, b = Solver.load(None, "cpu"), Solver.load(str(tmp_path / "copy"), "cpu")
+    assert (a.default_iters, a.search_iters, a.trained_iters) == (b.default_iters, b.search_iters, b.trained_iters)
+    card = (tmp_path / "copy" / "README.md").read_text()
+    assert card.startswith("---\nlibrary_name: hyperset\n") and "solve_iterations" in card
+    # a copy of the copy records the copy as its source
+    HyperSETModel.from_pretrained(str(tmp_path / "copy")).save_pretrained(str(tmp_path / "again"), card=False)
+    again = json.loads((tmp_path / "again" / "config.json").read_text())
+    assert again["derived_from"] == str(tmp_path / "copy") and not (tmp_path / "again" / "README.md").exists()

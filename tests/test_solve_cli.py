@@ -620,3 +620,14 @@ def test_the_energy_lines_end_with_their_sum(tiny_checkpoint: Path, tmp_path: Pa
     assert set(values) == {"E_ATTN", "E_FF", "total"}, out
     for k in (0, 1):
         assert abs(values["total"][k] - values["E_ATTN"][k] - values["E_FF"][k]) <= 0.11
+
+
+def test_iters_auto_with_another_strategy_named_is_refused_not_silently_auto(tiny_checkpoint: Path,
+                                                                              tmp_path: Path) -> None:
+    puzzle, ck = str(tmp_path / "p.txt"), str(tiny_checkpoint)
+    (tmp_path / "p.txt").write_text(EASY + "\n")
+    out = CliRunner().invoke(solve_main, [puzzle, "--checkpoint", ck, "--iters", "auto", "--strategy", "single"])
+    assert out.exit_code == 2 and "--iters auto runs the auto strategy" in out.output
+    for extra in ([], ["--strategy", "auto"]):  # alone, or with the strategy it means
+        ok = CliRunner().invoke(solve_main, [puzzle, "--checkpoint", ck, "--iters", "auto", "-q", *extra])
+        assert ok.exit_code in (0, 1) and "strategy auto" in ok.output

@@ -85,12 +85,19 @@ def _closed_pipe_run(args: list[str]) -> subprocess.CompletedProcess:
         os.close(w)
 
 
-def test_a_closed_pipe_is_exit_2_as_the_readme_says_not_1(tiny_checkpoint: Path, tmp_path: Path) -> None:
-    """README: 2 = output that cannot be written; 1 means 'some boards not solved' / 'parity mismatch'."""
+@pytest.mark.parametrize("command", ["eval", "solve", "generate"])
+def test_a_closed_pipe_ends_the_command_silently_with_141_not_1(tiny_checkpoint: Path, tmp_path: Path,
+                                                                 command: str) -> None:
+    """`hyperset-solve many.csv | head -3`: the reader has what it wanted; no message, 128 + SIGPIPE as Unix tools
+    end (README), never 1, which means 'some boards not solved' / 'parity mismatch'."""
     write_sudoku_csvs(tmp_path, 0, 8, seed=3)
-    run = _closed_pipe_run([str(BIN / "hyperset-eval"), "sudoku", str(tiny_checkpoint), "--data",
-                            str(tmp_path / "valid.csv"), "--threads", "1"])
-    assert run.returncode == 2 and b"cannot write" in run.stderr, (run.returncode, run.stderr[-300:])
+    args = {"eval": [str(BIN / "hyperset-eval"), "sudoku", str(tiny_checkpoint), "--data", str(tmp_path / "valid.csv"),
+                     "--threads", "1"],
+            "solve": [str(BIN / "hyperset-solve"), str(tmp_path / "valid.csv"), "--checkpoint", str(tiny_checkpoint),
+                      "--strategy", "single", "--threads", "1"],
+            "generate": [str(BIN / "hyperset-generate"), "-n", "2", "-b", "0", "-q"]}[command]
+    run = _closed_pipe_run(args)
+    assert run.returncode == 141 and run.stderr == b"", (run.returncode, run.stderr[-300:])
 
 
 def test_color_flag_keeps_colours_when_stdout_is_not_a_terminal(tiny_checkpoint: Path, tmp_path: Path) -> None:
@@ -271,3 +278,33 @@ def test_stdin_on_a_terminal_says_what_it_waits_for(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(sys, "stdin", Tty(io.BytesIO((EASY + "\n").encode())))
     assert len(parse_file("-")) == 1
     assert "standard input" in capsys.readouterr().err
+
+
+def test_every_command_takes_the_short_forms_of_its_long_options() -> None:
+    """-V for --version, -q for --quiet, -o for --out, on every command and subcommand that has the long form."""
+    import click
+
+    from hyperset.apps.cli import cli as app_main
+    from hyperset.cli import solve_main
+    from hyperset.exports.cli import main as export_main
+    from hyperset.training.cli import main as train_main
+    from hyperset.training.evaluate import main as eval_main
+
+    short = {"--version": "-V", "--quiet": "-q", "--out": "-o"}
+    seen = set()
+
+    def walk(cmd: click.Command, path: str) -> None:
+        for p in cmd.params:
+            for long, s in short.items():
+                if long in p.opts:
+                    seen.add(long)
+                    assert s in p.opts + p.secondary_opts, f"{path}: {long} without {s}"
+        for name, sub in getattr(cmd, "commands", {}).items():
+            walk(sub, f"{path} {name}")
+
+    for cmd, prog in ((solve_main, "hyperset-solve"), (train_main, "hyperset-train"), (eval_main, "hyperset-eval"),
+                      (export_main, "hyperset-export"), (app_main, "hyperset-app")):
+        walk(cmd, prog)
+    assert seen == set(short)
+    done = subprocess.run([str(BIN / "hyperset-generate"), "-V"], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.startswith("hyperset-generate ")

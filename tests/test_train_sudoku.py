@@ -627,6 +627,12 @@ def test_resume_alone_continues_the_run_with_the_settings_it_was_started_with(da
     assert result.exit_code == 0 and result.stdout.startswith("done: step 8"), result.output
     kept = json.loads((out / "last" / "trainer.json").read_text())["command"]
     assert kept["steps"] == 8 and kept["set"].count("model.dim=16") == 1 and kept["set"][-1] == "model.dim=16"
+    # --out and --resume alone: the recipe and the data folder are the run's own too
+    result = CliRunner().invoke(train_main, ["sudoku", "--out", str(out), "--resume", "--steps", "9"])
+    assert result.exit_code == 0 and "done: step 9" in result.stdout, result.output
+    assert "--recipe sudoku-cpu" in result.stdout.splitlines()[0] and f"--data {data_dir}" in result.stdout
+    missing = CliRunner().invoke(train_main, ["sudoku", "--out", str(tmp_path / "new")])
+    assert missing.exit_code == 2 and "--recipe" in missing.output
 
 
 def test_a_stopped_and_resumed_run_logs_what_an_uninterrupted_one_does(data_dir: Path, tmp_path: Path,

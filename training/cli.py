@@ -83,7 +83,7 @@ def build_task(task: str, recipe: dict[str, Any], data_dir: str) -> Any:
     raise click.UsageError(f"unknown task {task!r}")
 
 
-def _run(task: str, recipe_name: str, data: str, out: str, resume: bool, device: str, overrides: tuple[str, ...],
+def _run(task: str, recipe_name: str | None, data: str, out: str, resume: bool, device: str, overrides: tuple[str, ...],
          steps: int | None, as_json: bool, quiet: bool, preset: str | None = None, dataset: str | None = None,
          accum_steps: int | None = None, schedule: str | None = None, download: bool = False,
          init_from: str | None = None, threads: int | None = None) -> None:
@@ -91,12 +91,20 @@ def _run(task: str, recipe_name: str, data: str, out: str, resume: bool, device:
         for option, value in (("--preset", preset), ("--schedule", schedule), ("--init-from", init_from)):
             if value is not None and not value.strip():
                 raise ValueError(f"{option}: an empty value (leave the option out for the recipe's)")
+        recipe_file = Path(recipe_name) if recipe_name and recipe_name.endswith(".toml") else None
         given = {"set": list(overrides), "steps": steps, "accum_steps": accum_steps, "preset": preset,
-                 "dataset": dataset, "threads": threads, "schedule": schedule}
+                 "dataset": dataset, "threads": threads, "schedule": schedule,
+                 "recipe": str(recipe_file.resolve()) if recipe_file and recipe_file.is_file() else recipe_name,
+                 "data": str(Path(data).resolve()) if data else None}
         command = resume_command(Path(out), given, quiet or as_json) if resume else given
         overrides, steps, accum_steps = tuple(command["set"]), command["steps"], command["accum_steps"]
         preset, dataset, threads = command["preset"], command["dataset"], command["threads"]
         schedule = command["schedule"]
+        data = command["data"] or ""
+        if command["recipe"] is None:
+            raise click.UsageError("Missing option '--recipe'" + (
+                f" ({out}/last records none: the run was started by an older version)" if resume else ""))
+        recipe_name = command["recipe"]
         name, recipe = load_recipe(recipe_name)
         if threads is not None:  # --threads N is --set train.threads=N (an explicit --set still wins)
             overrides = (f"train.threads={threads}", *overrides)
@@ -158,13 +166,13 @@ def _run(task: str, recipe_name: str, data: str, out: str, resume: bool, device:
 def resume_command(out: Path, given: dict[str, Any], quiet: bool) -> dict[str, Any]:
     """The settings a resumed run goes on with: those it was started with (kept in OUT/last/trainer.json), with
     what this command gives on top (its --set after the recorded ones, its --steps / --accum-steps / --preset /
-    --dataset / --threads / --schedule instead of theirs). `--resume` alone therefore continues the run as it was
-    started."""
+    --dataset / --threads / --schedule / --recipe / --data instead of theirs). `--resume` alone therefore continues
+    the run as it was started."""
     recorded = recorded_command(out / "last")
     sets = [*recorded.get("set", []), *given["set"]]
     # a value given again is kept once, where it was given last (the order decides which of two values wins)
     command = {**given, "set": [v for i, v in enumerate(sets) if v not in sets[i + 1:]]}
-    single = ("steps", "accum_steps", "preset", "dataset", "threads", "schedule")
+    single = ("steps", "accum_steps", "preset", "dataset", "threads", "schedule", "recipe", "data")
     for key in single:
         if command[key] is None:
             command[key] = recorded.get(key)
@@ -177,13 +185,14 @@ def resume_command(out: Path, given: dict[str, Any], quiet: bool) -> dict[str, A
 
 def _options(f: Any) -> Any:
     options = [
-        click.option("--recipe", "recipe_name", required=True,
-                     help=f"recipe name or .toml path (shipped: {', '.join(recipe_names())})"),
-        click.option("--data", default="", help="data folder"),
+        click.option("--recipe", "recipe_name", default=None,
+                     help=f"recipe name or .toml path (shipped: {', '.join(recipe_names())}) [required; with "
+                          "--resume: the run's own]"),
+        click.option("--data", default="", help="data folder [with --resume: the run's own]"),
         click.option("--download", is_flag=True,
                      help="fetch the data into --data first if it is not there (Sudoku RRN, CIFAR-10/100; "
                           "checksum verified)"),
-        click.option("--out", required=True, type=click.Path(file_okay=False), help="run folder"),
+        click.option("--out", "-o", required=True, type=click.Path(file_okay=False), help="run folder"),
         click.option("--resume", is_flag=True, help="continue the run in --out from its last saved state"),
         device_option(),
         threads_option(help="PyTorch CPU threads (the same as --set train.threads=N) [default: the recipe's]"),
@@ -201,7 +210,7 @@ def _options(f: Any) -> Any:
                      help="start a new run from this checkpoint's weights (same model shapes): a fine-tune"),
         click.option("--preset", default=None, help="override the recipe's model preset (see hyperset.list_presets())"),
         click.option("--json", "as_json", is_flag=True, help="print the result as JSON"),
-        click.option("--quiet", is_flag=True, help="no progress bar"),
+        click.option("--quiet", "-q", is_flag=True, help="no progress bar"),
     ]
     for option in reversed(options):
         f = option(f)

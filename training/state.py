@@ -230,7 +230,7 @@ def read_progress(directory: Path) -> dict[str, Any]:
 
 # trainer.json's "command": the command-line settings a run was started with, and their types
 COMMAND_TYPES: dict[str, Any] = {"set": list, "steps": int, "accum_steps": int, "preset": str, "dataset": str,
-                                 "threads": int, "schedule": str}
+                                 "threads": int, "schedule": str, "recipe": str, "data": str}
 
 
 def recorded_command(directory: Path) -> dict[str, Any]:

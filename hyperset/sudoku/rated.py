@@ -418,8 +418,9 @@ def main(argv: list[str] | None = None) -> None:
             if os.path.exists(tmp):
                 os.unlink(tmp)
     except BrokenPipeError:
-        sys.stderr.close()
-        sys.exit(0)
+        from ..cli_options import closed_pipe_exit
+
+        closed_pipe_exit()
     except OSError as e:
         sys.stderr.write(f"hyperset-generate: error: cannot write the puzzles: {e.strerror or e}\n")
         sys.exit(2)
