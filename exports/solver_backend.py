@@ -125,8 +125,7 @@ def cached_step_models(model: Any, info: dict[str, Any] | None = None, directory
 
 # ONNX Runtime runs a solver batch on a CPU in slices a third the size of the torch path's (hyperset.core.SLICE_BYTES):
 # each ORT call has little fixed cost, and its kernels are faster while a slice's intermediates stay in the core's
-# L2. For the shipped Sudoku model that is 4 boards per call; 3 to 6 measured alike on a 2-vCPU Xeon, 12 about 10%
-# slower (bench/onnx_bench.py).
+# L2. For the shipped Sudoku model that is 4 boards per call (bench/onnx_bench.py measures the choice).
 ORT_SLICE_BYTES = (2 << 20) // 3
 
 

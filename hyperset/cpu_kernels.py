@@ -14,9 +14,9 @@ P = softmax(beta Zn Zn^T) for the backward pass (S = P + P^T is recomputed there
   through it): G alone, P not written.
 
 The values are the library path's within fp32 rounding (exp by Cephes' polynomial; the tests compare with it).
-The products of these small batched shapes run on MKL in PyTorch's x86 wheels, at 26-49 GFLOP/s on an AMD EPYC
-(Zen 4); there, at one thread and the peer configuration of bench/peer_bench.py, fp32 training with the kernel was
-1.11x faster compiled and 1.20x eager than without it in the same rounds, inference 1.18x (``--cpu-kernels off``).
+The products of these small batched shapes run on MKL in PyTorch's x86 wheels, far below the CPU's peak on AMD
+CPUs; what the kernel buys is measured by bench/peer_bench.py (``--cpu-kernels off`` against ``on``, the same
+rounds) and stated in docs/sudoku.md, "Speed".
 
 The kernel is compiled on first use with the C compiler (``$CC``, else ``cc``; the flags name the AVX-512 subsets
 it needs, not the build machine) into ``$HYPERSET_CACHE_DIR``, else ``$XDG_CACHE_HOME/hyperset``, else

@@ -21,17 +21,15 @@ makes S again from it backward.
 
 Their products of a state by a weight (X D, ReLU(U) D^T, X W, G W^T and the backward passes' dY D, dU D^T, ...), and
 the layer's at inference, run through `matmul`: on an x86 CPU in fp32 it can take oneDNN's GEMM instead of ATen's
-(MKL in the x86 wheels). MKL's fp32 GEMM runs these shapes at its full rate on Intel CPUs but not on others: on an
-AMD EPYC (Zen 4, one thread) oneDNN ran them mostly 1.1-1.5x faster, and fp32 training at the peer configuration was
-1.02-1.11x faster eager and 1.03-1.08x compiled (bench/peer_bench.py --cpu-matmul aten, two runs). The
-weight-gradient products (X^T dU) stay on ATen, which ran them about as fast as oneDNN or faster. Which library is
+(MKL in the x86 wheels). MKL's fp32 GEMM runs these shapes at its full rate on Intel CPUs but not on others, where
+oneDNN's is the faster (bench/peer_bench.py --cpu-matmul; docs/sudoku.md, "Speed"). The weight-gradient products
+(X^T dU) stay on ATen, which ran them about as fast as oneDNN or faster. Which library is
 used: `cpu_matmul_library`; ``auto`` (the default) picks oneDNN on x86 CPUs not made by Intel, and
 ``$HYPERSET_CPU_MATMUL`` (auto, onednn, aten) or `using_cpu_matmul` choose.
 
 They are used where they win: gradients on, no autocast, not in an export (see `usable`), in eager mode and under
 ``torch.compile``, which traces their forward and backward passes and fuses the elementwise work between their
-matmuls (one fp32 training step at the peer configuration on one CPU thread: 45 boards/s compiled with them, 20
-compiled written out, 38 eager; bench/peer_bench.py --compile). ``with written_out():`` turns them off, and with
+matmuls (bench/peer_bench.py --compile compares the three). ``with written_out():`` turns them off, and with
 them the step sizes made once per pass under gradients (``RecurrentCore._fixed_steps``, eager or compiled): the
 unoptimised path that the tests and bench/peer_bench.py compare with. Their backward passes are first-order
 only: gradients of gradients need `written_out` (torch.func's transforms get the written-out layer by themselves).
