@@ -1,0 +1,269 @@
+"""The hard-puzzle model: training data with rated puzzles, equal-budget ablations, and per-bucket measurements.
+
+    python bench/hard_model.py data --rrn DIR --out data/sudoku-hard --rated-share 0.5   # the training mix
+    python bench/hard_model.py run --arm hard-deep4 --data data/sudoku-hard --budget 1500
+    python bench/hard_model.py measure --checkpoint runs/ablations/hard-deep4/best --name hard-deep4 --rrn DIR
+    python bench/hard_model.py table                                               # every arm: JSON + PNG
+
+`data` writes `train.csv.gz` (the RRN-style training puzzles and rated minimal puzzles of hyperset.sudoku.rated,
+buckets 1-2 / 3-10 / 11-50 / 51+ at their own seeds, the rated rows repeated so that they make `--rated-share` of the
+rows; augmentation makes every repeat a different board) and `valid.csv.gz` (the RRN validation file's seeded draw
+of 1,000 and 200 rated puzzles of each bucket, other seeds), the selection split the trainer reads, and
+`make.json` saying how. Every seed here is apart from the seeds the measurements and bench/search_bench.py use.
+
+`run` trains one arm (bench/depth_ablation.py's machinery: one thread, a calibrated step count for the CPU-time
+budget, resumable with the same command). `measure` scores a checkpoint on held-out rated puzzles (`--seed`, 11 by
+default) per bucket: one pass at T, 2T, 4T, ... up to --max-depth (16T by default; board accuracy, and the share
+of boards whose E_ATTN + E_FF never rises), commit decoding, and the search's model calls on the hardest bucket;
+and on the RRN validation file's seeded draw: one pass to 8T and the default strategy, all and 17 givens. Results go to
+bench/results/hard_model/NAME.json; `table` gathers them into bench/results/hard_model.json and .png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import bench_args
+import depth_ablation as da
+import numpy as np
+import torch
+from search_bench import puzzles_of
+
+from hyperset.checkpoint import atomic_write_bytes, atomic_write_json
+from hyperset.device import cpu_model
+from hyperset.pretrained import resolve
+from hyperset.solve import Solver
+from hyperset.sudoku import rated
+from hyperset.sudoku.data import find_split, givens_count, load_csv, protocol_split
+
+RESULTS = da.RESULTS / "hard_model"
+# bucket -> (seed, puzzles) of the training mix and of the selection split; the measurements use other seeds
+TRAIN_SETS = {"1-2": (104, 4000), "3-10": (101, 8000), "11-50": (102, 8000), "51+": (103, 2000)}
+SELECT_SETS = {b: (200 + i, 200) for i, b in enumerate(rated.BUCKETS)}
+DEPTHS = (1, 2, 4, 8, 16, 32, 64)  # multiples of T read out on one pass, up to --max-depth
+
+DEAD = da.DEAD
+da.RECIPES["hard"] = ("sudoku", "sudoku-cpu-hard", "sudoku")
+HARD_ARMS: dict[str, dict[str, Any]] = {
+    "hard-deep4": {"family": "hard", "set": [], "data": "mix",
+                   "note": "the shipped model on RRN + rated puzzles, 4 detached segments of T (dead t)"},
+    "hard-live-deep4": {"family": "hard", "set": ["model.time_init=\"live\""], "data": "mix",
+                        "note": "the same with the time network live"},
+    "hard-deep4-rrn": {"family": "hard", "set": [], "data": "rrn",
+                       "note": "control: the same recipe and budget on the RRN-style puzzles alone"},
+    "hard-deep4-lr": {"family": "hard", "set": ["train.lr=5e-4"], "data": "mix",
+                      "note": "the mix at a higher lr (5e-4 against 2e-4)"},
+}
+da.ARMS.update(HARD_ARMS)
+
+
+def _rows(ps: list[rated.RatedPuzzle]) -> list[str]:
+    return [f"{p.puzzle},{p.solution}" for p in ps]
+
+
+def _write_csv_gz(path: Path, rows: list[str]) -> None:
+    atomic_write_bytes(path, gzip.compress(("\n".join(rows) + "\n").encode(), mtime=0))
+
+
+def make_data(rrn: str, out: Path, share: float, workers: int) -> None:
+    p, s = load_csv(find_split(rrn, "train"))
+    base = [f"{''.join(map(str, a))},{''.join(map(str, b))}" for a, b in zip(p.tolist(), s.tolist())]
+    rated_rows: list[str] = []
+    for b, (seed, n) in TRAIN_SETS.items():
+        rated_rows += _rows(puzzles_of(b, n, seed, workers))
+    repeat = max(1, round(share * len(base) / ((1 - share) * len(rated_rows)))) if share < 1 else 1
+    rows = base + rated_rows * repeat
+    order = np.random.RandomState(0).permutation(len(rows))
+    vp, vs = load_csv(find_split(rrn, "valid"))
+    vp, vs = protocol_split(vp, vs, 1000, 0)
+    valid = [f"{''.join(map(str, a))},{''.join(map(str, b))}" for a, b in zip(vp.tolist(), vs.tolist())]
+    for b, (seed, n) in SELECT_SETS.items():
+        valid += _rows(puzzles_of(b, n, seed, workers))
+    out.mkdir(parents=True, exist_ok=True)
+    _write_csv_gz(out / "train.csv.gz", [rows[i] for i in order])
+    _write_csv_gz(out / "valid.csv.gz", [valid[i] for i in np.random.RandomState(1).permutation(len(valid))])
+    atomic_write_json(out / "make.json", {
+        "rrn_rows": len(base), "rated_rows": len(rated_rows), "rated_repeat": repeat,
+        "rated_share": round(len(rated_rows) * repeat / len(rows), 4), "train_sets": TRAIN_SETS,
+        "select_sets": SELECT_SETS, "valid_rows": len(valid), "generator": rated.engine(),
+        "command": "python bench/hard_model.py " + " ".join(sys.argv[1:])})
+    print(f"{out}: {len(rows):,} training rows ({len(rated_rows):,} rated x {repeat}), {len(valid):,} valid")
+
+
+def _arrays(ps: list[rated.RatedPuzzle]) -> tuple[np.ndarray, np.ndarray]:
+    to = lambda xs: np.array([[int(c) for c in x] for x in xs], dtype=np.int64)  # noqa: E731
+    return to([p.puzzle for p in ps]), to([p.solution for p in ps])
+
+
+def _solve(solver: Solver, ps: list[rated.RatedPuzzle], **kw: Any) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    res = solver.solve([p.puzzle for p in ps], **kw)
+    dt = time.perf_counter() - t0
+    out: dict[str, Any] = {"solved": float(np.mean([r.valid for r in res])), "seconds": round(dt, 2)}
+    if res and res[0].search is not None:
+        nodes = [r.search["nodes"] for r in res]
+        out.update(nodes_median=statistics.median(nodes), nodes_mean=statistics.mean(nodes),
+                   no_backtrack=float(np.mean([r.valid and r.search["backtracks"] == 0 for r in res])))
+    return out
+
+
+def measure(checkpoint: str, rrn: str, n: int, seed: int, n_rrn: int, n17: int, threads: int,
+            search_n: int, max_depth: int = 16) -> dict[str, Any]:
+    torch.set_num_threads(threads)
+    solver = Solver.load(checkpoint, "cpu")
+    model, T = solver.model, solver.trained_iters
+    depths = [k for k in DEPTHS if k <= max_depth]
+    out: dict[str, Any] = {"checkpoint": str(checkpoint), "trained_iterations": T, "seed": seed, "buckets": {}}
+    for b in rated.BUCKETS:
+        ps = puzzles_of(b, n, seed, threads)
+        p, s = _arrays(ps)
+        t0 = time.perf_counter()
+        curve = da.depth_curve(model, p, s, depths[-1] * T)
+        r = {"puzzles": n, "one_pass": {f"{k}T": curve["board_acc"][k * T - 1] for k in depths},
+             "energy_never_rises": curve["energy_monotone"], "curve": curve["board_acc"],
+             "commit": _solve(solver, ps, strategy="commit")}
+        if b == rated.BUCKETS[-1]:
+            sub = ps[:search_n]
+            r["search"] = {"puzzles": len(sub), "model": _solve(solver, sub, first_look=False),
+                           "uniform": _solve(solver, sub, prior="uniform"), "default": _solve(solver, sub)}
+        out["buckets"][b] = r
+        print(f"  {b}: one pass " + " ".join(f"{k} {100 * v:.1f}" for k, v in r["one_pass"].items())
+              + f" | commit {100 * r['commit']['solved']:.1f}% ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
+    vp, vs = load_csv(find_split(rrn, "valid"))
+    dp, ds = protocol_split(vp, vs, n_rrn, 0)
+    curve = da.depth_curve(model, dp, ds, 8 * T)
+    g17 = givens_count(vp) == 17
+    hp, hs = protocol_split(vp[g17], vs[g17], n17, 0)
+    out["rrn"] = {"puzzles": n_rrn, "one_pass": {f"{k}T": curve["board_acc"][k * T - 1] for k in (1, 2, 4, 8)},
+                  "energy_never_rises_8T": curve["energy_monotone"],
+                  "default": da.default_strategy(solver, dp, ds), "givens17": da.default_strategy(solver, hp, hs)}
+    return out
+
+
+def table(path: Path) -> dict[str, Any]:
+    rows = sorted((json.loads(f.read_text()) for f in RESULTS.glob("*.json")),
+                  key=lambda r: (r["name"] != "shipped", r["name"]))  # the shipped model first: the reference
+    atomic_write_json(path, {"rows": rows})
+    for r in rows:
+        e = r["eval"]
+        print(f"{r['name']:22s} " + " | ".join(
+            f"{b} " + "/".join(f"{100 * v:.0f}" for v in x["one_pass"].values())
+            + f" c{100 * x['commit']['solved']:.0f}" for b, x in e["buckets"].items())
+            + f" | rrn default {100 * e['rrn']['default']['board_acc']:.1f}")
+    plot(rows, path.with_suffix(".png"))
+    return {"rows": rows}
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    """The docs' table: per arm, one pass at T / 4T / 16T per bucket, commit per bucket, the search's median nodes
+    on the hardest bucket (model, uniform), and the RRN validation numbers."""
+    if not rows:
+        return ""
+    buckets = list(rows[0]["eval"]["buckets"])
+    head = ["arm", "training CPU-s", *(f"{b}: one pass T / 4T / 16T" for b in buckets),
+            *(f"{b}: commit" for b in buckets), f"{buckets[-1]}: search nodes, median (uniform)",
+            "RRN: one pass T / 4T / 8T", "RRN: default (17 givens)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        e = r["eval"]
+        spent = r.get("cpu_seconds") or (r.get("arm") or {}).get("cpu_seconds")
+        cells = [r["name"], f"{spent:,.0f}" if spent else "-"]
+        for b in buckets:
+            op = e["buckets"][b]["one_pass"]
+            cells.append(" / ".join(f"{100 * op[k]:.1f}" for k in ("1T", "4T", "16T") if k in op))
+        cells += [f"{100 * e['buckets'][b]['commit']['solved']:.1f}" for b in buckets]
+        sr = e["buckets"][buckets[-1]].get("search")
+        cells.append(f"{sr['model']['nodes_median']:g} ({sr['uniform']['nodes_median']:g})" if sr else "-")
+        rrn = e["rrn"]
+        cells.append(" / ".join(f"{100 * rrn['one_pass'][k]:.1f}" for k in ("1T", "4T", "8T")))
+        cells.append(f"{100 * rrn['default']['board_acc']:.1f} ({100 * rrn['givens17']['board_acc']:.1f})")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if not rows:
+        return
+    buckets = list(rows[0]["eval"]["buckets"])
+    fig, axes = plt.subplots(1, len(buckets), figsize=(3.2 * len(buckets), 3.4), sharey=True, squeeze=False)
+    for ax, b in zip(axes[0], buckets):
+        for r in rows:
+            acc = 100 * np.array(r["eval"]["buckets"][b]["curve"])
+            ax.plot(np.arange(1, len(acc) + 1), acc, label=r["name"])
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"bucket {b}")
+        ax.set_xlabel("iterations (one pass)")
+    axes[0, 0].set_ylabel("board accuracy, %")
+    axes[0, 0].legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+@bench_args.input_errors_exit
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    d = sub.add_parser("data", help="write the training mix and the selection split")
+    d.add_argument("--rrn", required=True, help="folder of the RRN-style train/valid CSVs")
+    d.add_argument("--out", required=True, type=Path)
+    d.add_argument("--rated-share", type=float, default=0.5, help="share of training rows that are rated puzzles")
+    d.add_argument("--workers", type=bench_args.count, default=2, help="processes that generate puzzles")
+    run = sub.add_parser("run", help="train one arm for a CPU-time budget (resumes)")
+    run.add_argument("--arm", required=True, choices=sorted(HARD_ARMS))
+    run.add_argument("--data", required=True, help="the data folder the arm's 'data' names (mix or RRN-style)")
+    run.add_argument("--budget", type=bench_args.seconds, default=1500.0)
+    m = sub.add_parser("measure", help="score a checkpoint per bucket and on the RRN validation draw")
+    m.add_argument("--checkpoint", required=True, help="checkpoint folder or shipped model name")
+    m.add_argument("--name", required=True)
+    m.add_argument("--rrn", required=True, help="folder of the RRN-style validation CSV")
+    m.add_argument("--n", type=bench_args.count, default=200, help="rated puzzles per bucket")
+    m.add_argument("--seed", type=int, default=11, help="the rated puzzles' seed (held out from training)")
+    m.add_argument("--n-rrn", type=bench_args.count, default=500)
+    m.add_argument("--n17", type=bench_args.count, default=300)
+    m.add_argument("--search-puzzles", type=bench_args.count, default=100,
+                   help="puzzles of the hardest bucket for the search's model calls")
+    m.add_argument("--threads", type=bench_args.count, default=1)
+    m.add_argument("--cpu-seconds", type=float, default=None, help="training CPU-seconds to record beside it")
+    m.add_argument("--max-depth", type=int, choices=DEPTHS, default=16, help="the deepest one-pass read-out, in T")
+    tab = sub.add_parser("table")
+    tab.add_argument("--markdown", action="store_true", help="also print the docs' table")
+    args = ap.parse_args(argv)
+    if args.cmd == "data":
+        if not 0 < args.rated_share <= 1:
+            raise bench_args.BenchInputError(f"--rated-share must be in (0, 1], got {args.rated_share}")
+        make_data(args.rrn, args.out, args.rated_share, args.workers)
+    elif args.cmd == "run":
+        out, _ = da.run_arm(args.arm, args.data, args.budget, 1)
+        print(f"{args.arm}: trained, {out}")
+    elif args.cmd == "measure":
+        ckpt = resolve(args.checkpoint)
+        result = {"name": args.name, "eval": measure(ckpt, args.rrn, args.n, args.seed, args.n_rrn, args.n17,
+                                                     args.threads, args.search_puzzles, args.max_depth),
+                  "device": f"{cpu_model()}, {args.threads} thread(s)", "cpu_seconds": args.cpu_seconds,
+                  "command": "python bench/hard_model.py " + " ".join(sys.argv[1:] if argv is None else argv)}
+        arm = HARD_ARMS.get(args.name)
+        if arm is not None:
+            plan = da.RUNS / args.name / "arm.json"
+            result.update(note=arm["note"], arm=json.loads(plan.read_text()) if plan.is_file() else None)
+        atomic_write_json(RESULTS / f"{args.name}.json", result)
+    else:
+        rows = table(da.RESULTS / "hard_model.json")["rows"]
+        if args.markdown:
+            print(markdown(rows))
+
+
+if __name__ == "__main__":
+    main()
