@@ -198,6 +198,7 @@ def plot(out: dict, path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     buckets = list(out["buckets"])
     fig, axes = plt.subplots(3, len(buckets), figsize=(3.2 * len(buckets), 9.4), squeeze=False)
@@ -219,6 +220,7 @@ def plot(out: dict, path: Path) -> None:
             for k, name in enumerate(points):
                 ax.scatter([x(runs[name])], [runs[name]["solve_rate"]], label=name, color=f"C{k + 1}", zorder=3)
             ax.set_xscale("log")
+            ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # no crowded minor labels
             ax.set_ylim(0, 1.02)
             ax.set_xlabel(label)
             if row == 0:
