@@ -81,11 +81,11 @@ MAX_ITER_FACTOR = 4  # iteration sliders go up to 4x the trained depth (and at m
 MAX_DECODE_STEPS = 64
 QUEUE_SIZE = 16  # requests waiting in the queue beyond the one running
 MODEL_QUEUE = "models"  # solve and reconstruct share one slot: one model computation at a time
-SOLVE_TIME_LIMIT = 120  # seconds per solve: then it stops with the board so far (the slowest seen here took 40 s)
+SOLVE_TIME_LIMIT = 120  # seconds per solve: then it stops with the board so far
 CACHE_CLEANUP = (600, 3600)  # every 10 minutes, delete uploaded and generated files older than an hour
 AUTO_PATIENCE = 4  # as Solver.solve(iters="auto")
 PLOT_SHARE = 0.15  # while streaming, redraw the energy plot while drawing takes at most this share of the time
-PLOT_COST_GUESS = 0.002  # seconds a plot is taken to cost before the first one is drawn (inline SVG: ~0.3 ms)
+PLOT_COST_GUESS = 0.002  # seconds a plot is taken to cost before the first one is drawn (then: measured)
 SEND_SHARE = 0.25  # ...and send an update while the consumer (Gradio) takes at most this share to pass them on
 DISPLAY_SIDE = 256  # images are shown upscaled to about this many pixels
 DRAW_THRESHOLD = 0.25  # a token is masked when this share of its pixels is painted

@@ -90,7 +90,7 @@ def main(checkpoint: str, iters: int | None, out: str, loop: bool, opset: int, c
     Exit code 0 on success, 1 when --parity finds a mismatch, 2 on bad input (missing or corrupted checkpoint,
     unwritable output).
     """
-    from hyperset.checkpoint import CheckpointError, load_checkpoint
+    from hyperset.checkpoint import CheckpointError, check_finite, load_checkpoint
     from hyperset.extras import MissingExtra, require
 
     try:
@@ -116,6 +116,7 @@ def main(checkpoint: str, iters: int | None, out: str, loop: bool, opset: int, c
 
             choose_providers(device)
         model, info = load_checkpoint(resolve_checkpoint(checkpoint), map_location="cpu")
+        check_finite(model, checkpoint, "finite weights to export")
         trained = E.trained_iterations(model, info)
         n = iters or trained
         result = _export(model, info, out, n, loop, opset, check)

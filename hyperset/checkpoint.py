@@ -6,6 +6,7 @@ import itertools
 import json
 import os
 import re
+import stat
 import struct
 import tempfile
 from glob import escape as glob_escape
@@ -57,10 +58,40 @@ def _temp_beside(path: Path) -> tuple[int, str]:
     return tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp")
 
 
+class NotReplacedError(OSError):
+    """A write refused because what stands at the path is not a regular file (a link, a FIFO, a device, a
+    folder): the rename would replace it with a file."""
+
+
+def replace_problem(path: str | os.PathLike) -> str | None:
+    """Why a file written at `path` must not replace what is there (a symbolic link, a FIFO, a device node, a
+    folder: renaming a file over it would replace the link or the node, not write through it), or None."""
+    path = Path(path)
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        return f"cannot be looked at ({e.strerror or e})"
+    if stat.S_ISLNK(st.st_mode):
+        return "is a symbolic link: it would be replaced, not written through (give the path it points to)"
+    if stat.S_ISDIR(st.st_mode):
+        return "is a folder"
+    if not stat.S_ISREG(st.st_mode):
+        kind = "a FIFO" if stat.S_ISFIFO(st.st_mode) else "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(
+            st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode) else "not a regular file"
+        return f"is {kind}, not a regular file: it would be replaced by one"
+    return None
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     """Write to a temporary file in the same folder, then rename: a crash never leaves half a file (and the
-    temporary files of writers that were killed are removed by the next write of the same file)."""
+    temporary files of writers that were killed are removed by the next write of the same file). What stands at
+    the path must be a regular file or nothing (`replace_problem`; else a NotReplacedError, nothing written)."""
     path = Path(path)
+    why = replace_problem(path)
+    if why is not None:
+        raise NotReplacedError(f"{path} {why}; not written")
     fd, tmp = _temp_beside(path)
     try:
         with os.fdopen(fd, "wb") as f:
@@ -337,6 +368,15 @@ MAX_MODEL_BYTES = 8 << 30
 def model_bytes(model: torch.nn.Module) -> int:
     """The bytes of a model's parameters and buffers (a model built on the meta device allocates none)."""
     return sum(t.numel() * t.element_size() for t in itertools.chain(model.parameters(), model.buffers()))
+
+
+def check_finite(module: torch.nn.Module, where: str | os.PathLike, expected: str) -> None:
+    """A CheckpointError naming `where` if any floating weight of `module` is NaN or infinite (loaded weights that
+    diverged: exporting, solving with or training on from them gives nothing that means anything)."""
+    bad = [k for k, v in module.state_dict().items() if v.is_floating_point() and not bool(v.isfinite().all())]
+    if bad:
+        raise CheckpointError(f"{where}: weights hold NaN or infinite values ({', '.join(bad[:3])}); expected "
+                              f"{expected}")
 
 
 def load_checkpoint(directory: str | os.PathLike, task: str | None = None,

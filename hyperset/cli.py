@@ -59,10 +59,14 @@ def folder_problem(path: str | os.PathLike) -> str | None:
 
 
 def check_output_file(option: str, path: str) -> None:
-    """A file an option will write: its folder must exist and be writable (no folder is created for it)."""
+    """A file an option will write: its folder must exist and be writable (no folder is created for it), and what
+    stands at the path must be a regular file or nothing (never a link, a FIFO or a device, which the write would
+    replace)."""
+    from .checkpoint import replace_problem
+
     if not str(path).strip():
         raise click.UsageError(f"{option}: an empty path")
-    why = folder_problem(path)
+    why = folder_problem(path) or replace_problem(path)
     if why is not None:
         raise click.UsageError(f"{option}: cannot write {path}: {why}")
 

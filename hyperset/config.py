@@ -363,8 +363,8 @@ _add("mim-transformer", _mim(layer="transformer", ff_hidden=4 * 768), 8.85, "MIM
 _add("mim-cpu", _mim(dim=256, heads=8, ff_hidden=512, iters=12, time_dim=256, vocab_size=513, num_classes=512,
                      seq_len=64, step_init=0.1), None, "ours: CIFAR-10 8x8 tokens, d=256")
 _add("mim-cpu-small", _mim(dim=128, heads=4, ff_hidden=256, iters=12, time_dim=128, vocab_size=513, num_classes=512,
-                           seq_len=64, step_init=0.1), None, "ours: CIFAR-10 8x8 tokens, d=128, the shipped token model",
-     pretrained="mim")
+                           seq_len=64, step_init=0.1), None,
+     "ours: CIFAR-10 8x8 tokens, d=128, the shipped token model", pretrained="mim")
 
 
 def list_presets(pretrained: bool = False) -> list[str]:

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from .backends import CallableBackend, SolverBackend, TorchBackend
-from .checkpoint import CheckpointError, load_checkpoint, solve_iterations, trained_iterations
+from .checkpoint import check_finite, load_checkpoint, solve_iterations, trained_iterations
 from .config import whole_number
 from .defaults import CPU_BATCH_SIZE, DEFAULT_NODES, DEFAULT_PASSES, DEFAULT_STRATEGY, GPU_BATCH_SIZE
 from .device import pick_device
@@ -177,10 +177,7 @@ class Solver:
         dev = pick_device(device)
         path = checkpoint or bundled_checkpoint()
         model, info = load_checkpoint(path, task="sudoku", map_location=dev)
-        bad = [k for k, v in model.state_dict().items() if v.is_floating_point() and not bool(v.isfinite().all())]
-        if bad:
-            raise CheckpointError(f"{path}: weights hold NaN or infinite values ({', '.join(bad[:3])}); "
-                                  "expected the finite weights of a trained sudoku model")
+        check_finite(model, path, "the finite weights of a trained sudoku model")
         return cls(model, dev, info)
 
     @property

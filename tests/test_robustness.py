@@ -417,3 +417,74 @@ def test_a_lock_left_by_a_dead_trainer_does_not_block(sudoku_data: Path, tmp_pat
     result = CliRunner().invoke(train_main, [*TINY_TRAIN, "--data", str(sudoku_data), "--out", str(out), "--quiet"])
     assert result.exit_code == 0, result.output
     assert (out / "last" / "trainer.json").is_file()
+
+
+def _not_regular(tmp_path: Path, kind: str) -> tuple[Path, Callable[[], object]]:
+    """A path that holds something other than a regular file, and a function that reads back what it holds."""
+    import stat
+
+    target = tmp_path / "target.txt"
+    target.write_text("keep me\n")
+    path = tmp_path / f"out-{kind}.png"
+    if kind == "symlink":
+        path.symlink_to(target)
+    elif kind == "fifo":
+        os.mkfifo(path)
+    else:
+        path.mkdir()
+    return path, lambda: (stat.S_IFMT(path.lstat().st_mode), target.read_text())
+
+
+@pytest.mark.parametrize("kind", ["symlink", "fifo", "folder"])
+def test_outputs_never_replace_a_link_a_fifo_or_a_folder(tmp_path: Path, kind: str) -> None:
+    """`hyperset-export --out`, `hyperset-solve --plot` and `hyperset-eval --out` turned a FIFO, a symlink (its
+    target unchanged) or a device node into a regular file, exit 0. Each is refused with one line, exit 2, and
+    what was there is as it was."""
+    from hyperset.checkpoint import NotReplacedError, atomic_write_bytes
+
+    ckpt = write_tiny_sudoku_checkpoint(tmp_path / "m")
+    path, look = _not_regular(tmp_path, kind)
+    before = look()
+    with pytest.raises(NotReplacedError):
+        atomic_write_bytes(path, b"x")
+    puzzles = tmp_path / "p.txt"
+    puzzles.write_text("530070000600195000098000060800060003400803001700020006060000280000419005000080079\n")
+    (tmp_path / "d").mkdir()
+    write_sudoku_csvs(tmp_path / "d", 0, 4, seed=1)
+    runs = [CliRunner().invoke(solve_main, [str(puzzles), "--checkpoint", str(ckpt), "--strategy", "single",
+                                            "--plot", str(path)]),
+            CliRunner().invoke(eval_main, ["sudoku", str(ckpt), "--data", str(tmp_path / "d" / "valid.csv"),
+                                           "--out", str(path)])]
+    if _has_onnx():
+        runs.append(CliRunner().invoke(export_main, [str(ckpt), "--out", str(path)]))
+    for run in runs:
+        assert run.exit_code == 2 and "Traceback" not in run.output, run.output
+        assert len([ln for ln in run.output.splitlines() if "error" in ln]) == 1, run.output
+    assert look() == before
+
+
+def _has_onnx() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("onnx") is not None and importlib.util.find_spec("onnxruntime") is not None
+
+
+def test_a_checkpoint_with_non_finite_weights_is_refused_by_export_and_init_from(tmp_path: Path, sudoku_data: Path,
+                                                                                  finished_run: Path) -> None:
+    """hyperset-export of a NaN checkpoint exited 0 (only --parity noticed); --init-from ran, then blamed the lr."""
+    from safetensors.torch import load_file, save_file
+
+    ckpt = tmp_path / "m"
+    shutil.copytree(finished_run / "best", ckpt)
+    weights = load_file(ckpt / "model.safetensors")
+    name = next(k for k, v in weights.items() if v.is_floating_point())
+    weights[name] = weights[name].clone().fill_(float("nan"))
+    save_file(weights, str(ckpt / "model.safetensors"), metadata={"format": "hyperset", "kind": "hyperset"})
+    runs = []
+    if _has_onnx():
+        runs.append(CliRunner().invoke(export_main, [str(ckpt), "--out", str(tmp_path / "m.onnx")]))
+    runs.append(CliRunner().invoke(train_main, [*TINY_TRAIN, "--data", str(sudoku_data), "--out", str(tmp_path / "o"),
+                                                "--init-from", str(ckpt), "--quiet"]))
+    for run in runs:
+        assert run.exit_code == 2 and "NaN or infinite" in run.output and "Traceback" not in run.output, run.output
+    assert not (tmp_path / "m.onnx").exists() and not (tmp_path / "o" / "last").exists()

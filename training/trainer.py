@@ -24,7 +24,14 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from hyperset.checkpoint import CheckpointError, atomic_write_bytes, checkpoint_dir, load_weights_into, read_json_file
+from hyperset.checkpoint import (
+    CheckpointError,
+    atomic_write_bytes,
+    check_finite,
+    checkpoint_dir,
+    load_weights_into,
+    read_json_file,
+)
 from hyperset.cli_options import stdout_to_devnull
 from hyperset.config import TableError, check_table
 from hyperset.device import autocast_dtype, autocast_name, describe, pick_device
@@ -534,6 +541,7 @@ class Trainer:
         """Load another checkpoint's weights (same shapes) into a new run's model; a time network trained dead
         (time_init "zero") is revived when this run's model asks for a live one (outputs unchanged)."""
         load_weights_into(model, checkpoint_dir(directory), "weights to start from")
+        check_finite(model, directory, "finite weights to start from (--init-from)")
         revived = False
         core = getattr(model, "core", None)
         if core is not None and core.step_sizes is not None and core.cfg.time_init == "live":

@@ -373,7 +373,7 @@ class _Parser:
 
             why = contradiction(givens)  # constraint propagation, with the reason in a sentence
             if why is None and self.search:
-                # the exact search, bounded (SEARCH_NODES): about 0.7 ms a puzzle, 34 ms at most; None = untold
+                # the exact search, bounded (SEARCH_NODES; its cost: docs/sudoku.md, hyperset-solve); None = untold
                 found = count_solutions_within(givens, 2, SEARCH_NODES)
                 if found == 0:
                     why = "a search finds no way to fill the blanks that keeps every given"
