@@ -109,7 +109,8 @@ def test_solve_streams_one_update_per_iteration(app: HyperSETApp, iters: int):
     assert len(updates) == iters
     board, plot, verdict, details = updates[-1]
     assert "Verdict:" in verdict and f"{iters} iteration" in verdict
-    assert board.count("<td") == 81 and plot.count("<svg") == 1 and plot.count("<polyline") == 2
+    # three panels: E_ATTN + E_FF, E_ATTN, E_FF
+    assert board.count("<td") == 81 and plot.count("<svg") == 1 and plot.count("<polyline") == 3
     assert details["iterations"] == iters and len(details["prediction"]) == 81
     assert [len(details["energy"][k]) for k in ("attn", "ff")] == [iters, iters]
     assert all(np.isfinite(details["energy"]["attn"]))
@@ -304,7 +305,7 @@ def test_reconstruct_random_mask(app: HyperSETApp):
     assert np.isfinite(details["psnr"]) and np.isfinite(details["ssim"]) and "PSNR" in metrics
     assert details["masked_tokens"] == 32 and len(details["energy"]["attn"]) == 5
     assert len(details["step_sizes"]["alpha_negative"]) == 5 and "What the plot shows" in note
-    assert plot.count("<polyline") == 2 and "last forward pass" in plot
+    assert plot.count("<polyline") == 3 and "last forward pass" in plot  # the total and its parts
     again = app.reconstruct(editor, "random", 0.5, 3, 5, 6, 1.0)  # seeded: the same result
     assert np.array_equal(again[3], recon)
 
