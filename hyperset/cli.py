@@ -288,12 +288,13 @@ def solve_main(files: tuple[str, ...], iters: str | None, strategy: str, passes:
     file, and the RRN CSV 'puzzle,solution'. Results are printed as their batch finishes, with a progress bar on a
     terminal for several puzzles. Exit code 0 when every board is solved validly, 1 when some are not, 2 on bad input
     (or output that cannot be written), 130 when interrupted (Ctrl-C; the boards solved so far are printed, and the
-    summary says how many).
+    summary says how many; 143 for SIGTERM, 129 for SIGHUP, likewise).
     """
     source = click.get_current_context().get_parameter_source("strategy")
     if iters == "auto" and strategy != "auto" and source == click.core.ParameterSource.COMMANDLINE:
         _fail(f"--iters auto runs the auto strategy (each board stops when it settles); with --strategy {strategy} "
               "give a number of iterations, or use --strategy auto")
+    restore = _stop_on_signals()
     try:
         search = {"nodes": nodes, "seconds": seconds, "node_iters": node_iters, "prior": prior,
                   "order": search_order, "first_look": first_look, "views": views}
@@ -301,7 +302,49 @@ def solve_main(files: tuple[str, ...], iters: str | None, strategy: str, passes:
                as_json, quiet, trace, plot, color)
     except KeyboardInterrupt:  # while loading or printing; an interrupted solve keeps its results (_solve)
         click.echo("hyperset-solve: interrupted", err=True)
-        sys.exit(EXIT_INTERRUPTED)
+        sys.exit(_interrupted_code())
+    finally:
+        restore()
+
+
+class _Signalled(KeyboardInterrupt):
+    """SIGTERM or SIGHUP (`timeout 60 hyperset-solve ...`, a closed ssh session): stop as Ctrl-C stops, the
+    boards so far printed, the JSON complete with "interrupted": true."""
+
+
+_STOPPED_BY: list[int] = []  # the signal that stopped the solve, if one did
+
+
+def _stop_on_signals() -> Any:
+    """SIGTERM and SIGHUP end the solve as Ctrl-C does (unless they are ignored, as under nohup); returns the
+    function that puts the handlers back."""
+    import signal
+    import threading
+
+    _STOPPED_BY.clear()
+    if threading.current_thread() is not threading.main_thread():  # handlers belong to the main thread
+        return lambda: None
+
+    def stop(signum: int, frame: Any) -> None:
+        if not _STOPPED_BY:
+            _STOPPED_BY.append(signum)
+        raise _Signalled
+
+    before = {}
+    for sig in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+        if sig is not None and signal.getsignal(sig) is signal.SIG_DFL:
+            before[sig] = signal.signal(sig, stop)
+
+    def restore() -> None:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+    return restore
+
+
+def _interrupted_code() -> int:
+    """130 for Ctrl-C; 128 + the signal's number for SIGTERM (143) and SIGHUP (129), as the shell reports them."""
+    return 128 + _STOPPED_BY[0] if _STOPPED_BY else EXIT_INTERRUPTED
 
 
 def _solve(files: tuple[str, ...], iters: str | None, strategy: str, passes: int, search: dict[str, Any],
@@ -350,6 +393,10 @@ def _solve(files: tuple[str, ...], iters: str | None, strategy: str, passes: int
     summary = summarize(results, seconds, solver)
     if interrupted:
         summary.extra.update(interrupted=True, requested=len(puzzles))
+        if _STOPPED_BY:
+            import signal
+
+            summary.extra["stopped_by"] = signal.Signals(_STOPPED_BY[0]).name
     try:
         _print_results(puzzles, results, summary, "auto" if n_iters == "auto" else strategy, as_json, quiet)
     except OSError as e:
@@ -364,7 +411,7 @@ def _solve(files: tuple[str, ...], iters: str | None, strategy: str, passes: int
         if not as_json and not quiet:  # --quiet: the summary only
             click.echo(f"energy plot written to {plot}")
     if interrupted:
-        sys.exit(EXIT_INTERRUPTED)
+        sys.exit(_interrupted_code())
     sys.exit(EXIT_SOLVED if summary.valid == summary.puzzles else EXIT_UNSOLVED)
 
 

@@ -308,3 +308,29 @@ def test_every_command_takes_the_short_forms_of_its_long_options() -> None:
     assert seen == set(short)
     done = subprocess.run([str(BIN / "hyperset-generate"), "-V"], capture_output=True, text=True)
     assert done.returncode == 0 and done.stdout.startswith("hyperset-generate ")
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP"])
+def test_a_signal_during_a_solve_prints_the_boards_so_far_and_a_complete_summary(tiny_checkpoint: Path,
+                                                                                 tmp_path: Path, sig: str) -> None:
+    """`timeout 60 hyperset-solve ...` (SIGTERM) or a closed ssh session (SIGHUP) left an empty stdout: it ends
+    as Ctrl-C does, the boards so far and the summary printed, exit 128 + the signal's number."""
+    from hyperset.sudoku.exact import generate
+
+    puzzles = [p for p, _ in generate(20, 30, 36, seed=5)] * 20  # many boards: the solve outlasts the signal
+    (tmp_path / "p.txt").write_text("\n".join(puzzles) + "\n")
+
+    def as_a_shell_starts_it() -> None:
+        for s in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
+            signal.signal(s, signal.SIG_DFL)
+
+    p = subprocess.Popen([str(BIN / "hyperset-solve"), str(tmp_path / "p.txt"), "--checkpoint", str(tiny_checkpoint),
+                          "--strategy", "single", "--iters", "400", "--batch-size", "1", "--threads", "1"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV, preexec_fn=as_a_shell_starts_it)
+    assert p.stdout is not None
+    first = p.stdout.readline()  # the first board is on its way: the solve is running
+    assert b"puzzle 1" in first
+    p.send_signal(getattr(signal, sig))
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 128 + getattr(signal, sig), err[-300:]
+    assert b"interrupted after" in out and b"boards valid" in out and b"Traceback" not in err
