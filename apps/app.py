@@ -353,9 +353,9 @@ def energy_note(energy: dict[str, Sequence[float]], step_sizes: dict[str, Sequen
     which = ("the token model's only forward pass (expected embedding: every masked token at once)"
              if decoding == "expected" else "the token model's forward pass at the last decoding step")
     text = (f"**What the plot shows:** E_ATTN + E_FF, and E_ATTN and E_FF apart, as the paper defines them "
-            f"(normalization first, without the learned gains) after each of the {n} iterations of {which}. Each iteration is an attention step "
-            "x − α ∇E_ATTN, then a feedforward step x − γ ∇E_FF (eq. 9 and 11); α and γ are learned per token and "
-            "channel with no sign constraint.")
+            f"(normalization first, without the learned gains) after each of the {n} iterations of {which}. Each "
+            "iteration is an attention step x − α ∇E_ATTN, then a feedforward step x − γ ∇E_FF (eq. 9 and 11); α "
+            "and γ are learned per token and channel with no sign constraint.")
     alpha_neg = list((step_sizes or {}).get("alpha_negative") or [])
     gamma_neg = list((step_sizes or {}).get("gamma_negative") or [])
     if alpha_neg:

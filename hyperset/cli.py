@@ -257,7 +257,7 @@ def _load_puzzles(files: tuple[str, ...]) -> list[Puzzle]:
                    "exact checks run first and the model sees what they leave")
 @click.option("--order", "search_order", type=click.Choice(["depth", "best"]), default="depth", show_default=True,
               help="search: take back the latest guess first (depth), or expand the most probable node (best)")
-@click.option("--views", type=click.IntRange(0, 1023), default=None,
+@click.option("--views", type=click.IntRange(0, 63), default=None,
               help="symmetry transforms run beside the puzzle, in one batch: the views strategy's (default 8), or "
                    "the search's first look (default none)")
 @click.option("--checkpoint", type=click.Path(), default=None, help="checkpoint folder [default: the shipped model]")

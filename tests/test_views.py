@@ -171,8 +171,9 @@ def test_the_views_strategy_is_registered_and_the_cli_reports_the_view(tmp_path:
     solver = Solver.load(ck, "cpu")
     (r,) = solver.solve(HARD[:1], strategy="views", views=2)
     assert r.search["views"] == 3 and r.how is not None and r.search["model_iterations"] > 0
-    with pytest.raises(ValueError, match="views"):
-        solver.solve(HARD[:1], strategy="views", views=-1)
+    for bad in (-1, 64, 1.5):
+        with pytest.raises(ValueError, match="views"):
+            solver.solve(HARD[:1], strategy="views", views=bad)
     (tmp_path / "p.txt").write_text(HARD[0] + "\n")
     done = subprocess.run([sys.executable, "-m", "hyperset.cli", str(tmp_path / "p.txt"), "--checkpoint", str(ck),
                            "--strategy", "views", "--views", "2", "--threads", "1"], capture_output=True, text=True)
