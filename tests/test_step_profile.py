@@ -21,7 +21,7 @@ def test_a_cpu_profile_splits_the_step_and_states_the_budget(tmp_path: Path) -> 
     step_profile.main(["--rounds", "1", "--batch", "2", "--out", str(out)])
     rep = json.loads(out.read_text())
     ours = rep["runners"]["ours"]
-    assert 0 < ours["matmul_s"] < ours["step_s"] and ours["other_s"] == ours["step_s"] - ours["matmul_s"]
+    assert 0 < ours["matmul_s"] < ours["profiled_step_s"] and ours["other_s"] == ours["step_s"] - ours["matmul_s"]
     assert "aten::mm" in [name for name, _, _ in ours["top_ops"]]
     assert "kernels" not in ours and "peer" not in rep["runners"]
     budget = rep["budget_85"]  # against the CPU's roofline: the best of PyTorch's and numpy's rates at each shape
@@ -79,7 +79,7 @@ def test_a_profiler_that_records_no_strides_gives_no_shapes_and_still_a_report(t
     out = tmp_path / "profile.json"
     step_profile.main(["--rounds", "1", "--batch", "2", "--out", str(out)])
     ours = json.loads(out.read_text())["runners"]["ours"]
-    assert ours["matmul_shapes"] == [] and 0 < ours["matmul_s"] < ours["step_s"]
+    assert ours["matmul_shapes"] == [] and 0 < ours["matmul_s"] < ours["profiled_step_s"]
 
 
 def test_where_numpy_cannot_run_the_budget_is_against_pytorchs_roofline(tmp_path: Path,
@@ -99,7 +99,9 @@ def test_the_compiled_step_gets_its_own_split_and_budget(tmp_path: Path) -> None
     step_profile.main(["--rounds", "1", "--batch", "2", "--compile", "--out", str(out)])
     rep = json.loads(out.read_text())
     comp = rep["runners"]["ours_compiled"]
-    assert 0 < comp["matmul_s"] < comp["step_s"] and comp["other_s"] == comp["step_s"] - comp["matmul_s"]
+    # the matmuls' self time lies within the profiled step's wall time (the unprofiled step_s is another run,
+    # which a loaded machine can make shorter than the profiled one's matmuls)
+    assert 0 < comp["matmul_s"] < comp["profiled_step_s"] and comp["other_s"] == comp["step_s"] - comp["matmul_s"]
     assert "compiled graph" in [name for name, _, _ in comp["top_ops"]]  # the fused elementwise kernels
     assert rep["budget_85"]["compiled"]["left_beside_matmuls_s"] == rep["budget_85"]["step_s"] - comp["matmul_s"]
     assert rep["command"].endswith("--compile --out " + str(out))
