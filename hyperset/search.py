@@ -208,9 +208,13 @@ def search(backend: SolverBackend | None, boards: Tensor, iters: int, *, node_it
         raise ValueError(f"prior {prior!r}: expected one of {', '.join(PRIORS)}")
     if order not in ORDERS:
         raise ValueError(f"order {order!r}: expected one of {', '.join(ORDERS)}")
-    for name, v, least in (("nodes", nodes, 1), ("width", width, 1), ("views", views, 0)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < least:
-            raise ValueError(f"{name} must be a whole number >= {least}, got {v!r}")
+    for name, v in (("nodes", nodes), ("width", width)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a whole number >= 1, got {v!r}")
+    if views:
+        from .views import check_views
+
+        check_views(views)
     if seconds is not None and not (isinstance(seconds, (int, float)) and seconds > 0 and math.isfinite(seconds)):
         raise ValueError(f"seconds must be a positive number, got {seconds!r}")
     node_iters = iters if node_iters is None else node_iters

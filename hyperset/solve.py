@@ -283,11 +283,9 @@ class Solver:
                "order": "depth", "first_look": True, "views": None,
                **{k: v for k, v in search.items() if v is not None}}
         if out["views"] is not None:
-            from .views import MAX_VIEWS
+            from .views import check_views
 
-            whole_number("views", out["views"], 0)
-            if out["views"] > MAX_VIEWS:
-                raise ValueError(f"views must be at most {MAX_VIEWS}, got {out['views']}")
+            check_views(out["views"])
         if not isinstance(out["first_look"], bool):
             raise ValueError(f"first_look must be True or False, got {out['first_look']!r}")
         whole_number("node_iters", out["node_iters"], 1)

@@ -26,11 +26,18 @@ from torch import Tensor
 from .backends import SolverBackend
 from .strategies import BoardResult, SolveFrame, _leave_valid, _pass, _PassEnd, _valid_mask
 
-__all__ = ["DEFAULT_VIEWS", "MAX_VIEWS", "Look", "look", "view_maps", "views"]
+__all__ = ["DEFAULT_VIEWS", "MAX_VIEWS", "Look", "check_views", "look", "view_maps", "views"]
 
 DEFAULT_VIEWS = 8  # transforms beside the puzzle when the views strategy is not told
 MAX_VIEWS = 63  # a batch of B boards runs as B * (views + 1): bounded, as the batch size is
 _SEED = 20260  # the transforms' seed: fixed, so that a run is the same every time
+
+
+def check_views(views: object) -> int:
+    """`views` as a count of transforms: a whole number from 0 to MAX_VIEWS, else a ValueError naming it."""
+    if isinstance(views, bool) or not isinstance(views, int) or not 0 <= views <= MAX_VIEWS:
+        raise ValueError(f"views must be a whole number from 0 to {MAX_VIEWS}, got {views!r}")
+    return views
 
 
 def view_maps(views: int, device: torch.device | str = "cpu") -> tuple[Tensor, Tensor]:
@@ -38,8 +45,7 @@ def view_maps(views: int, device: torch.device | str = "cpu") -> tuple[Tensor, T
     V = views + 1, as :func:`hyperset.sudoku.data.random_symmetries` defines them."""
     from .sudoku.data import random_symmetries
 
-    if isinstance(views, bool) or not isinstance(views, int) or not 0 <= views <= MAX_VIEWS:
-        raise ValueError(f"views must be a whole number from 0 to {MAX_VIEWS}, got {views!r}")
+    check_views(views)
     src, relabel = random_symmetries(np.random.default_rng(_SEED), views)
     src = np.concatenate([np.arange(81)[None], src]).astype(np.int64)
     relabel = np.concatenate([np.arange(10)[None], relabel]).astype(np.int64)
