@@ -13,6 +13,7 @@ from hyperset.cli_options import (
     OneLineCommand,
     device_option,
     echo_json,
+    error_line,
     json_option,
     threads_option,
     version_option,
@@ -91,12 +92,13 @@ def main(checkpoint: str, iters: int | None, out: str, loop: bool, opset: int, c
     unwritable output).
     """
     from hyperset.checkpoint import CheckpointError, check_finite, load_checkpoint
+    from hyperset.contracts import check_contract
     from hyperset.extras import MissingExtra, require
 
     try:
         require("onnx", "onnx", "onnxruntime", what="hyperset-export")
     except MissingExtra as e:
-        click.echo(f"hyperset-export: error: {e}", err=True)
+        click.echo(error_line("hyperset-export", e), err=True)
         sys.exit(EXIT_BAD_INPUT)
     from hyperset.device import set_cpu_threads
 
@@ -116,6 +118,7 @@ def main(checkpoint: str, iters: int | None, out: str, loop: bool, opset: int, c
 
             choose_providers(device)
         model, info = load_checkpoint(resolve_checkpoint(checkpoint), map_location="cpu")
+        check_contract(model.cfg, checkpoint)
         check_finite(model, checkpoint, "finite weights to export")
         trained = E.trained_iterations(model, info)
         n = iters or trained
@@ -152,7 +155,7 @@ def main(checkpoint: str, iters: int | None, out: str, loop: bool, opset: int, c
 
 
 def _fail(message: str) -> NoReturn:
-    click.echo(f"hyperset-export: error: {message}", err=True)
+    click.echo(error_line("hyperset-export", message), err=True)
     sys.exit(EXIT_BAD_INPUT)
 
 

@@ -20,8 +20,12 @@ import ctypes
 import importlib.metadata
 import importlib.util
 import io
+import itertools
+import math
 import os
 import platform
+import threading
+import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -29,6 +33,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
+
+from hyperset.config import MAX_ITERS, MAX_SIZES
 
 CPU_PROVIDER = "CPUExecutionProvider"
 CUDA_PROVIDER = "CUDAExecutionProvider"
@@ -377,13 +383,101 @@ def _graph_opt_level(level: str) -> Any:
     return getattr(levels, table[level])
 
 
+# One graph run may take GRAPH_SECONDS plus SECONDS_PER_ROW_ITERATION for each row of its batch and each iteration
+# it computes, then it is stopped: a Loop whose condition never turns false (a graph received from someone else)
+# would run until the process is killed. Real runs need far less: the largest preset (mim-base-24x8) computes 9.1
+# GFLOP per row and iteration with its energies (bench/flops.py), a second of a core that does 10 GFLOP/s, and the
+# shipped models 0.03-0.05 GFLOP; GRAPH_SECONDS leaves room for a session's first run and a loaded machine.
+# $HYPERSET_GRAPH_SECONDS, or OrtSession's graph_seconds, replaces the sum by one bound for every run.
+GRAPH_SECONDS = 60.0
+SECONDS_PER_ROW_ITERATION = 1.0
+GRAPH_SECONDS_ENV = "HYPERSET_GRAPH_SECONDS"
+
+
+def graph_seconds_setting(value: float | None = None) -> float | None:
+    """The bound of every graph run that `value` or else $HYPERSET_GRAPH_SECONDS sets (None: neither does, the
+    bound scales with the run); a ValueError unless it is a number of seconds > 0."""
+    name = "graph_seconds"
+    if value is None:
+        raw = os.environ.get(GRAPH_SECONDS_ENV, "").strip()
+        if not raw:
+            return None
+        name, value = GRAPH_SECONDS_ENV, raw
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if isinstance(value, bool) or not (math.isfinite(seconds) and seconds > 0):
+        raise ValueError(f"{name} = {str(value)[:40]!r}: expected a number of seconds > 0")
+    return seconds
+
+
+class _Watchdog:
+    """One daemon thread that sets ``terminate`` on the RunOptions of each run past its deadline (a thread per
+    run would cost more than a step graph's run on a few boards takes)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._runs: dict[int, tuple[float, Any]] = {}  # key -> (deadline, RunOptions)
+        self._fired: set[int] = set()
+        self._keys = itertools.count()
+        self._thread: threading.Thread | None = None
+        self._wakes = math.inf  # the deadline the thread sleeps until
+
+    def watch(self, options: Any, seconds: float) -> int:
+        """Set ``options.terminate`` once `seconds` have passed, unless `release` comes first; the run's key."""
+        deadline = time.monotonic() + seconds
+        with self._cond:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._serve, name="hyperset-graph-watchdog", daemon=True)
+                self._thread.start()
+            key = next(self._keys)
+            self._runs[key] = (deadline, options)
+            if deadline < self._wakes:
+                self._cond.notify()
+            return key
+
+    def release(self, key: int) -> bool:
+        """Stop watching the run `key`; whether it was told to terminate."""
+        with self._cond:
+            self._runs.pop(key, None)
+            fired = key in self._fired
+            self._fired.discard(key)
+            return fired
+
+    def _serve(self) -> None:
+        with self._cond:
+            while True:
+                now = time.monotonic()
+                for key, (deadline, options) in list(self._runs.items()):
+                    if deadline <= now:
+                        options.terminate = True
+                        del self._runs[key]
+                        self._fired.add(key)
+                self._wakes = min((deadline for deadline, _ in self._runs.values()), default=math.inf)
+                self._cond.wait(None if self._wakes == math.inf else self._wakes - now)
+
+
+_WATCHDOG = _Watchdog()
+if hasattr(os, "register_at_fork"):  # a forked child has no watchdog thread, and its lock may be held
+    os.register_at_fork(after_in_child=_WATCHDOG.__init__)
+
+
+def _metadata_int(metadata: Mapping[str, str], key: str, most: int) -> int:
+    """A count in the metadata of a graph (a file received from someone else), bounded to 1..most; 1 if absent
+    or not a whole number."""
+    raw = metadata.get(key, "").strip()
+    return min(max(int(raw), 1), most) if raw.isascii() and raw.isdigit() and len(raw) <= 18 else 1
+
+
 class OrtSession:
     """An ``onnxruntime.InferenceSession`` that reports the provider it really runs on.
 
     Attributes: ``path``, ``provider`` (e.g. ``"CPUExecutionProvider"``), ``providers`` (all, in priority
     order), ``device`` (``"cuda"``/``"cpu"``), ``requested`` (the ``device`` argument), ``reason`` (why this
     provider), ``fallback_reason`` (set when CUDA passed the pre-check but ORT still came up on the CPU under
-    ``device="auto"``), ``input_names``, ``output_names``, ``metadata`` and ``session``.
+    ``device="auto"``), ``input_names``, ``output_names``, ``metadata``, ``session`` and ``graph_seconds`` (the
+    bound of every run, or None: it scales with the run, see ``run_seconds``).
     """
 
     def __init__(
@@ -397,11 +491,15 @@ class OrtSession:
         cuda_check: Callable[[], tuple[bool, str]] | None = None,
         check_runtime: bool = True,
         cuda_tf32: bool = False,
+        graph_seconds: float | None = None,
     ) -> None:
         """Open ``path`` on ``device``; ``log_severity`` 3 shows ORT errors only (0 verbose ... 4 fatal).
 
         On CUDA the fp32 matrix products run in full fp32 unless ``cuda_tf32`` (ONNX Runtime's own default is
-        TF32, which moves the shipped model's logits by ~0.1 and its predictions at 48 iterations)."""
+        TF32, which moves the shipped model's logits by ~0.1 and its predictions at 48 iterations).
+        ``graph_seconds``: the longest any run may take, else $HYPERSET_GRAPH_SECONDS, else GRAPH_SECONDS plus
+        SECONDS_PER_ROW_ITERATION per row and iteration of the run; a run past it is stopped."""
+        self.graph_seconds = graph_seconds_setting(graph_seconds)
         self.path = Path(path)
         if not self.path.exists():
             raise OnnxModelError(f"{self.path}: ONNX model file not found")
@@ -439,11 +537,12 @@ class OrtSession:
         self._inputs = self.session.get_inputs()  # their names, types and shapes, checked at every run
         # a run's failure is raised (an OnnxModelError naming the file); at the default severity ONNX Runtime does
         # not also log it to stderr, where it would come before the commands' one-line error
-        self._run_options = ort.RunOptions()
-        self._run_options.log_severity_level = 4 if log_severity == 3 else log_severity
+        self._run_severity = 4 if log_severity == 3 else log_severity
         self.input_names: list[str] = [i.name for i in self._inputs]
         self.output_names: list[str] = [o.name for o in self.session.get_outputs()]
         self.metadata: dict[str, str] = dict(self.session.get_modelmeta().custom_metadata_map)
+        self._unrolled = _metadata_int(self.metadata, "unrolled_iterations", MAX_ITERS)
+        self._layers = _metadata_int(self.metadata, "n_layers", MAX_SIZES["n_layers"])
 
     def expect_task(self, task: str) -> None:
         """Raise :class:`OnnxModelError` unless this model's ``task`` metadata is ``task``."""
@@ -453,7 +552,8 @@ class OrtSession:
         self, feeds: Mapping[str, Any], output_names: Sequence[str] | None = None
     ) -> dict[str, np.ndarray]:
         """Run the model; returns ``{output name: array}``. ONNX Runtime's failures (a node that cannot run on
-        these inputs, memory) are an :class:`OnnxModelError` naming the file, with the first line of its message."""
+        these inputs, memory) are an :class:`OnnxModelError` naming the file, with the first line of its message;
+        so is a run that takes longer than ``run_seconds`` (it is stopped)."""
         missing = [n for n in self.input_names if n not in feeds]
         unknown = [n for n in feeds if n not in self.input_names]
         if missing or unknown:
@@ -470,11 +570,33 @@ class OrtSession:
         arrays = {k: np.asarray(v) for k, v in feeds.items()}
         for info in self._inputs:
             self._check_input(info, arrays[info.name])
+        options = _ort().RunOptions()  # one per run: its terminate flag stops this run alone
+        options.log_severity_level = self._run_severity
+        seconds = self.run_seconds(arrays)
+        key = _WATCHDOG.watch(options, seconds)
         try:
-            results = self.session.run(names, arrays, self._run_options)
+            results = self.session.run(names, arrays, options)
         except Exception as exc:  # ORT raises its own exception classes (Fail, InvalidArgument, RuntimeException)
+            if _WATCHDOG.release(key):
+                raise OnnxModelError(f"{self.path}: the graph ran longer than {seconds:,.1f} s (a Loop that does "
+                                     f"not end?); {GRAPH_SECONDS_ENV} sets the bound") from None
             raise _run_error(self.path, exc) from None
+        finally:
+            _WATCHDOG.release(key)
         return dict(zip(names, results))
+
+    def run_seconds(self, feeds: Mapping[str, np.ndarray]) -> float:
+        """The longest a run on `feeds` may take: ``graph_seconds`` if set, else GRAPH_SECONDS plus
+        SECONDS_PER_ROW_ITERATION per row (the largest first dimension of the inputs) and iteration (the ``iters``
+        input of a Loop graph, else the graph's ``unrolled_iterations``, times its ``n_layers``)."""
+        if self.graph_seconds is not None:
+            return self.graph_seconds
+        rows = max((a.shape[0] for a in feeds.values() if a.ndim), default=1)
+        iters = feeds.get("iters")
+        n = self._unrolled
+        if iters is not None and iters.size == 1 and iters.dtype.kind in "iu":
+            n = min(max(int(iters.reshape(())), 1), MAX_ITERS)
+        return GRAPH_SECONDS + SECONDS_PER_ROW_ITERATION * max(rows, 1) * n * self._layers
 
     def _check_input(self, info: Any, array: np.ndarray) -> None:
         """An input as the graph declares it (element type, rank, fixed sizes, no empty dimension), so that a

@@ -11,11 +11,12 @@ import struct
 import tempfile
 from glob import escape as glob_escape
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load as load_safetensors
+from safetensors.torch import save_file
 
 from .cli_options import json_safe
 from .config import ModelConfig, check_iterations
@@ -134,13 +135,25 @@ def save_tensors(path: str | os.PathLike, tensors: dict[str, torch.Tensor], meta
 
 
 def load_tensors(path: str | os.PathLike, what: str = "weights") -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file whose size is what its header declares (`read_header`), parsed from one
+    read of that many bytes: nothing is mapped, and a file that grows after its size was checked is read no
+    further than its header declares."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path}: file not found (expected the {what} as a .safetensors file)")
     try:
-        return load_file(str(path))
-    except (SafetensorError, OSError, ValueError) as e:
-        raise CheckpointError(f"{path}: not a readable safetensors file ({e}); expected the {what}") from None
+        with open(path, "rb") as f:
+            _, size = read_header(f)
+            f.seek(0)
+            data = f.read(size)
+        if len(data) != size:  # the file shrank since its size was checked
+            raise ValueError(f"{len(data):,} bytes read of the {size:,} its header declares")
+        return load_safetensors(data)
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot be read ({e.strerror or e})") from None
+    except (SafetensorError, ValueError, RecursionError, AttributeError) as e:
+        raise CheckpointError(f"{path}: not a readable safetensors file ({str(e)[:200]}); expected the {what}"
+                              ) from None
 
 
 RESERVED_INFO = frozenset({"format", "format_version", "kind", "model", "parameters"})  # config.json keys of the format
@@ -203,32 +216,61 @@ FLOAT_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16
 
 # a safetensors header lists names, dtypes, shapes and offsets: a few kB for these models
 MAX_HEADER_BYTES = 16 << 20
+# the most bytes of tensors a safetensors file may declare: far above any model of this project (its largest
+# preset, mim-transformer, is 8.7 M parameters: 35 MB in float32, 69 MB in float64; the shipped models are under
+# 1 MiB; the taming VQGAN the token models are trained with, under 1 GB), so that a file received from someone
+# else is refused before anything maps or reads that much
+MAX_TENSOR_BYTES = 4 << 30
+
+
+def read_header(f: BinaryIO) -> tuple[dict[str, Any], int]:
+    """(header, file size) of the safetensors file open as `f`, read by hand with bounds: a ValueError unless
+    the file is exactly 8 bytes + the header + the tensor bytes the header's data_offsets declare (a truncated,
+    padded or sparse-extended file is refused before its data is read) and those are at most MAX_TENSOR_BYTES."""
+    size = os.fstat(f.fileno()).st_size
+    head = f.read(8)
+    if len(head) < 8:
+        raise ValueError(f"{size} bytes: shorter than a safetensors header")
+    length = struct.unpack("<Q", head)[0]
+    if length > min(size - 8, MAX_HEADER_BYTES):
+        raise ValueError(f"a header of {length:,} bytes in a file of {size:,}")
+    header = json.loads(f.read(length).decode("utf-8"))
+    if not isinstance(header, dict):
+        raise ValueError("the header is not a JSON object")
+    declared = 0
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
+        if not (isinstance(offsets, list) and len(offsets) == 2
+                and all(isinstance(n, int) and not isinstance(n, bool) for n in offsets)
+                and 0 <= offsets[0] <= offsets[1]):
+            raise ValueError(f"the entry of {name!r} has no data_offsets [begin, end]")
+        declared = max(declared, offsets[1])
+    if declared > MAX_TENSOR_BYTES:
+        raise ValueError(f"its header declares {declared / 2**30:.1f} GiB of tensors; at most "
+                         f"{MAX_TENSOR_BYTES >> 30} GiB are read")
+    if size != 8 + length + declared:
+        raise ValueError(f"{size:,} bytes, but its header declares {8 + length + declared:,} (a truncated, padded "
+                         "or extended file)")
+    return header, size
 
 
 def stored_header(path: Path, what: str) -> dict[str, tuple[tuple[int, ...], str]]:
     """The tensor shapes and dtypes (safetensors' names: "F32", "BF16", "I64", ...) in a safetensors file, read
-    from its header alone."""
+    from its header alone (`read_header`: the file's size is checked against it)."""
     if not path.is_file():
         raise CheckpointError(f"{path}: file not found (expected the {what} as a .safetensors file)")
     try:
         # the header read by hand: safetensors maps the whole file, which a sparse file claiming terabytes makes
         # fail where address space is limited; its loader validates the rest when the weights are read
         with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            head = f.read(8)
-            if len(head) < 8:
-                raise ValueError(f"{size} bytes: shorter than a safetensors header")
-            length = struct.unpack("<Q", head)[0]
-            if length > min(size - 8, MAX_HEADER_BYTES):
-                raise ValueError(f"a header of {length:,} bytes in a file of {size:,}")
-            header = json.loads(f.read(length).decode("utf-8"))
-        if not isinstance(header, dict):
-            raise ValueError("the header is not a JSON object")
+            header, _ = read_header(f)
         out = {}
         for name, entry in header.items():
             if name == "__metadata__":
                 continue
-            shape, dtype = (entry.get("shape"), entry.get("dtype")) if isinstance(entry, dict) else (None, None)
+            shape, dtype = entry.get("shape"), entry.get("dtype")
             if not (isinstance(dtype, str) and isinstance(shape, list)
                     and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape)):
                 raise ValueError(f"the entry of {name!r} has no dtype and shape")

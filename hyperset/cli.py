@@ -7,16 +7,18 @@ import json
 import math
 import os
 import sys
+from collections import deque
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
 import click
 
-from .cli_options import OneLineCommand, closed_pipe_exit, stdout_to_devnull
+from .cli_options import OneLineCommand, closed_pipe_exit, error_line, one_line, stdout_to_devnull
 from .config import MAX_ITERS
 from .defaults import CPU_BATCH_SIZE, DEFAULT_NODES, DEFAULT_PASSES, DEFAULT_STRATEGY, GPU_BATCH_SIZE, STRATEGY_NAMES
 from .extras import require
-from .sudoku.board import Puzzle, PuzzleError, cell_name, format_grid, parse_file
+from .sudoku.board import Puzzle, PuzzleError, cell_name, format_grid, iter_file
 
 # exit codes (README, "Exit codes"); 130 is the shell's code for a process stopped by Ctrl-C (128 + SIGINT)
 EXIT_SOLVED, EXIT_UNSOLVED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -219,13 +221,17 @@ def _has_energies(model: Any) -> bool:
         return any(bool(layer.energy(x, 1)) for layer in model.core.layers)
 
 
-def _load_puzzles(files: tuple[str, ...]) -> list[Puzzle]:
-    puzzles: list[Puzzle] = []
-    for f in files:
-        puzzles.extend(parse_file(f))
-        if len(puzzles) > MAX_PUZZLES:
-            raise PuzzleError(f, None, f"more than {MAX_PUZZLES:,} puzzles; split the input")
-    return puzzles
+def _read_puzzles(files: tuple[str, ...]) -> Iterator[Puzzle]:
+    """The puzzles of every file, one after another, each as it is read; every file is opened first (a missing
+    one is an error before any work), and the input is refused past MAX_PUZZLES puzzles where it goes past."""
+    streams = [iter_file(f) for f in files]
+    n = 0
+    for stream in streams:
+        for p in stream:
+            n += 1
+            if n > MAX_PUZZLES:
+                raise PuzzleError(p.source, p.line, f"more than {MAX_PUZZLES:,} puzzles; split the input")
+            yield p
 
 
 @click.command(cls=OneLineCommand, context_settings={"help_option_names": ["-h", "--help"]})
@@ -286,79 +292,119 @@ def solve_main(files: tuple[str, ...], iters: str | None, strategy: str, passes:
 
     Formats: 81-character lines ('0', '.', '_', '*' or 'x' for blanks), 9x9 grids (separators allowed), many puzzles per
     file, and the RRN CSV 'puzzle,solution'. Results are printed as their batch finishes, with a progress bar on a
-    terminal for several puzzles. Exit code 0 when every board is solved validly, 1 when some are not, 2 on bad input
-    (or output that cannot be written), 130 when interrupted (Ctrl-C; the boards solved so far are printed, and the
-    summary says how many; 143 for SIGTERM, 129 for SIGHUP, likewise).
+    terminal for several puzzles. Puzzles are read, checked and solved a batch at a time, so a file of a million
+    starts at once and memory stays flat; a bad line stops the run where it is, after the boards before it. Exit
+    code 0 when every board is solved validly, 1 when some are not, 2 on bad input (or output that cannot be
+    written), 130 when interrupted (Ctrl-C; the boards solved so far are printed, and the summary says how many;
+    143 for SIGTERM, 129 for SIGHUP, likewise).
     """
     source = click.get_current_context().get_parameter_source("strategy")
     if iters == "auto" and strategy != "auto" and source == click.core.ParameterSource.COMMANDLINE:
         _fail(f"--iters auto runs the auto strategy (each board stops when it settles); with --strategy {strategy} "
               "give a number of iterations, or use --strategy auto")
-    restore = _stop_on_signals()
+    if sys.stdout is None:  # `>&-`: the results would go nowhere, and exit 0 would say they went somewhere
+        _fail("standard output is closed: nowhere to print the results")
+    stops = _Stops()
     try:
         search = {"nodes": nodes, "seconds": seconds, "node_iters": node_iters, "prior": prior,
                   "order": search_order, "first_look": first_look, "views": views}
         _solve(files, iters, strategy, passes, search, checkpoint, device, backend, onnx_model, batch_size, threads,
-               as_json, quiet, trace, plot, color)
-    except KeyboardInterrupt:  # while loading or printing; an interrupted solve keeps its results (_solve)
+               as_json, quiet, trace, plot, color, stops)
+    except KeyboardInterrupt:  # while loading: nothing solved; with --json still one whole document
+        if as_json:
+            with stops.hold():
+                summary = {"puzzles": 0, "valid": 0, "interrupted": True, **stops.by()}
+                click.echo(json.dumps({"summary": summary} if quiet else {"results": [], "summary": summary}))
         click.echo("hyperset-solve: interrupted", err=True)
-        sys.exit(_interrupted_code())
+        sys.exit(stops.exit_code())
     finally:
-        restore()
+        stops.restore()
 
 
 class _Signalled(KeyboardInterrupt):
-    """SIGTERM or SIGHUP (`timeout 60 hyperset-solve ...`, a closed ssh session): stop as Ctrl-C stops, the
+    """Ctrl-C, SIGTERM or SIGHUP (`timeout 60 hyperset-solve ...`, a closed ssh session): the solve stops, the
     boards so far printed, the JSON complete with "interrupted": true."""
 
 
-_STOPPED_BY: list[int] = []  # the signal that stopped the solve, if one did
+class _Stops:
+    """SIGINT, SIGTERM and SIGHUP stop the solve (unless they are ignored, as under nohup), each as a
+    `_Signalled`; while output is written (`hold`) the stop waits until the piece is whole, so a document blocked
+    on a slow pipe is never cut in two; a second signal during that wait stops at once."""
 
+    def __init__(self) -> None:
+        import signal
+        import threading
 
-def _stop_on_signals() -> Any:
-    """SIGTERM and SIGHUP end the solve as Ctrl-C does (unless they are ignored, as under nohup); returns the
-    function that puts the handlers back."""
-    import signal
-    import threading
+        self.signum: int | None = None
+        self.holding = 0
+        self.pending = False
+        self.before: dict[Any, Any] = {}
+        if threading.current_thread() is not threading.main_thread():  # handlers belong to the main thread
+            return
+        for sig, default in ((signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, signal.SIG_DFL),
+                             (getattr(signal, "SIGHUP", None), signal.SIG_DFL)):
+            if sig is not None and signal.getsignal(sig) is default:
+                self.before[sig] = signal.signal(sig, self._stop)
 
-    _STOPPED_BY.clear()
-    if threading.current_thread() is not threading.main_thread():  # handlers belong to the main thread
-        return lambda: None
-
-    def stop(signum: int, frame: Any) -> None:
-        if not _STOPPED_BY:
-            _STOPPED_BY.append(signum)
+    def _stop(self, signum: int, frame: Any) -> None:
+        first = self.signum is None
+        if first:
+            self.signum = signum
+        if self.holding and first:
+            self.pending = True
+            return
         raise _Signalled
 
-    before = {}
-    for sig in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
-        if sig is not None and signal.getsignal(sig) is signal.SIG_DFL:
-            before[sig] = signal.signal(sig, stop)
+    def hold(self) -> Any:
+        """A context in which a signal waits for the end (the piece of output being written)."""
+        import contextlib
 
-    def restore() -> None:
-        for sig, handler in before.items():
+        @contextlib.contextmanager
+        def held() -> Iterator[None]:
+            self.holding += 1
+            try:
+                yield
+            finally:
+                self.holding -= 1
+                if not self.holding and self.pending:
+                    self.pending = False
+                    raise _Signalled
+
+        return held()
+
+    def by(self) -> dict[str, str]:
+        """{"stopped_by": "SIGTERM"} for a signal other than Ctrl-C's."""
+        import signal
+
+        return {"stopped_by": signal.Signals(self.signum).name} if self.signum not in (None, signal.SIGINT) else {}
+
+    def exit_code(self) -> int:
+        """130 for Ctrl-C; 128 + the signal's number for SIGTERM (143) and SIGHUP (129), as the shell reports them."""
+        return EXIT_INTERRUPTED if self.signum is None else 128 + self.signum
+
+    def restore(self) -> None:
+        import signal
+
+        for sig, handler in self.before.items():
             signal.signal(sig, handler)
-
-    return restore
-
-
-def _interrupted_code() -> int:
-    """130 for Ctrl-C; 128 + the signal's number for SIGTERM (143) and SIGHUP (129), as the shell reports them."""
-    return 128 + _STOPPED_BY[0] if _STOPPED_BY else EXIT_INTERRUPTED
 
 
 def _solve(files: tuple[str, ...], iters: str | None, strategy: str, passes: int, search: dict[str, Any],
            checkpoint: str | None,
            device: str, backend: str, onnx_model: str | None, batch_size: int | None, threads: int | None,
-           as_json: bool, quiet: bool, trace: bool, plot: str | None, color: bool | None) -> NoReturn:
+           as_json: bool, quiet: bool, trace: bool, plot: str | None, color: bool | None, stops: _Stops) -> NoReturn:
+    import itertools
+
     from .checkpoint import CheckpointError
     from .device import check_device_name, set_cpu_threads
-    from .solve import Solver, summarize
+    from .solve import Solver
 
     try:
         n_iters = _iters_option(iters) if iters is not None else None
         _check_options(backend, onnx_model, plot, checkpoint)
-        puzzles = _load_puzzles(files)
+        reader = _read_puzzles(files)
+        first = next(reader)  # the input's first puzzle before the model: a file that is not a puzzle file is
+        puzzles = itertools.chain([first], reader)  # told at once
         n_threads = set_cpu_threads(threads)
         # another backend runs the model itself (and checks --device itself): torch only exports it, on the CPU,
         # so a CPU build of torch beside ONNX Runtime's CUDA provider can still solve on the GPU
@@ -369,7 +415,13 @@ def _solve(files: tuple[str, ...], iters: str | None, strategy: str, passes: int
             raise ValueError(f"--plot: this model's layer ({solver.model.cfg.layer}) defines no energy; nothing "
                              "to plot (--trace and the JSON report none either)")
         if backend != "torch":
-            solver = solver.with_backend(make_backend(backend, solver, onnx_model, device, n_threads))
+            import warnings
+
+            with warnings.catch_warnings(record=True) as said:  # each a line of its own, not Python's two
+                warnings.simplefilter("always")
+                solver = solver.with_backend(make_backend(backend, solver, onnx_model, device, n_threads))
+            for w in said:
+                click.echo(one_line(f"warning: {w.message}"), err=True)
             if getattr(solver.engine, "note", None):
                 click.echo(f"note: {solver.engine.note}", err=True)
         solver.check_iters(n_iters)
@@ -377,41 +429,36 @@ def _solve(files: tuple[str, ...], iters: str | None, strategy: str, passes: int
         _fail(e.message)
     except (PuzzleError, CheckpointError, RuntimeError, ValueError, LookupError) as e:
         _fail(str(e))
-    if not as_json and not quiet:
-        for p in puzzles:
-            for w in p.warnings:
-                click.echo(f"warning: {p.source}, line {p.line}: {w}", err=True)
     use_color = default_color(sys.stdout) if color is None else color
-    show = None if as_json or quiet else (
-        lambda p, r: _print_result(p, r, solver.trained_iters, use_color, trace))
+    out = _Output(solver, as_json, quiet, trace, use_color, stops)
     if strategy == "views":
         search = {"views": search["views"]}
     elif strategy != "search":
         search = {}
-    results, seconds, interrupted = _stream(solver, puzzles, show, iters=n_iters, strategy=strategy, passes=passes,
-                                            batch_size=batch_size, **search)
-    summary = summarize(results, seconds, solver)
-    if interrupted:
-        summary.extra.update(interrupted=True, requested=len(puzzles))
-        if _STOPPED_BY:
-            import signal
-
-            summary.extra["stopped_by"] = signal.Signals(_STOPPED_BY[0]).name
+    run = _stream(solver, puzzles, out, keep=plot is not None, iters=n_iters, strategy=strategy, passes=passes,
+                  batch_size=batch_size, **search)
+    summary = run.tally.summary(run.seconds, solver)
+    if run.interrupted:
+        summary.extra.update(interrupted=True, requested=run.read, **stops.by())
+    if run.error is not None:
+        summary.extra["error"] = run.error
     try:
-        _print_results(puzzles, results, summary, "auto" if n_iters == "auto" else strategy, as_json, quiet)
+        out.end(summary, "auto" if n_iters == "auto" else strategy, run)
     except OSError as e:
         _output_failed(e)
-    if plot and not any(r.energy for r in results):
+    if run.error is not None:
+        _fail(run.error)
+    if plot and not any(r.energy for r in run.results):
         click.echo(f"--plot: no board ran an iteration (givens without a solution): {plot} not written", err=True)
     elif plot:
         try:
-            plot_energy(plot, results, solver.trained_iters)
+            plot_energy(plot, run.results, solver.trained_iters)
         except OSError as e:
             _fail(f"--plot: cannot write {plot}: {e.strerror or e}")
         if not as_json and not quiet:  # --quiet: the summary only
             click.echo(f"energy plot written to {plot}")
-    if interrupted:
-        sys.exit(_interrupted_code())
+    if run.interrupted:
+        sys.exit(stops.exit_code())
     sys.exit(EXIT_SOLVED if summary.valid == summary.puzzles else EXIT_UNSOLVED)
 
 
@@ -428,55 +475,118 @@ def make_backend(name: str, solver: Any, path: str | None, device: str, threads:
     return backend_factory(name)(solver.model, info=solver.info, path=path, device=device, threads=threads)
 
 
-def _stream(solver: Any, puzzles: list[Puzzle], show: Any, **kw: Any) -> tuple[list[Any], float, bool]:
-    """Solve, handing each result to `show` as its batch finishes, with a progress bar on a terminal (several
-    puzzles, not --quiet or --json). A Ctrl-C stops and keeps the results so far (then the flag is True)."""
+class _Output:
+    """Where the boards go as they come: the text report of each (warnings first, on standard error), or the
+    JSON document, written a result at a time (begun with the first result, so an input refused before any board
+    prints nothing to standard output), each piece whole even when a signal comes."""
+
+    def __init__(self, solver: Any, as_json: bool, quiet: bool, trace: bool, color: bool, stops: _Stops) -> None:
+        self.solver, self.as_json, self.quiet, self.trace, self.color, self.stops = (
+            solver, as_json, quiet, trace, color, stops)
+        self.started = False
+
+    @property
+    def live(self) -> bool:
+        """Each board printed as it comes (a terminal's progress bar then goes with it)."""
+        return not self.as_json and not self.quiet
+
+    def read(self, p: Puzzle) -> None:
+        if self.live:
+            for w in p.warnings:
+                click.echo(one_line(f"warning: {p.source}, line {p.line}: {w}"), err=True)
+
+    def board(self, p: Puzzle, r: Any) -> None:
+        with self.stops.hold():
+            if self.as_json and not self.quiet:
+                text = json.dumps(_result_json(p, r), allow_nan=False)
+                click.echo((", " if self.started else '{"results": [') + text, nl=False)
+                self.started = True
+            elif self.live:
+                _print_result(p, r, self.solver.trained_iters, self.color, self.trace)
+
+    def end(self, summary: Any, strategy: str, run: Any) -> None:
+        """The end of the output: the JSON document's summary (the results so far when stopped), or the summary
+        line."""
+        with self.stops.hold():
+            if self.as_json:
+                tail = json.dumps(summary.to_json(), allow_nan=False)
+                if self.quiet:
+                    click.echo(f'{{"summary": {tail}}}')
+                else:
+                    click.echo(("" if self.started else '{"results": [') + f'], "summary": {tail}}}')
+                return
+            _print_summary(summary, strategy)
+            if summary.extra.get("interrupted"):
+                click.echo(f"interrupted after {_count(run.tally.puzzles, 'puzzle')} ({run.read} read)")
+            elif run.error is not None:
+                click.echo(f"stopped after {_count(run.tally.puzzles, 'puzzle')} by bad input (below)")
+
+
+class _Run:
+    """What `_stream` did: the counts (a Tally), the results when kept, the puzzles read, how it ended."""
+
+    def __init__(self) -> None:
+        from .solve import Tally
+
+        self.tally = Tally()
+        self.results: list[Any] = []
+        self.read = 0
+        self.seconds = 0.0
+        self.interrupted = False
+        self.error: str | None = None
+
+
+def _stream(solver: Any, puzzles: Iterator[Puzzle], out: _Output, keep: bool = False, **kw: Any) -> _Run:
+    """Solve as the puzzles are read, handing each board to `out` as its batch finishes, with a progress bar on a
+    terminal (each board printed). A Ctrl-C stops and keeps the results so far; bad input further on stops there
+    (`error`). Results are counted, not held, unless `keep`."""
     import time
 
     from tqdm.auto import tqdm
 
-    bar = tqdm(total=len(puzzles), unit="board", file=sys.stderr, leave=False, dynamic_ncols=True,
-               disable=show is None or len(puzzles) < 2 or sys.stderr is None or not sys.stderr.isatty())
+    run = _Run()
+    pending: deque[Puzzle] = deque()
+
+    def feed() -> Iterator[Puzzle]:
+        for p in puzzles:
+            run.read += 1
+            pending.append(p)
+            out.read(p)
+            yield p
+
+    bar = tqdm(unit="board", file=sys.stderr, leave=False, dynamic_ncols=True, delay=0.5,
+               disable=not out.live or sys.stderr is None or not sys.stderr.isatty())
     t0 = time.perf_counter()
-    results: list[Any] = []
-    interrupted = False
     try:
-        for r in solver.solve_iter(puzzles, solutions=[p.solution for p in puzzles], **kw):
-            results.append(r)
-            if show is not None:
-                bar.clear()
-                try:
-                    show(puzzles[len(results) - 1], r)
-                except OSError as e:
-                    bar.close()
-                    _output_failed(e)
+        for r in solver.solve_iter(feed(), **kw):
+            p = pending.popleft()
+            run.tally.add(r)
+            if keep:
+                run.results.append(r)
+            bar.clear()
+            try:
+                out.board(p, r)
+            except OSError as e:
+                bar.close()
+                _output_failed(e)
             bar.update(1)
     except KeyboardInterrupt:
-        interrupted = True
+        run.interrupted = True
+    except PuzzleError as e:
+        run.error = str(e)
     except getattr(solver.engine, "errors", ()) as e:  # a backend's file that fails only when opened (a step graph)
         bar.close()
         _fail(str(e))
     finally:
         bar.close()
-    return results, time.perf_counter() - t0, interrupted
-
-
-def _print_results(puzzles: list[Puzzle], results: list[Any], summary: Any, strategy: str, as_json: bool,
-                   quiet: bool) -> None:
-    """The end of the output: one JSON object (the results, those of the first len(results) puzzles when
-    interrupted, unless quiet) or the summary line (the results were printed as they came)."""
-    if as_json:
-        payload = {"summary": summary.to_json()} if quiet else {
-            "results": [_result_json(p, r) for p, r in zip(puzzles, results)], "summary": summary.to_json()}
-        click.echo(json.dumps(payload, allow_nan=False))
-        return
-    _print_summary(summary, strategy)
-    if summary.extra.get("interrupted"):
-        click.echo(f"interrupted after {len(results)} of {len(puzzles)} puzzles")
+        run.seconds = time.perf_counter() - t0
+    if run.error is not None and not run.tally.puzzles:  # refused before any board: nothing printed
+        _fail(run.error)
+    return run
 
 
 def _fail(message: str) -> NoReturn:
-    click.echo(f"hyperset-solve: error: {message}", err=True)
+    click.echo(error_line("hyperset-solve", message), err=True)
     sys.exit(EXIT_BAD_INPUT)
 
 

@@ -25,10 +25,21 @@ from typing import Any, NoReturn
 import click
 
 
+def one_line(text: str) -> str:
+    """`text` as one line of plain text: line ends and other control characters (a file name may hold them, a
+    terminal would act on them) written as Python escapes."""
+    return text if text.isprintable() else "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+
+
+def error_line(prog: str, message: Any) -> str:
+    """The one line every command prints for an error: `PROG: error: MESSAGE`."""
+    return f"{prog}: error: {one_line(str(message))}"
+
+
 def usage_error_line(error: click.UsageError, prog_name: str | None) -> str:
     """A click usage error as the one line every command prints: `PROG: error: MESSAGE`."""
     where = error.ctx.command_path if error.ctx is not None else (prog_name or "hyperset")
-    return f"{where}: error: {error.format_message()}"
+    return error_line(where, error.format_message())
 
 
 class _OneLineErrors:

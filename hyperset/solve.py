@@ -13,10 +13,11 @@ A result's energy covers every iteration it reports (for commit, its passes one 
 
 from __future__ import annotations
 
+import itertools
 import math
 import numbers
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ import torch
 from .backends import CallableBackend, SolverBackend, TorchBackend
 from .checkpoint import check_finite, load_checkpoint, solve_iterations, trained_iterations
 from .config import whole_number
+from .contracts import check_contract
 from .defaults import CPU_BATCH_SIZE, DEFAULT_NODES, DEFAULT_PASSES, DEFAULT_STRATEGY, GPU_BATCH_SIZE
 from .device import pick_device
 from .models import HyperSETModel
@@ -113,14 +115,14 @@ def checked_puzzles(puzzles: Sequence[str]) -> list[str]:
     return [p.givens for p in parsed_puzzles(puzzles)]
 
 
-def parsed_puzzles(puzzles: Sequence[str | Puzzle], search: bool = True) -> list[Puzzle]:
+def parsed_puzzles(puzzles: Sequence[str | Puzzle], search: bool = True, first: int = 0) -> list[Puzzle]:
     """`checked_puzzles` as :class:`~hyperset.sudoku.board.Puzzle` objects: with the parser's warnings, and the
     solution of a ``puzzle,solution`` line. Puzzles already parsed are taken as they are; ``search``: see
-    ``parse_puzzles``."""
+    ``parse_puzzles``; errors name ``puzzles[first + i]``."""
     if isinstance(puzzles, str):
         raise TypeError("puzzles must be a list of puzzle strings, got one string (wrap it: [puzzle])")
     out = []
-    for i, p in enumerate(puzzles):
+    for i, p in enumerate(puzzles, start=first):
         if isinstance(p, Puzzle):
             out.append(p)
             continue
@@ -177,6 +179,7 @@ class Solver:
         dev = pick_device(device)
         path = checkpoint or bundled_checkpoint()
         model, info = load_checkpoint(path, task="sudoku", map_location=dev)
+        check_contract(model.cfg, path)
         check_finite(model, path, "the finite weights of a trained sudoku model")
         return cls(model, dev, info)
 
@@ -319,30 +322,37 @@ class Solver:
         return list(self.solve_iter(puzzles, iters, strategy, batch_size, solutions, max_iters, patience, passes,
                                     **search))
 
-    def solve_iter(self, puzzles: Sequence[str | Puzzle], iters: int | str | None = None,
+    def solve_iter(self, puzzles: Iterable[str | Puzzle], iters: int | str | None = None,
                    strategy: str = DEFAULT_STRATEGY, batch_size: int | None = None,
                    solutions: Sequence[str | None] | None = None,
                    max_iters: int | None = None, patience: int = 4, passes: int = DEFAULT_PASSES, **search: Any
                    ) -> Iterator[SolveResult]:
-        """`solve` one result at a time, in the order of `puzzles`, as each batch of boards is done."""
+        """`solve` one result at a time, in the order of `puzzles`, as each batch of boards is done. A list is
+        checked whole before the first batch; any other iterable (``hyperset.sudoku.board.iter_file``) is read a
+        batch at a time, so memory stays flat however many puzzles it yields, and a bad puzzle stops it after
+        the results before it."""
         strategy, n_iters, max_iters = self._run_settings(iters, strategy, passes, max_iters, patience, False)
         search = self._search_settings(search)
         batch_size = self.default_batch_size if batch_size is None else batch_size
         batch_size = whole_number("batch size", batch_size, 1)
-        # with the solutions given, the puzzles need no search for how many they have
-        parsed = parsed_puzzles(puzzles, search=solutions is None)
-        puzzles = [p.givens for p in parsed]
-        if solutions is None:
-            solutions = [p.solution for p in parsed]
+        if isinstance(puzzles, str):
+            raise TypeError("puzzles must be a list of puzzle strings, got one string (wrap it: [puzzle])")
+        if isinstance(puzzles, Sequence):
+            # with the solutions given, the puzzles need no search for how many they have
+            parsed: Iterable[Puzzle] = parsed_puzzles(puzzles, search=solutions is None)
+            if solutions is not None:
+                _check_solutions(solutions, len(puzzles))
+        elif solutions is not None:
+            raise TypeError("solutions go with a list of puzzles; puzzles read as they come carry their own")
         else:
-            if len(solutions) != len(puzzles):
-                raise ValueError(f"solutions: {len(solutions)} given for {len(puzzles)} puzzles")
-            for k, sol in enumerate(solutions):
-                if sol is not None and (not isinstance(sol, str) or len(sol) != 81 or not sol.isdigit()
-                                        or "0" in sol):
-                    raise ValueError(f"solutions[{k}]: expected 81 digits 1-9 (or None), got {sol!r}")
-        for i in range(0, len(puzzles), batch_size):
-            chunk = parsed[i: i + batch_size]
+            parsed = puzzles
+        stream = iter(parsed)
+        start = 0
+        refused: PuzzleError | None = None
+        while refused is None:
+            chunk, refused = _take(stream, batch_size, start)
+            if not chunk:
+                break
             run = [k for k, p in enumerate(chunk) if p.no_solution is None]  # the others are answered at once
             done: dict[int, BoardResult] = {}
             if run:
@@ -355,10 +365,33 @@ class Solver:
                     r.search = {"status": "no solution", "nodes": 0, "backtracks": 0, "decisions": 0,
                                 "propagated": 0, "model_iterations": 0}
                 r.warnings = list(p.warnings)
-                sol = solutions[i + k]
+                sol = solutions[start + k] if solutions is not None else p.solution
                 if sol:
                     r.solution, r.correct = sol, r.prediction == sol
                 yield r
+            start += len(chunk)
+        if refused is not None:  # the puzzles read before it are answered first
+            raise refused
+
+
+def _take(stream: Iterator[str | Puzzle], n: int, first: int) -> tuple[list[Puzzle], PuzzleError | None]:
+    """The next `n` puzzles of `stream` (fewer at its end; `first`: the index of the first, for errors), and the
+    error that cut them short, if one did."""
+    out: list[Puzzle] = []
+    try:
+        for p in itertools.islice(stream, n):
+            out.extend(parsed_puzzles([p], first=first + len(out)))
+    except PuzzleError as e:
+        return out, e
+    return out, None
+
+
+def _check_solutions(solutions: Sequence[str | None], n: int) -> None:
+    if len(solutions) != n:
+        raise ValueError(f"solutions: {len(solutions)} given for {n} puzzles")
+    for k, sol in enumerate(solutions):
+        if sol is not None and (not isinstance(sol, str) or len(sol) != 81 or not sol.isdigit() or "0" in sol):
+            raise ValueError(f"solutions[{k}]: expected 81 digits 1-9 (or None), got {sol!r}")
 
 
 def result_of(puzzle: str, board: BoardResult) -> SolveResult:
@@ -399,31 +432,55 @@ class SolveSummary:
         return {**out, **self.extra}
 
 
-def summarize(results: list[SolveResult], seconds: float, solver: Solver) -> SolveSummary:
-    summary = SolveSummary(len(results), sum(r.valid for r in results), seconds, solver.device_name(),
-                           solver.backend_name)
-    searched = [r.search for r in results if r.search is not None]
-    if searched:
-        statuses = [x["status"] for x in searched]
-        summary.extra["search"] = {
-            "model_alone": sum(x["status"] == "solved" and x["backtracks"] == 0 and x["nodes"] > 0
-                               and not x.get("view") for x in searched),
-            "by_a_view": sum(x["status"] == "solved" and bool(x.get("view")) for x in searched),
-            "with_backtracks": sum(x["status"] == "solved" and x["backtracks"] > 0 for x in searched),
-            "checks_alone": sum(x["status"] == "solved" and x["nodes"] == 0 for x in searched),
-            "no_solution": statuses.count("no solution"), "budget": statuses.count("budget"),
-            "nodes": sum(x["nodes"] for x in searched), "backtracks": sum(x["backtracks"] for x in searched)}
-    known = [r for r in results if r.solution]
-    if known:
-        summary.board_accuracy = sum(bool(r.correct) for r in known) / len(known)
-        blanks = right = 0
-        for r in known:
+class Tally:
+    """The counts a :class:`SolveSummary` reports, kept as results come (`add`), none of them held."""
+
+    def __init__(self) -> None:
+        self.puzzles = self.valid = self.known = self.correct = self.blanks = self.right = 0
+        self.searched = False
+        self.search = dict.fromkeys(("model_alone", "by_a_view", "with_backtracks", "checks_alone", "no_solution",
+                                     "budget", "nodes", "backtracks"), 0)
+
+    def add(self, r: SolveResult) -> None:
+        self.puzzles += 1
+        self.valid += bool(r.valid)
+        x = r.search
+        if x is not None:
+            self.searched = True
+            solved = x["status"] == "solved"
+            counts = self.search
+            counts["model_alone"] += solved and x["backtracks"] == 0 and x["nodes"] > 0 and not x.get("view")
+            counts["by_a_view"] += solved and bool(x.get("view"))
+            counts["with_backtracks"] += solved and x["backtracks"] > 0
+            counts["checks_alone"] += solved and x["nodes"] == 0
+            counts["no_solution"] += x["status"] == "no solution"
+            counts["budget"] += x["status"] == "budget"
+            counts["nodes"] += x["nodes"]
+            counts["backtracks"] += x["backtracks"]
+        if r.solution:
+            self.known += 1
+            self.correct += bool(r.correct)
             for p, q, s in zip(r.puzzle, r.prediction, r.solution):
                 if p == "0":
-                    blanks += 1
-                    right += q == s
-        summary.cell_accuracy = right / max(blanks, 1)
-    return summary
+                    self.blanks += 1
+                    self.right += q == s
+
+    def summary(self, seconds: float, solver: Solver) -> SolveSummary:
+        out = SolveSummary(self.puzzles, self.valid, seconds, solver.device_name(), solver.backend_name)
+        if self.searched:
+            out.extra["search"] = {k: int(v) for k, v in self.search.items()}
+        if self.known:
+            out.board_accuracy = self.correct / self.known
+            out.cell_accuracy = self.right / max(self.blanks, 1)
+        return out
+
+
+def summarize(results: Iterable[SolveResult], seconds: float, solver: Solver) -> SolveSummary:
+    """The summary of `results` (a :class:`Tally` of them)."""
+    tally = Tally()
+    for r in results:
+        tally.add(r)
+    return tally.summary(seconds, solver)
 
 
 def timed_solve(solver: Solver, puzzles: Sequence[str], **kw: Any) -> tuple[list[SolveResult], float, bool]:

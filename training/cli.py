@@ -13,11 +13,19 @@ import click
 import torch
 
 from hyperset.checkpoint import CheckpointError
-from hyperset.cli_options import OneLineGroup, device_option, stdout_to_devnull, threads_option, version_option
+from hyperset.cli_options import (
+    OneLineGroup,
+    device_option,
+    error_line,
+    stdout_to_devnull,
+    threads_option,
+    version_option,
+)
 from hyperset.config import ModelConfig, TableError, check_table, preset_config
 from hyperset.device import pick_device
 from hyperset.download import DownloadError
 from hyperset.extras import MissingExtra, require
+from hyperset.sudoku.extreme import NAME as SUDOKU_EXTREME
 
 from .recipes import apply_overrides, check_recipe, load_recipe, locate, recipe_names
 from .state import recorded_command
@@ -49,13 +57,18 @@ def build_sudoku_task(model_cfg: ModelConfig, recipe: dict[str, Any], data_dir: 
 
 
 def fetch_data(task: str, recipe: dict[str, Any], data: str) -> None:
-    """--download: put the task's public dataset into --data unless it is already there (checksum verified)."""
+    """--download: put the task's public dataset into --data unless it is already there (checksum verified), or
+    Sudoku-Extreme into the cache (format verified)."""
     if not data:
         raise ValueError("--download needs --data DIR (the folder to put the data in)")
     if task == "sudoku":
+        from hyperset.sudoku import extreme
         from hyperset.sudoku.data import download_rrn
 
-        download_rrn(data)
+        if data == SUDOKU_EXTREME:
+            extreme.cached_split("train", download=True)
+        else:
+            download_rrn(data)
         return
     dataset = recipe.get("data", {}).get("dataset", "cifar10")
     if dataset not in ("cifar10", "cifar100"):
@@ -95,7 +108,7 @@ def _run(task: str, recipe_name: str | None, data: str, out: str, resume: bool, 
         given = {"set": list(overrides), "steps": steps, "accum_steps": accum_steps, "preset": preset,
                  "dataset": dataset, "threads": threads, "schedule": schedule,
                  "recipe": str(recipe_file.resolve()) if recipe_file and recipe_file.is_file() else recipe_name,
-                 "data": str(Path(data).resolve()) if data else None}
+                 "data": data if data == SUDOKU_EXTREME else str(Path(data).resolve()) if data else None}
         command = resume_command(Path(out), given, quiet or as_json) if resume else given
         overrides, steps, accum_steps = tuple(command["set"]), command["steps"], command["accum_steps"]
         preset, dataset, threads = command["preset"], command["dataset"], command["threads"]
@@ -134,10 +147,10 @@ def _run(task: str, recipe_name: str | None, data: str, out: str, resume: bool, 
                           command={k: v for k, v in command.items() if v not in (None, [])})
         result = trainer.fit()
     except TableError as e:  # a recipe key: FILE:LINE where the recipe file sets it
-        click.echo(f"hyperset-train: error: {locate(e, recipe_name, overrides)}", err=True)
+        click.echo(error_line("hyperset-train", locate(e, recipe_name, overrides)), err=True)
         sys.exit(2)
     except (ValueError, CheckpointError, DownloadError, DivergedError, OSError, MissingExtra) as e:
-        click.echo(f"hyperset-train: error: {e}", err=True)
+        click.echo(error_line("hyperset-train", e), err=True)
         sys.exit(2)
     except (MemoryError, torch.cuda.OutOfMemoryError) as e:
         reason = (str(e) or type(e).__name__).splitlines()[0]
@@ -188,10 +201,12 @@ def _options(f: Any) -> Any:
         click.option("--recipe", "recipe_name", default=None,
                      help=f"recipe name or .toml path (shipped: {', '.join(recipe_names())}) [required; with "
                           "--resume: the run's own]"),
-        click.option("--data", default="", help="data folder [with --resume: the run's own]"),
+        click.option("--data", default="",
+                     help="data folder, or sudoku-extreme (the Hugging Face dataset, kept in the cache: trains on "
+                          "its train.csv less the validation puzzles held out of it) [with --resume: the run's own]"),
         click.option("--download", is_flag=True,
                      help="fetch the data into --data first if it is not there (Sudoku RRN, CIFAR-10/100; "
-                          "checksum verified)"),
+                          "checksum verified), or sudoku-extreme into the cache (format verified)"),
         click.option("--out", "-o", required=True, type=click.Path(file_okay=False), help="run folder"),
         click.option("--resume", is_flag=True, help="continue the run in --out from its last saved state"),
         device_option(),

@@ -24,6 +24,7 @@ from hyperset.cli_options import (
     checkpoint_input,
     device_option,
     echo_json,
+    error_line,
     json_option,
     out_option,
     threads_option,
@@ -31,6 +32,8 @@ from hyperset.cli_options import (
 )
 from hyperset.config import MAX_ITERS
 from hyperset.device import autocast_dtype, autocast_name, describe, pick_device, set_cpu_threads
+from hyperset.download import DownloadError
+from hyperset.vision.data import download_cifar
 
 from .classify_task import ClassifyData, ImageSplit, check_class_ids, dataset_classes, load_split, sample, top1
 
@@ -92,18 +95,25 @@ def data_for_checkpoint(meta: dict[str, Any], data_dir: str, dataset: str | None
 
 
 def run_eval(checkpoint: str | None, data_dir: str, split: str, iters: Sequence[int] | None, batch_size: int,
-             device_name: str, dataset: str | None = None, precision: str = "auto", limit: int = 0
-             ) -> dict[str, Any]:
+             device_name: str, dataset: str | None = None, precision: str = "auto", limit: int = 0,
+             download: bool = False) -> dict[str, Any]:
     """Evaluate a classifier at each number of iterations in ``iters`` (default: its trained depth), in one pass
     where the core allows it; returns the --json document: what was evaluated (with the ``device`` and the
     ``precision`` used: "fp32" or e.g. "bf16 autocast"), and ``results`` with one {"iters", "top1"} per depth in
-    the order asked. Raises EvalError for user mistakes (an empty split, a dataset with another class count)."""
+    the order asked. ``download`` first fetches CIFAR-10/100 into ``data_dir`` if it is not there. Raises
+    EvalError for user mistakes (an empty split, a dataset with another class count)."""
     path = resolve_checkpoint(checkpoint)
-    if not Path(data_dir).is_dir():
-        raise EvalError(f"data folder {data_dir} does not exist (expected e.g. DIR/cifar-10-batches-py/)")
+    if not download and not Path(data_dir).is_dir():
+        raise EvalError(f"data folder {data_dir} does not exist (expected e.g. DIR/cifar-10-batches-py/; "
+                        "--download fetches CIFAR into it)")
     device = pick_device(device_name)
     model, meta = load_checkpoint(path, task="classify", map_location=device)
     data = data_for_checkpoint(meta, data_dir, dataset, path)
+    if download:
+        if not data.is_cifar:
+            raise EvalError(f"--download fetches CIFAR-10/100, not {data.dataset}: get ImageNet from image-net.org "
+                            "(its terms) and pass DIR with train/<wnid>/ and val/<wnid>/ folders")
+        download_cifar(data.dataset, data_dir)
     if data.size != model.cfg.img_size:
         raise EvalError(f"{path}: the model takes {model.cfg.img_size} px images, {data.dataset} here has "
                         f"{data.size} px")
@@ -134,6 +144,8 @@ def run_eval(checkpoint: str | None, data_dir: str, split: str, iters: Sequence[
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @checkpoint_input(None, "the shipped classifier")
 @click.option("--data", "data_dir", required=True, help="dataset folder (CIFAR python layout or ImageNet tree)")
+@click.option("--download", is_flag=True, help="fetch CIFAR-10/100 into --data first if it is not there (checksum "
+                                               "verified)")
 @click.option("--split", type=click.Choice(["test", "val"]), default="test", show_default=True,
               help="test split, or the part of train held out during training")
 @click.option("--iters", type=click.IntRange(1, MAX_ITERS), multiple=True,
@@ -151,9 +163,9 @@ def run_eval(checkpoint: str | None, data_dir: str, split: str, iters: Sequence[
               help="evaluate a seeded random sample of N images (0: all)")
 @json_option("print one JSON document (a result per depth under \"results\")")
 @out_option()
-def classify_command(checkpoint: str | None, data_dir: str, split: str, iters: tuple[int, ...], batch_size: int,
-                     threads: int | None, device: str, dataset: str | None, precision: str, limit: int,
-                     as_json: bool, out: str | None) -> None:
+def classify_command(checkpoint: str | None, data_dir: str, download: bool, split: str, iters: tuple[int, ...],
+                     batch_size: int, threads: int | None, device: str, dataset: str | None, precision: str,
+                     limit: int, as_json: bool, out: str | None) -> None:
     """Top-1 accuracy of a classifier (default: the one shipped in the package) at N iterations."""
     from hyperset.cli import check_output_file
 
@@ -161,9 +173,10 @@ def classify_command(checkpoint: str | None, data_dir: str, split: str, iters: t
         check_output_file("--out", out)
     try:
         set_cpu_threads(threads)
-        report = run_eval(checkpoint, data_dir, split, iters, batch_size, device, dataset, precision, limit)
-    except (EvalError, CheckpointError, FileNotFoundError, ValueError, pickle.UnpicklingError) as e:
-        click.echo(f"hyperset-eval classify: error: {e}", err=True)
+        report = run_eval(checkpoint, data_dir, split, iters, batch_size, device, dataset, precision, limit,
+                          download)
+    except (EvalError, CheckpointError, DownloadError, FileNotFoundError, ValueError, pickle.UnpicklingError) as e:
+        click.echo(error_line("hyperset-eval classify", e), err=True)
         sys.exit(2)
     if out:
         write_json_out("hyperset-eval classify", out, report)

@@ -36,6 +36,7 @@ from hyperset.cli_options import (
     checkpoint_input,
     device_option,
     echo_json,
+    error_line,
     json_option,
     out_option,
     renamed_option,
@@ -44,6 +45,8 @@ from hyperset.cli_options import (
 )
 from hyperset.config import MAX_ITERS
 from hyperset.device import describe, dtype_name, pick_device, set_cpu_threads
+from hyperset.download import DownloadError
+from hyperset.vision.data import download_cifar
 from hyperset.vision.maskgit import mask_by_ratio
 from hyperset.vision.metrics import compute_fid, compute_lpips, mean_score, ms_ssim, ms_ssim_config, psnr, ssim
 from hyperset.vision.reconstruct import (
@@ -198,6 +201,8 @@ def print_table(result: dict[str, Any]) -> None:
 @checkpoint_input(None, "the shipped models")
 @click.option("--data", required=True, type=click.Path(path_type=Path),
               help="CIFAR-10 root (cifar-10-batches-py/) or an ImageFolder tree (train/, val/)")
+@click.option("--download", is_flag=True, help="fetch CIFAR-10 into --data first if it is not there (checksum "
+                                               "verified)")
 @click.option("--split", type=click.Choice(["test", "train"]), default="test", show_default=True,
               help="the split of --data whose images are masked and reconstructed")
 @click.option("--mask-ratio", type=click.FloatRange(0.0, 1.0), default=0.4, show_default=True,
@@ -236,8 +241,9 @@ def print_table(result: dict[str, Any]) -> None:
 @device_option()
 @json_option()
 @out_option()
-def mim_command(checkpoint: str | None, data: Path, split: str, mask_ratio: float, iters: int | None, decode: str,
-                steps: int, temperature: float, randomize_temp: float, n_images: int, baseline: str,
+def mim_command(checkpoint: str | None, data: Path, download: bool, split: str, mask_ratio: float,
+                iters: int | None, decode: str, steps: int, temperature: float, randomize_temp: float,
+                n_images: int, baseline: str,
                 tokenizer_path: Path | None, image_size: int | None, batch: int, seed: int,
                 lpips_weights: Path | None, fid_weights: Path | None, threads: int | None, device: str,
                 as_json: bool, out: str | None) -> None:
@@ -254,6 +260,8 @@ def mim_command(checkpoint: str | None, data: Path, split: str, mask_ratio: floa
     try:
         set_cpu_threads(threads)
         device = str(pick_device(device))
+        if download:
+            download_cifar("cifar10", data)
         if path is not None and not path.exists():  # a shipped model's name ("mim"), as elsewhere
             from hyperset.pretrained import resolve
 
@@ -278,10 +286,10 @@ def mim_command(checkpoint: str | None, data: Path, split: str, mask_ratio: floa
                                          randomize_temp=randomize_temp, batch=batch, seed=seed,
                                          lpips_weights=lpips_weights, fid_weights=fid_weights, decode=decode)
     except MIMWeightsMissing as e:
-        click.echo(f"hyperset-eval mim: error: {e}", err=True)
+        click.echo(error_line("hyperset-eval mim", e), err=True)
         sys.exit(2)
-    except (CheckpointError, FileNotFoundError, ValueError) as e:
-        click.echo(f"hyperset-eval mim: error: {e}", err=True)
+    except (CheckpointError, DownloadError, FileNotFoundError, ValueError) as e:
+        click.echo(error_line("hyperset-eval mim", e), err=True)
         sys.exit(2)
     name, config = model_row(pipeline, iters)
     modules = [tok] if pipeline is None else [tok, pipeline.model]

@@ -1,8 +1,10 @@
-"""`hyperset-eval sudoku [--checkpoint NAME|DIR] --data FILE|DIR [--iters N ...] [--strategy S ...] [--json]`.
+"""`hyperset-eval sudoku [--checkpoint NAME|DIR] --data FILE|DIR|sudoku-extreme [--download] [--iters N ...]
+[--strategy S ...] [--json]`.
 
 Board and cell accuracy of a Sudoku model (default: the one shipped in the package) on puzzles with known
 solutions, by the library's :mod:`hyperset.sudoku.evaluate`: a per-iteration table (one single pass read out at
-each --iters), a per-givens table, and the solver's strategies (single, auto, commit) timed.
+each --iters), a per-givens table, and the solver's strategies (single, auto, commit) timed; on Sudoku-Extreme
+(:mod:`hyperset.sudoku.extreme`) also board accuracy per rating bucket.
 """
 
 from __future__ import annotations
@@ -18,13 +20,16 @@ from hyperset.cli_options import (
     checkpoint_input,
     device_option,
     echo_json,
+    error_line,
     json_option,
     out_option,
     threads_option,
     write_json_out,
 )
 from hyperset.config import MAX_ITERS
+from hyperset.download import DownloadError
 from hyperset.solve import CPU_BATCH_SIZE, DEFAULT_PASSES, GPU_BATCH_SIZE, STRATEGIES
+from hyperset.sudoku import extreme
 from hyperset.sudoku.board import PuzzleError
 from hyperset.sudoku.data import SPLITS
 
@@ -32,7 +37,7 @@ PROG = "hyperset-eval sudoku"
 
 
 def _fail(message: str) -> NoReturn:
-    click.echo(f"{PROG}: error: {message}", err=True)
+    click.echo(error_line(PROG, message), err=True)
     sys.exit(2)
 
 
@@ -69,16 +74,40 @@ def print_report(report: dict[str, Any]) -> None:
         cells = [report["per_givens"][str(d)].get(str(g)) for d in depths]
         count = next(c["boards"] for c in cells if c)
         click.echo(f"  {g:6d}  {count:6d}  " + "  ".join(f"{_pct(c['board_acc'] if c else None):>7}" for c in cells))
+    if "per_rating" in report:
+        print_rating_table(report)
+
+
+def print_rating_table(report: dict[str, Any]) -> None:
+    """Board accuracy per rating bucket: the single pass at each depth, then each strategy but single (the same
+    numbers as the depths)."""
+    columns = [(f"@{d}", report["per_rating"][str(d)]) for d in report["iters"]]
+    columns += [(r["strategy"], r["per_rating"]) for r in report["strategies"]
+                if r["settings"].get("strategy") != "single"]
+    width = max(7, *(len(name) for name, _ in columns))
+    click.echo("")
+    click.echo(f"board accuracy per rating bucket ({report['boards']:,} of the split's {report['available']:,} "
+               f"puzzles, a seeded uniform draw)")
+    click.echo("  rating  boards  " + "  ".join(f"{name:>{width}}" for name, _ in columns))
+    for bucket, row in columns[0][1].items():
+        cells = "  ".join(f"{_pct(table[bucket]['board_acc']):>{width}}" for _, table in columns)
+        click.echo(f"  {bucket:>6}  {row['boards']:6d}  {cells}")
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @checkpoint_input("sudoku")
 @click.option("--data", required=True, type=click.Path(),
-              help="puzzle,solution CSV file (plain, .gz, or a zip member), or a folder holding the --split file")
-@click.option("--split", type=click.Choice(SPLITS), default="valid", show_default=True,
-              help="which file of a --data folder (train.csv, valid.csv, test.csv, ...)")
-@click.option("--boards", type=click.IntRange(min=1), default=None,
-              help="evaluate a seeded draw of N boards (the paper protocol) [default: 1000, or all if fewer]")
+              help="puzzle,solution CSV file (plain, .gz, or a zip member), a folder holding the --split file, or "
+                   f"{extreme.NAME} (the Hugging Face dataset, kept in the cache; ./{extreme.NAME} for a folder)")
+@click.option("--download", is_flag=True,
+              help=f"fetch the data first if it is not there: {extreme.NAME} into the cache, or the RRN "
+                   "sudoku-hard data into the --data folder (verified)")
+@click.option("--split", type=click.Choice(SPLITS), default=None,
+              help=f"which file of a --data folder (train.csv, valid.csv, test.csv, ...) or of {extreme.NAME} "
+                   "(train, test) [default: valid; test for sudoku-extreme]")
+@click.option("--boards", type=click.IntRange(min=0), default=None,
+              help="evaluate a seeded draw of N boards (the paper protocol: a seeded shuffle, the first N; 0: all) "
+                   "[default: 1000, or all if fewer]")
 @click.option("--seed", type=int, default=0, show_default=True, help="seed of the draw")
 @click.option("--iters", type=click.IntRange(1, MAX_ITERS), multiple=True,
               help="depths to read out and to run the strategies at (repeatable; may exceed the trained depth) "
@@ -94,9 +123,9 @@ def print_report(report: dict[str, Any]) -> None:
 @json_option()
 @out_option()
 @click.option("--progress/--no-progress", default=None, help="progress bars on standard error [default: on a terminal]")
-def sudoku_command(checkpoint: str, data: str, split: str, boards: int | None, seed: int, iters: tuple[int, ...],
-                   strategies: tuple[str, ...], passes: int, batch_size: int | None, threads: int | None, device: str,
-                   as_json: bool, out: str | None, progress: bool | None) -> None:
+def sudoku_command(checkpoint: str, data: str, download: bool, split: str | None, boards: int | None, seed: int,
+                   iters: tuple[int, ...], strategies: tuple[str, ...], passes: int, batch_size: int | None,
+                   threads: int | None, device: str, as_json: bool, out: str | None, progress: bool | None) -> None:
     """Board and cell accuracy of a Sudoku model (default: the shipped one) on puzzles with known solutions.
 
     Exit code 0 when done, 2 on bad input (a malformed line is named by file and line).
@@ -105,7 +134,8 @@ def sudoku_command(checkpoint: str, data: str, split: str, boards: int | None, s
     from hyperset.device import set_cpu_threads
     from hyperset.pretrained import resolve
     from hyperset.solve import Solver
-    from hyperset.sudoku.evaluate import evaluate, load_boards
+    from hyperset.sudoku.data import download_rrn
+    from hyperset.sudoku.evaluate import draw, evaluate, load_boards
 
     try:
         if out is not None:
@@ -113,12 +143,22 @@ def sudoku_command(checkpoint: str, data: str, split: str, boards: int | None, s
         if not data.strip():
             raise click.UsageError("--data: an empty path")
         set_cpu_threads(threads)
-        loaded = load_boards(Path(data), split, boards, seed)
+        if data == extreme.NAME:
+            split = split or "test"
+            rated = extreme.load(extreme.cached_split(split, download, progress))
+            loaded = draw(rated.puzzles, rated.solutions, str(extreme.split_path(split)), split, boards, seed,
+                          rated.ratings)
+        else:
+            if download:
+                if Path(data).is_file() or Path(data).suffix.lower() in (".csv", ".gz", ".zip"):
+                    raise click.UsageError(f"--download fetches into a folder: --data DIR or --data {extreme.NAME}")
+                download_rrn(data)
+            loaded = load_boards(Path(data), split or "valid", boards, seed)
         path = resolve(checkpoint)
         solver = Solver.load(path, device)
     except click.UsageError as e:
         _fail(e.message)
-    except (PuzzleError, CheckpointError, FileNotFoundError, ValueError) as e:
+    except (PuzzleError, CheckpointError, DownloadError, FileNotFoundError, ValueError) as e:
         _fail(str(e))
     try:
         report = evaluate(solver, loaded, iters or None, strategies or ("single",), passes, batch_size,

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from hyperset.cli_options import OneLineGroup, version_option
+from hyperset.cli_options import OneLineGroup, error_line, version_option
 from hyperset.extras import MissingExtra, require
 
 from .eval_sudoku import sudoku_command
@@ -24,7 +24,7 @@ def _needs_extra(name: str, error: MissingExtra) -> click.Command:
     @click.command(name, context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
                    add_help_option=False, help=f"(not installed) {error}")
     def command() -> None:
-        click.echo(f"hyperset-eval {name}: error: {error}", err=True)
+        click.echo(error_line(f"hyperset-eval {name}", error), err=True)
         sys.exit(2)
 
     return command

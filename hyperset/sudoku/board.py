@@ -7,15 +7,17 @@ Cells are numbered ``0..80`` row-major; messages name them ``r<row>c<col>`` with
 
 from __future__ import annotations
 
+import codecs
 import gzip
 import io
+import itertools
 import os
 import re
 import sys
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -30,6 +32,8 @@ __all__ = [
     "cell_name",
     "conflicts",
     "format_grid",
+    "iter_file",
+    "iter_lines",
     "parse_file",
     "parse_puzzles",
     "to_array",
@@ -128,6 +132,8 @@ def to_string(board: Board) -> str:
     if isinstance(board, str):
         if len(board) != 81:
             raise PuzzleError("<board>", None, f"expected 81 cells, found {len(board)}")
+        if board.isascii() and board.isdigit():
+            return board
         out = []
         for col, ch in enumerate(board, start=1):
             if ch in "123456789":
@@ -195,6 +201,9 @@ def conflicts(board: Board) -> list[tuple[int, int]]:
     cells = to_array(board).tolist()
     pairs: set[tuple[int, int]] = set()
     for unit in UNITS:
+        digits = [cells[a] for a in unit if cells[a]]
+        if len(digits) == len(set(digits)):  # no digit twice: no pair to look for
+            continue
         for x, a in enumerate(unit):
             d = cells[a]
             if d:
@@ -352,7 +361,8 @@ class _Parser:
     def __init__(self, source: str, search: bool = True) -> None:
         self.source = source
         self.search = search
-        self.puzzles: list[Puzzle] = []
+        self.puzzles: list[Puzzle] = []  # parsed and not yet handed out (iter_lines takes them)
+        self.count = 0  # puzzles parsed so far
         self.rows: list[str] = []  # pending grid rows
         self.row_lines: list[int] = []
         self.csv_columns: tuple[int, int | None, int] | None = None  # (puzzle, solution, n_fields)
@@ -384,8 +394,9 @@ class _Parser:
             warnings = (f"only {n} given{'s' if n != 1 else ''}: cannot have a unique solution",)
         elif several:
             warnings = ("several solutions: a valid board is one of them, not the puzzle's answer",)
-        self.puzzles.append(Puzzle(givens, solution, self.source, line, len(self.puzzles), warnings,
+        self.puzzles.append(Puzzle(givens, solution, self.source, line, self.count, warnings,
                                    None if why is None else f"no solution: {why}"))
+        self.count += 1
 
     def end_grid(self, reason_line: int | None = None) -> None:
         if not self.rows:
@@ -492,6 +503,21 @@ class _Parser:
 SEARCH_NODES = 1000
 
 
+def iter_lines(lines: Iterable[tuple[int, str]], source: str = "<text>", search: bool = True) -> Iterator[Puzzle]:
+    """The puzzles of numbered text lines, each as soon as its last line is read (see :func:`parse_puzzles`);
+    raises :class:`PuzzleError` where the input stops making sense, after the puzzles before it."""
+    parser = _Parser(source, search)
+    for line_no, raw in lines:
+        parser.text_line(raw, line_no)
+        if parser.puzzles:
+            yield from parser.puzzles
+            parser.puzzles.clear()
+    parser.end_grid()
+    yield from parser.puzzles
+    if not parser.count:
+        raise PuzzleError(source, None, "no puzzles found")
+
+
 def parse_puzzles(text: str, source: str = "<text>", search: bool = True) -> list[Puzzle]:
     """Parse every puzzle in ``text``.
 
@@ -504,48 +530,162 @@ def parse_puzzles(text: str, source: str = "<text>", search: bool = True) -> lis
     """
     if text.startswith("\ufeff"):
         text = text[1:]
-    parser = _Parser(source, search)
     # lines end at \n, \r\n or \r only: str.splitlines would also end them at form feeds and other separators,
     # which split a comment in two and shift every later line number
-    for line_no, raw in enumerate(re.split(r"\r\n|\r|\n", text.removesuffix("\n")), start=1):
-        parser.text_line(raw, line_no)
-    parser.end_grid()
-    if not parser.puzzles:
-        raise PuzzleError(source, None, "no puzzles found")
-    return parser.puzzles
+    lines = enumerate(re.split(r"\r\n|\r|\n", text.removesuffix("\n")), start=1)
+    return list(iter_lines(_counted(lines, source), source, search))
 
 
 #: The most bytes a puzzle input may hold, read or decompressed (1,000,000 puzzles as RRN CSV lines with their
-#: solutions are 164 MB): /dev/zero, an endless pipe or a gzip bomb stop here instead of filling the memory.
+#: solutions are 164 MB): /dev/zero, an endless pipe or a gzip bomb stop here instead of running for hours.
 MAX_INPUT_BYTES = 256 * 2**20
+#: The most lines a puzzle input may hold: 1,000,000 puzzles as 9-line grids, each with a title and a blank line,
+#: are 11 million; a flood of empty lines stops here, read as it comes, never held.
+MAX_INPUT_LINES = 12_000_000
+#: The longest line a puzzle input may hold (a CSV row with its puzzle, solution and a few more columns is under
+#: 300 bytes): a file without line ends is refused at this length instead of being read whole into one line.
+MAX_LINE_BYTES = 64 * 2**10
+_CHUNK = 2**20  # bytes read at a time
 
 
 def _size(n: int) -> str:
     return f"{n / 2**20:g} MiB" if n >= 2**20 else f"{n / 2**10:g} KiB"
 
 
-def _read_limited(stream: BinaryIO, source: str, what: str) -> bytes:
-    """At most MAX_INPUT_BYTES from `stream`; a PuzzleError saying so when there is more."""
-    data = stream.read(MAX_INPUT_BYTES + 1)
-    if len(data) > MAX_INPUT_BYTES:
-        raise PuzzleError(source, None, f"{what} {_size(MAX_INPUT_BYTES)} (the most a puzzle input may hold); "
-                                        "split it into smaller files")
-    return data
+def _counted(lines: Iterable[tuple[int, str]], source: str) -> Iterator[tuple[int, str]]:
+    """`lines`, refused once there are more than MAX_INPUT_LINES of them."""
+    for line_no, raw in lines:
+        if line_no > MAX_INPUT_LINES:
+            raise PuzzleError(source, line_no, f"more than {MAX_INPUT_LINES:,} lines (the most a puzzle input may "
+                                               "hold); split it into smaller files")
+        yield line_no, raw
 
 
-def _read_bytes(path: str) -> tuple[bytes, str]:
+def _chunks(stream: BinaryIO, source: str, what: str) -> Iterator[bytes]:
+    """The bytes of `stream` as they come (a pipe's first line need not wait for the rest), refused once there
+    are more than MAX_INPUT_BYTES of them."""
+    total = 0
+    read = getattr(stream, "read1", stream.read)
+    while True:
+        try:
+            data = read(_CHUNK)
+        except (OSError, EOFError, zlib.error) as err:
+            if isinstance(stream, gzip.GzipFile):
+                raise PuzzleError(source, None, f"damaged gzip file ({err})") from None
+            raise PuzzleError(source, None, f"cannot read ({err.strerror or err})") from None
+        if not data:
+            return
+        total += len(data)
+        if total > MAX_INPUT_BYTES:
+            raise PuzzleError(source, None, f"{what} {_size(MAX_INPUT_BYTES)} (the most a puzzle input may hold); "
+                                            "split it into smaller files")
+        yield data
+
+
+class _Rejoined(io.RawIOBase):
+    """A stream whose first bytes were already taken off (to look at them): they come first, then the rest."""
+
+    def __init__(self, head: bytes, rest: Iterator[bytes]) -> None:
+        self.pending, self.rest = head, rest
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        if not self.pending:
+            self.pending = next(self.rest, b"")
+        n = min(len(buffer), len(self.pending))
+        buffer[:n] = self.pending[:n]
+        self.pending = self.pending[n:]
+        return n
+
+
+def _first_bytes(chunks: Iterator[bytes], n: int) -> bytes:
+    """At least `n` bytes from `chunks` (fewer at the end of the input)."""
+    head = b""
+    for data in chunks:
+        head += data
+        if len(head) >= n:
+            break
+    return head
+
+
+_LINE_ENDS = re.compile(r"\r\n|\r|\n")
+_LINE_ENDS_B = re.compile(rb"\r\n|\r|\n")
+
+
+def _complete_lines(buf: Any, final: bool, source: str, line_no: int) -> tuple[list[Any], Any]:
+    """The lines of `buf` (bytes or str) ended by \\n, \\r\\n or \\r, and the start of the next (a \\r at the
+    end may be half of a \\r\\n, so it waits); at the end of the input (`final`) the rest is a line too."""
+    ends = _LINE_ENDS_B if isinstance(buf, bytes) else _LINE_ENDS
+    held = buf[-1:] if not final and buf[-1:] in ("\r", b"\r") else buf[:0]
+    lines = ends.split(buf[:len(buf) - len(held)])
+    tail = lines.pop() + held if not final else buf[:0]
+    if final and lines and not lines[-1]:  # the input's last line end ends the last line, starts no other
+        lines.pop()
+    if len(tail) > MAX_LINE_BYTES or any(len(x) > MAX_LINE_BYTES for x in lines):
+        long = next((k for k, x in enumerate(lines) if len(x) > MAX_LINE_BYTES), len(lines))
+        raise PuzzleError(source, line_no + long + 1, f"a line longer than {_size(MAX_LINE_BYTES)}: not a puzzle "
+                                                      "file")
+    return lines, tail
+
+
+def _byte_lines(chunks: Iterator[bytes], source: str) -> Iterator[tuple[int, bytes]]:
+    """Numbered lines of a byte stream, each at most MAX_LINE_BYTES."""
+    tail = b""
+    line_no = 0
+    for data in itertools.chain(chunks, [b""]):
+        if b"\x00" in data:
+            raise PuzzleError(source, None, "looks like a binary file, not text")
+        lines, tail = _complete_lines(tail + data, not data, source, line_no)
+        for line in lines:
+            line_no += 1
+            yield line_no, line
+
+
+def _utf8_lines(chunks: Iterator[bytes], source: str) -> Iterator[tuple[int, str]]:
+    for line_no, data in _byte_lines(chunks, source):
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise PuzzleError(source, line_no, f"not UTF-8 text (byte 0x{data[err.start]:02x})") from None
+        yield line_no, text.removeprefix("\ufeff") if line_no == 1 else text
+
+
+def _utf16_lines(chunks: Iterator[bytes], source: str) -> Iterator[tuple[int, str]]:
+    """Lines of UTF-16 text with a byte order mark (Windows Notepad, PowerShell redirection)."""
+    decoder = codecs.getincrementaldecoder("utf-16")()
+    tail = ""
+    line_no = 0
+    for data in itertools.chain(chunks, [b""]):
+        try:
+            text = decoder.decode(data, final=not data)
+        except UnicodeDecodeError:
+            reason = "not valid UTF-16 text (the file starts with a UTF-16 byte order mark)"
+            raise PuzzleError(source, line_no + 1, reason) from None
+        if "\x00" in text:
+            raise PuzzleError(source, None, "looks like a binary file, not text")
+        lines, tail = _complete_lines(tail + text, not data, source, line_no)
+        for line in lines:
+            line_no += 1
+            yield line_no, line
+
+
+def _open(path: str) -> tuple[BinaryIO, str]:
+    """The byte stream of `path` ('-': standard input), with the name errors give it."""
     if path == "-":
         if sys.stdin is None:  # `<&-`, or pythonw on Windows
             raise PuzzleError("<stdin>", None, "standard input is closed")
         if sys.stdin.isatty():  # nothing piped in: say what it waits for instead of hanging silently
             end = "Ctrl-Z then Enter" if os.name == "nt" else "Ctrl-D"
             print(f"reading puzzles from standard input (type or paste them, then {end})", file=sys.stderr)
-        return _read_limited(sys.stdin.buffer, "<stdin>", "input larger than"), "<stdin>"
+        return sys.stdin.buffer, "<stdin>"
     if not path.strip():
         raise PuzzleError("''", None, "an empty file name (give a path, or - for standard input)")
     try:
-        with open(path, "rb") as f:
-            return _read_limited(f, path, "input larger than"), path
+        if os.path.isdir(path):
+            raise IsADirectoryError
+        return open(path, "rb"), path
     except FileNotFoundError:
         raise PuzzleError(path, None, "file not found") from None
     except IsADirectoryError:
@@ -556,39 +696,37 @@ def _read_bytes(path: str) -> tuple[bytes, str]:
         raise PuzzleError(path, None, f"cannot read file ({err.strerror or err})") from None
 
 
-def _gunzip(data: bytes, source: str) -> bytes:
-    """Decompress at most MAX_INPUT_BYTES: a small gzip that expands to gigabytes is refused on the way."""
+def iter_file(path: str | os.PathLike, search: bool = True) -> Iterator[Puzzle]:
+    """The puzzles of a file (see :func:`parse_puzzles`; ``-`` reads stdin, gzip is decompressed), each as soon as
+    it is read: memory stays flat however long the input. The file is opened at the call (a missing file is a
+    PuzzleError then); an input larger than MAX_INPUT_BYTES (read or decompressed), with more than
+    MAX_INPUT_LINES lines or a line over MAX_LINE_BYTES is refused where it goes past, after the puzzles
+    before."""
+    stream, source = _open(str(path))
+    return _iter_stream(stream, source, str(path).endswith(".gz"), search)
+
+
+def _iter_stream(stream: BinaryIO, source: str, gz_name: bool, search: bool) -> Iterator[Puzzle]:
     try:
-        return _read_limited(gzip.GzipFile(fileobj=io.BytesIO(data)), source, "gzip data that expands to more than")
-    except (OSError, EOFError, zlib.error) as err:
-        raise PuzzleError(source, None, f"damaged gzip file ({err})") from None
+        chunks = _chunks(stream, source, "input larger than")
+        head = _first_bytes(chunks, 2)
+        if head[:2] == b"\x1f\x8b":
+            unzipped = gzip.GzipFile(fileobj=io.BufferedReader(_Rejoined(head, chunks)))
+            chunks = _chunks(unzipped, source, "gzip data that expands to more than")
+            head = _first_bytes(chunks, 2)
+        elif gz_name:
+            raise PuzzleError(source, None, "named .gz but is not a gzip file")
+        chunks = itertools.chain([head], chunks)
+        if head[:2] in (b"\xff\xfe", b"\xfe\xff"):
+            lines = _utf16_lines(chunks, source)
+        else:
+            lines = _utf8_lines(chunks, source)
+        yield from iter_lines(_counted(lines, source), source, search)
+    finally:
+        if stream is not getattr(sys.stdin, "buffer", None):
+            stream.close()
 
 
-def parse_file(path: str | os.PathLike) -> list[Puzzle]:
-    """Parse a puzzle file (see :func:`parse_puzzles`); ``-`` reads stdin, ``.gz`` files are decompressed. Inputs
-    larger than MAX_INPUT_BYTES (read or decompressed) are refused."""
-    data, source = _read_bytes(str(path))
-    if data[:2] == b"\x1f\x8b":
-        data = _gunzip(data, source)
-    elif str(path).endswith(".gz"):
-        raise PuzzleError(source, None, "named .gz but is not a gzip file")
-    if data[:2] in (b"\xff\xfe", b"\xfe\xff"):  # UTF-16 with a BOM (Windows Notepad, PowerShell redirection)
-        return _parse_utf16(data, source)
-    if b"\x00" in data:
-        raise PuzzleError(source, None, "looks like a binary file, not text")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        line = data.count(b"\n", 0, err.start) + 1
-        raise PuzzleError(source, line, f"not UTF-8 text (byte 0x{data[err.start]:02x})") from None
-    return parse_puzzles(text, source)
-
-
-def _parse_utf16(data: bytes, source: str) -> list[Puzzle]:
-    try:
-        text = data.decode("utf-16")
-    except UnicodeDecodeError as err:
-        line = data[: err.start].decode("utf-16", errors="replace").count("\n") + 1
-        reason = "not valid UTF-16 text (the file starts with a UTF-16 byte order mark)"
-        raise PuzzleError(source, line, reason) from None
-    return parse_puzzles(text, source)
+def parse_file(path: str | os.PathLike, search: bool = True) -> list[Puzzle]:
+    """Every puzzle of a file (:func:`iter_file`) in a list."""
+    return list(iter_file(path, search))
