@@ -57,7 +57,15 @@ from hyperset.strategies import REGISTRY, BoardResult
 from hyperset.sudoku.board import Puzzle, PuzzleError, cell_name, conflicts, parse_puzzles, validate
 
 from .energy_plot import energy_svg
-from .limits import MAX_IMAGE_PIXELS, MAX_UPLOAD_BYTES, RequestLimits, RunGuard, limit_pixels, pixel_problem
+from .limits import (
+    MAX_IMAGE_PIXELS,
+    MAX_UPLOAD_BYTES,
+    SESSION_STATES,
+    RequestLimits,
+    RunGuard,
+    limit_pixels,
+    pixel_problem,
+)
 
 __all__ = [
     "EXAMPLES",
@@ -1298,8 +1306,9 @@ def build_demo(solver: Any = None, mim: Any = None, sudoku_note: str = "", mim_n
 
 def launch_kwargs() -> dict[str, Any]:
     """Options for ``demo.launch`` that belong to the app: the upload and request size limits (the middleware
-    refuses an oversized body before Gradio reads it) and no server-side rendering."""
+    refuses an oversized body before Gradio reads it), the number of session states kept (Gradio makes one per API
+    call, with its inputs) and no server-side rendering."""
     from starlette.middleware import Middleware
 
-    return {"max_file_size": MAX_UPLOAD_BYTES, "ssr_mode": False,
+    return {"max_file_size": MAX_UPLOAD_BYTES, "ssr_mode": False, "state_session_capacity": SESSION_STATES,
             "app_kwargs": {"middleware": [Middleware(RequestLimits)]}}

@@ -10,6 +10,8 @@
   also keeps a bounded number of uploaded blobs and accepts only small layer indices.
 
 Uploaded and generated files are deleted after an hour by Gradio's own ``delete_cache`` (``hyperset.apps.app``).
+Gradio keeps a session state for every API call, with the call's inputs in it (a new session per call to
+``/call/{api_name}``): the app keeps at most :data:`SESSION_STATES` of them (``launch_kwargs``).
 """
 
 from __future__ import annotations
@@ -30,8 +32,8 @@ import gradio as gr
 from fastapi import HTTPException
 from PIL import Image
 
-__all__ = ["MAX_BODY_BYTES", "MAX_IMAGE_PIXELS", "MAX_UPLOAD_BYTES", "STREAMS", "RequestLimits", "RunGuard",
-           "StreamWatch", "check_pixels", "image_size", "limit_pixels", "pixel_problem"]
+__all__ = ["MAX_BODY_BYTES", "MAX_IMAGE_PIXELS", "MAX_UPLOAD_BYTES", "SESSION_STATES", "STREAMS", "RequestLimits",
+           "RunGuard", "StreamWatch", "check_pixels", "image_size", "limit_pixels", "pixel_problem"]
 
 MAX_UPLOAD_BYTES = 8 * 1024 * 1024  # one uploaded image file (also launch()'s max_file_size)
 MAX_BODY_BYTES = 1024 * 1024  # any other request: a grid, 20,000 characters of text, references to uploaded files
@@ -41,6 +43,10 @@ MAX_IMAGE_PIXELS = 4096 * 4096  # an image input, checked from the file header b
 MAX_EDITOR_LAYERS = 8  # layer index the image editor accepts (Gradio sizes a list by the index it is sent)
 EDITOR_BLOB_SLOTS = 32  # image-editor uploads waiting for their event (Gradio keeps them until the event runs)
 LISTEN_GRACE = 10.0  # seconds a queued job may run before a client opens its event stream
+# Session states Gradio keeps (launch's state_session_capacity; its default, 10,000, is ~11 GB of 1 MiB inputs). Each
+# holds a copy of the page's config (~0.1 MB) and the last inputs of the session (up to MAX_BODY_BYTES): at most
+# ~70 MB. Evicting one costs this app nothing: it keeps no gr.State and renders nothing per session.
+SESSION_STATES = 64
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

@@ -1,4 +1,5 @@
-"""The app's limits: request bodies, image sizes, time per solve, abandoned jobs, temp files, start-up errors.
+"""The app's limits: request bodies, image sizes, time per solve, abandoned jobs, temp files, session states,
+start-up errors.
 
 Every server here listens on the loopback interface (127.0.0.1 or ::1) and gets a bounded number of requests. The
 load test runs the app in its own process so its resident memory can be read from /proc."""
@@ -267,6 +268,15 @@ def test_editor_blob_uploads_are_bounded(served):
     for i in range(limits.EDITOR_BLOB_SLOTS + 5):
         assert send_blob(f"id{i}", MAX_EDITOR_LAYERS - 1).status_code == 200
     assert len(editor.blob_storage) == limits.EDITOR_BLOB_SLOTS
+
+
+def test_api_calls_keep_a_bounded_number_of_session_states(served):
+    """Gradio keeps a session state for every API call (each call is a session of its own) with the call's inputs
+    in it, up to 1 MiB a call: the app keeps the newest SESSION_STATES, where Gradio's default is 10,000."""
+    too_long = "1" * (app_module.MAX_TEXT_CHARS + 1)  # refused by the handler, held in the session state all the same
+    for _ in range(limits.SESSION_STATES + 8):
+        assert _call(served.client, "load_puzzle", [too_long])[0] == "complete"
+    assert len(served.demo.state_holder.session_data) == limits.SESSION_STATES
 
 
 # ---- the launched app, in its own process: memory under load -------------------------------------------------
