@@ -532,8 +532,8 @@ def parse_puzzles(text: str, source: str = "<text>", search: bool = True) -> lis
         text = text[1:]
     # lines end at \n, \r\n or \r only: str.splitlines would also end them at form feeds and other separators,
     # which split a comment in two and shift every later line number
-    lines = enumerate(re.split(r"\r\n|\r|\n", text.removesuffix("\n")), start=1)
-    return list(iter_lines(_counted(lines, source), source, search))
+    lines = re.split(r"\r\n|\r|\n", text.removesuffix("\n"))
+    return list(iter_lines(_numbered([lines], source), source, search))
 
 
 #: The most bytes a puzzle input may hold, read or decompressed (1,000,000 puzzles as RRN CSV lines with their
@@ -550,15 +550,6 @@ _CHUNK = 2**20  # bytes read at a time
 
 def _size(n: int) -> str:
     return f"{n / 2**20:g} MiB" if n >= 2**20 else f"{n / 2**10:g} KiB"
-
-
-def _counted(lines: Iterable[tuple[int, str]], source: str) -> Iterator[tuple[int, str]]:
-    """`lines`, refused once there are more than MAX_INPUT_LINES of them."""
-    for line_no, raw in lines:
-        if line_no > MAX_INPUT_LINES:
-            raise PuzzleError(source, line_no, f"more than {MAX_INPUT_LINES:,} lines (the most a puzzle input may "
-                                               "hold); split it into smaller files")
-        yield line_no, raw
 
 
 def _chunks(stream: BinaryIO, source: str, what: str) -> Iterator[bytes]:
@@ -630,21 +621,42 @@ def _complete_lines(buf: Any, final: bool, source: str, line_no: int) -> tuple[l
     return lines, tail
 
 
-def _byte_lines(chunks: Iterator[bytes], source: str) -> Iterator[tuple[int, bytes]]:
-    """Numbered lines of a byte stream, each at most MAX_LINE_BYTES."""
-    tail = b""
+def _numbered(batches: Iterable[list[Any]], source: str) -> Iterator[tuple[int, Any]]:
+    """The lines of `batches` (lists of lines, in order) numbered from 1, a run of empty lines given once (the
+    parser reads one as it reads many, and a flood of them costs no parsing), refused past MAX_INPUT_LINES."""
     line_no = 0
-    for data in itertools.chain(chunks, [b""]):
-        if b"\x00" in data:
-            raise PuzzleError(source, None, "looks like a binary file, not text")
-        lines, tail = _complete_lines(tail + data, not data, source, line_no)
+    blank = False
+    for lines in batches:
+        if line_no + len(lines) > MAX_INPUT_LINES:
+            lines = lines[:MAX_INPUT_LINES - line_no + 1]
         for line in lines:
             line_no += 1
+            if line_no > MAX_INPUT_LINES:
+                raise PuzzleError(source, line_no, f"more than {MAX_INPUT_LINES:,} lines (the most a puzzle input "
+                                                   "may hold); split it into smaller files")
+            if not line:
+                if blank:
+                    continue
+                blank = True
+            else:
+                blank = False
             yield line_no, line
 
 
+def _byte_batches(chunks: Iterator[bytes], source: str) -> Iterator[list[bytes]]:
+    """The lines of a byte stream, chunk by chunk, each at most MAX_LINE_BYTES."""
+    tail = b""
+    count = 0
+    for data in itertools.chain(chunks, [b""]):
+        if b"\x00" in data:
+            raise PuzzleError(source, None, "looks like a binary file, not text")
+        lines, tail = _complete_lines(tail + data, not data, source, count)
+        count += len(lines)
+        yield lines
+
+
 def _utf8_lines(chunks: Iterator[bytes], source: str) -> Iterator[tuple[int, str]]:
-    for line_no, data in _byte_lines(chunks, source):
+    for line_no, data in _numbered(_byte_batches(chunks, source), source):
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError as err:
@@ -652,23 +664,26 @@ def _utf8_lines(chunks: Iterator[bytes], source: str) -> Iterator[tuple[int, str
         yield line_no, text.removeprefix("\ufeff") if line_no == 1 else text
 
 
-def _utf16_lines(chunks: Iterator[bytes], source: str) -> Iterator[tuple[int, str]]:
-    """Lines of UTF-16 text with a byte order mark (Windows Notepad, PowerShell redirection)."""
+def _utf16_batches(chunks: Iterator[bytes], source: str) -> Iterator[list[str]]:
     decoder = codecs.getincrementaldecoder("utf-16")()
     tail = ""
-    line_no = 0
+    count = 0
     for data in itertools.chain(chunks, [b""]):
         try:
             text = decoder.decode(data, final=not data)
         except UnicodeDecodeError:
             reason = "not valid UTF-16 text (the file starts with a UTF-16 byte order mark)"
-            raise PuzzleError(source, line_no + 1, reason) from None
+            raise PuzzleError(source, count + 1, reason) from None
         if "\x00" in text:
             raise PuzzleError(source, None, "looks like a binary file, not text")
-        lines, tail = _complete_lines(tail + text, not data, source, line_no)
-        for line in lines:
-            line_no += 1
-            yield line_no, line
+        lines, tail = _complete_lines(tail + text, not data, source, count)
+        count += len(lines)
+        yield lines
+
+
+def _utf16_lines(chunks: Iterator[bytes], source: str) -> Iterator[tuple[int, str]]:
+    """Lines of UTF-16 text with a byte order mark (Windows Notepad, PowerShell redirection)."""
+    return _numbered(_utf16_batches(chunks, source), source)
 
 
 def _open(path: str) -> tuple[BinaryIO, str]:
@@ -721,7 +736,7 @@ def _iter_stream(stream: BinaryIO, source: str, gz_name: bool, search: bool) -> 
             lines = _utf16_lines(chunks, source)
         else:
             lines = _utf8_lines(chunks, source)
-        yield from iter_lines(_counted(lines, source), source, search)
+        yield from iter_lines(lines, source, search)
     finally:
         if stream is not getattr(sys.stdin, "buffer", None):
             stream.close()
