@@ -8,7 +8,8 @@ CSV rows, or puzzles alone with --no-solutions, which the parser then checks for
 runs the real command on it (`hyperset-solve FILE --strategy single --iters N --threads T`, every board printed
 into a pipe this script reads), and reports:
 
-  * `first_board_seconds`: from the command's start to the first board on its standard output;
+  * `first_board_seconds`: from the command's start to the first board on its standard output, beside the same
+    command's on a file of one puzzle (`one_puzzle`: its start-up), and their difference;
   * `peak_rss_mb`: the command's peak resident memory (the kernel's count, getrusage of the child);
   * `rss_mb`: the resident memory sampled every second, against the boards printed so far;
   * `batch_rate` (boards/s): the median rate of the batches once running (boards printed between samples over
@@ -179,10 +180,18 @@ def main() -> None:
         write_input(path, args.puzzles, not args.no_solutions)
         print(f"input: {args.puzzles:,} puzzles, {path.stat().st_size / 2**20:.0f} MiB in "
               f"{time.perf_counter() - t:.1f} s", file=sys.stderr)
+        one = Path(tmp) / "one.csv"
+        with open(path, "rb") as f:
+            one.write_bytes(f.readline() + f.readline())
+        single = run(one, args.iters, args.threads, args.batch_size)  # start-up alone: the same command on 1
         result = run(path, args.iters, args.threads, args.batch_size)
         size = path.stat().st_size
     report = {"puzzles": args.puzzles, "solutions_given": not args.no_solutions, "input_mib": size / 2**20,
-              "iters": args.iters, "run": result, "machine": machine(args.threads)}
+              "iters": args.iters, "run": result,
+              "one_puzzle": {k: v for k, v in single.items() if k != "samples"},
+              "first_board_after_one_puzzle_run": (result["first_board_seconds"] - single["first_board_seconds"]
+                                                   if result["first_board_seconds"] and single["first_board_seconds"]
+                                                   else None), "machine": machine(args.threads)}
     atomic_write_json(args.out, report)
     plot(report, args.out.with_suffix(".png"))
     r = result

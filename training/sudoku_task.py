@@ -1,4 +1,5 @@
-"""Sudoku for the shared trainer: RRN "sudoku-hard" data, loss on blank cells, board and cell accuracy."""
+"""Sudoku for the shared trainer: RRN "sudoku-hard" data or Sudoku-Extreme, loss on blank cells, board and cell
+accuracy."""
 
 from __future__ import annotations
 
@@ -12,15 +13,19 @@ import torch.nn.functional as F
 
 from hyperset.config import ModelConfig, check_choice
 from hyperset.models import HyperSETModel
+from hyperset.sudoku import extreme
 from hyperset.sudoku.board import UNITS
-from hyperset.sudoku.data import augment, find_split, load_csv, protocol_split
+from hyperset.sudoku.data import augment, find_split, load_csv, protocol_indices, protocol_split
 
 from .task import Task
 
 
 @dataclass
 class SudokuData:
-    """Where the puzzles come from, as in the paper's protocol (seeded permutation, first n rows)."""
+    """Where the puzzles come from, as in the paper's protocol (seeded permutation, first n rows).
+
+    ``data_dir`` is a folder with train/valid CSVs, or ``"sudoku-extreme"`` (its cached train.csv, see
+    :func:`extreme_train_valid`)."""
 
     data_dir: str = ""
     n_train: int = 9000  # 0: every training puzzle
@@ -59,6 +64,20 @@ def constraint_loss(logits: torch.Tensor, puzzles: torch.Tensor) -> torch.Tensor
     return (per_unit - 1).pow(2).mean()
 
 
+def extreme_train_valid(n_valid: int, seed: int) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+    """Sudoku-Extreme's train.csv (from the cache) split in two: ``n_valid`` puzzles held out for validation and
+    checkpoint selection, the first ``n_valid`` of a seeded permutation (``seed``), and the rest to train on. Its
+    test.csv is never read here: it stays for ``hyperset-eval sudoku --data sudoku-extreme``."""
+    rated = extreme.load(extreme.cached_split("train"))
+    n = len(rated)
+    if n_valid >= n:
+        raise ValueError(f"data.n_val + data.n_select = {n_valid}, but Sudoku-Extreme's train.csv holds {n:,} "
+                         "puzzles, and some must be left to train on")
+    order = protocol_indices(n, n, seed)
+    held, rest = order[:n_valid], np.sort(order[n_valid:])
+    return (rated.puzzles[rest], rated.solutions[rest]), (rated.puzzles[held], rated.solutions[held])
+
+
 @dataclass
 class SudokuTask(Task):
     model: ModelConfig
@@ -77,13 +96,20 @@ class SudokuTask(Task):
     def __post_init__(self) -> None:
         if not self.data.data_dir:
             raise ValueError("no Sudoku data folder given (--data DIR): it must hold train/valid CSVs "
-                             "(train.csv / valid.csv, *.csv.gz, rrnstyle_*.csv.gz or sudoku-hard.zip)")
-        root = Path(self.data.data_dir)
-        train_file, valid_file = find_split(root, "train"), find_split(root, "valid")
+                             "(train.csv / valid.csv, *.csv.gz, rrnstyle_*.csv.gz or sudoku-hard.zip); or "
+                             f"--data {extreme.NAME}")
         for key in ("n_train", "n_val", "n_select"):
             if getattr(self.data, key) < 0:
                 raise ValueError(f"data.{key} = {getattr(self.data, key)}: must be >= 0")
-        puzzles, solutions = load_csv(train_file)
+        need = self.data.n_val + self.data.n_select
+        if self.data.data_dir == extreme.NAME:
+            train_file = valid_file = extreme.split_path("train")
+            (puzzles, solutions), (vp, vs) = extreme_train_valid(need, self.data.seed)
+        else:
+            root = Path(self.data.data_dir)
+            train_file, valid_file = find_split(root, "train"), find_split(root, "valid")
+            puzzles, solutions = load_csv(train_file)
+            vp, vs = load_csv(valid_file)
         if not len(puzzles):
             raise ValueError(f"{train_file}: no training puzzles")
         if self.data.n_train > len(puzzles):
@@ -92,8 +118,6 @@ class SudokuTask(Task):
         if self.data.n_train:
             puzzles, solutions = protocol_split(puzzles, solutions, self.data.n_train, self.data.seed)
         self.train_puzzles, self.train_solutions = puzzles, solutions
-        vp, vs = load_csv(valid_file)
-        need = self.data.n_val + self.data.n_select
         vp, vs = protocol_split(vp, vs, min(need, len(vp)), self.data.seed)
         self.val = (vp[: self.data.n_val], vs[: self.data.n_val])
         self.select = (vp[self.data.n_val:], vs[self.data.n_val:])

@@ -14,14 +14,12 @@ import io
 import os
 import shutil
 import tempfile
-import urllib.error
-import urllib.request
 import zipfile
 from pathlib import Path
 
 import numpy as np
 
-from ..download import DownloadError, fetch, file_digest
+from ..download import DownloadError, failure_reason, fetch, file_digest
 from .board import UNITS, PuzzleError, _check_solution
 
 __all__ = [
@@ -34,6 +32,7 @@ __all__ = [
     "find_split",
     "givens_count",
     "load_csv",
+    "protocol_indices",
     "protocol_split",
 ]
 
@@ -254,10 +253,15 @@ def protocol_split(
     """
     if len(puzzles) != len(solutions):
         raise ValueError(f"puzzles and solutions differ in length ({len(puzzles)} vs {len(solutions)})")
-    if not 0 <= n <= len(puzzles):
-        raise ValueError(f"cannot take {n} samples from {len(puzzles)}")
-    idx = np.random.RandomState(seed).permutation(len(puzzles))[:n]
+    idx = protocol_indices(len(puzzles), n, seed)
     return puzzles[idx], solutions[idx]
+
+
+def protocol_indices(available: int, n: int, seed: int = 0) -> np.ndarray:
+    """The rows :func:`protocol_split` takes: ``np.random.RandomState(seed).permutation(available)[:n]``."""
+    if not 0 <= n <= available:
+        raise ValueError(f"cannot take {n} samples from {available}")
+    return np.random.RandomState(seed).permutation(available)[:n]
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -315,8 +319,8 @@ def find_split(data_dir: str | os.PathLike, split: str) -> Path:
              if root.exists() else f"{root} (the directory does not exist)")
     raise DataNotFoundError(
         f"no {split} split found in {where}: looked for {looked}{note}. "
-        f"Fetch the RRN data with hyperset-train --download or download_rrn({str(root)!r}), or place the files "
-        "there by hand."
+        f"Fetch the RRN data with --download (hyperset-train, hyperset-eval sudoku) or "
+        f"download_rrn({str(root)!r}), or place the files there by hand."
     )
 
 
@@ -367,16 +371,6 @@ def _extract(zpath: Path, target: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _why(err: BaseException) -> str:
-    if isinstance(err, urllib.error.HTTPError):
-        return f"HTTP error {err.code} {err.reason}"
-    if isinstance(err, urllib.error.URLError):
-        return str(err.reason)
-    if isinstance(err, TimeoutError):
-        return "the connection timed out"
-    return str(err) or type(err).__name__
-
-
 def download_rrn(
     dest_dir: str | os.PathLike, url: str = RRN_URL, sha256: str | None = None, timeout: float = 30
 ) -> Path:
@@ -414,7 +408,7 @@ def download_rrn(
     except (OSError, ValueError, EOFError, zipfile.BadZipFile, http.client.HTTPException) as err:
         _remove_empty(created)
         raise DownloadError(
-            f"Downloading the RRN sudoku data from {url} failed: {_why(err)}. {manual}"
+            f"Downloading the RRN sudoku data from {url} failed: {failure_reason(err)}. {manual}"
         ) from None
     except BaseException:
         _remove_empty(created)

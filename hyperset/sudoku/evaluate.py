@@ -13,6 +13,8 @@ Three measurements, all in one report (``evaluate``; ``hyperset-eval sudoku`` pr
 * **per iteration**: one single pass of the recurrence up to the largest requested depth, read out after every
   iteration (board accuracy, cell accuracy over the blank cells, E_ATTN / E_FF where the layer defines them);
 * **per givens**: board accuracy per number of givens at each requested depth (from the same pass);
+* **per rating**, for boards with ratings (Sudoku-Extreme, :mod:`hyperset.sudoku.extreme`): board accuracy per
+  rating bucket (:data:`hyperset.sudoku.rated.BUCKETS`) at each depth and of each strategy;
 * **strategies**: each inference strategy of :class:`hyperset.solve.Solver` (single, auto, commit) at each
   requested depth (auto once: it picks its own depth), timed, with the share of valid boards.
 """
@@ -33,7 +35,8 @@ import torch
 from ..cli_options import json_safe
 from ..device import dtype_name
 from ..solve import DEFAULT_PASSES, STRATEGIES, Solver, summarize
-from .data import find_split, givens_count, load_csv, protocol_split
+from .data import find_split, givens_count, load_csv, protocol_indices
+from .rated import BUCKETS, bucket_range
 
 PROTOCOL_BOARDS = 1000  # the paper's evaluation: 1,000 puzzles of the split (seed 0)
 PROTOCOL = "np.random.RandomState(seed).permutation, first n"
@@ -42,10 +45,12 @@ __all__ = [
     "PROTOCOL_BOARDS",
     "Boards",
     "IterationCurve",
+    "draw",
     "evaluate",
     "iteration_curve",
     "load_boards",
     "per_givens",
+    "per_rating",
     "run_strategy",
     "strategy_name",
     "to_strings",
@@ -62,6 +67,7 @@ class Boards:
     split: str | None = None
     seed: int = 0
     available: int = 0  # puzzles in the file before the draw
+    ratings: np.ndarray | None = None  # (n,) each puzzle's rating, where the data has them
 
     def __len__(self) -> int:
         return len(self.puzzles)
@@ -79,11 +85,9 @@ def to_strings(a: np.ndarray) -> list[str]:
 def load_boards(data: str | os.PathLike, split: str = "valid", boards: int | None = None, seed: int = 0
                 ) -> Boards:
     """Puzzles with solutions from ``data``: an RRN-style ``puzzle,solution`` CSV file (plain, .gz or a zip
-    member), or a folder holding the ``split`` file (see :func:`hyperset.sudoku.data.find_split`).
-
-    ``boards`` draws that many with the paper's protocol (:func:`protocol_split`, ``seed``); None takes
-    ``PROTOCOL_BOARDS`` or all the file holds if fewer. Raises ``PuzzleError`` (file, line, reason) for a
-    malformed line, ``DataNotFoundError`` for a missing split, ``ValueError`` for more boards than the file has.
+    member), or a folder holding the ``split`` file (see :func:`hyperset.sudoku.data.find_split`), drawn as
+    :func:`draw` says. Raises ``PuzzleError`` (file, line, reason) for a malformed line, ``DataNotFoundError`` for
+    a missing split, ``ValueError`` for more boards than the file has.
     """
     path = Path(data)
     used_split: str | None = None
@@ -91,19 +95,28 @@ def load_boards(data: str | os.PathLike, split: str = "valid", boards: int | Non
         path = find_split(path, split)
         used_split = split
     puzzles, solutions = load_csv(path)
+    return draw(puzzles, solutions, str(path), used_split, boards, seed)
+
+
+def draw(puzzles: np.ndarray, solutions: np.ndarray, source: str, split: str | None = None,
+         boards: int | None = None, seed: int = 0, ratings: np.ndarray | None = None) -> Boards:
+    """``boards`` of the puzzles drawn with the paper's protocol (:func:`protocol_indices`, ``seed``): a seeded
+    shuffle, then the first ``boards``, so every puzzle is as likely to be drawn (no stratification). None takes
+    ``PROTOCOL_BOARDS`` or all if fewer; 0 takes all."""
     available = len(puzzles)
     if available == 0:
-        raise ValueError(f"{path}: holds no puzzles")
+        raise ValueError(f"{source}: holds no puzzles")
     if boards is None:
         n = min(PROTOCOL_BOARDS, available)
     elif boards > available:
-        raise ValueError(f"{path}: asked for {boards} boards but the file holds {available}")
-    elif boards < 1:
-        raise ValueError(f"boards must be at least 1, got {boards}")
+        raise ValueError(f"{source}: asked for {boards} boards but the file holds {available}")
+    elif boards < 0:
+        raise ValueError(f"boards must be at least 0 (0: all), got {boards}")
     else:
-        n = boards
-    puzzles, solutions = protocol_split(puzzles, solutions, n, seed)
-    return Boards(puzzles, solutions, str(path), used_split, seed, available)
+        n = boards or available
+    idx = protocol_indices(available, n, seed)
+    return Boards(puzzles[idx], solutions[idx], source, split, seed, available,
+                  None if ratings is None else np.asarray(ratings)[idx])
 
 
 @dataclass
@@ -196,6 +209,18 @@ def per_givens(board_right: np.ndarray, givens: np.ndarray) -> dict[int, dict[st
             for g in np.unique(givens)}
 
 
+def per_rating(board_right: np.ndarray, ratings: np.ndarray) -> dict[str, dict[str, Any]]:
+    """Board accuracy per rating bucket, every bucket of BUCKETS in order: {bucket: {"boards": count,
+    "board_acc": share right, None for an empty bucket}}."""
+    right, ratings = np.asarray(board_right, dtype=bool), np.asarray(ratings)
+    out = {}
+    for bucket in BUCKETS:
+        lo, hi = bucket_range(bucket)
+        inside = (ratings >= lo) if hi is None else (ratings >= lo) & (ratings <= hi)
+        out[bucket] = {"boards": int(inside.sum()), "board_acc": float(right[inside].mean()) if inside.any() else None}
+    return out
+
+
 def strategy_name(strategy: str, iters: int | None, passes: int = DEFAULT_PASSES) -> str:
     """single@16, commit@16x16, auto."""
     if strategy == "auto":
@@ -225,11 +250,14 @@ def run_strategy(solver: Solver, boards: Boards, strategy: str, iters: int | Non
     seconds = time.perf_counter() - start
     s = summarize(results, seconds, solver)
     n = len(results)
-    return {"strategy": name or strategy_name(strategy, depth, passes), "settings": kw,
-            "board_acc": s.board_accuracy, "cell_acc": s.cell_accuracy, "valid": s.valid / n,
-            "boards_per_s": n / seconds if seconds > 0 else None, "seconds_per_board": seconds / n,
-            "seconds": seconds, "mean_iterations": float(np.mean([r.iterations for r in results])),
-            "mean_passes": float(np.mean([r.passes for r in results]))}
+    row = {"strategy": name or strategy_name(strategy, depth, passes), "settings": kw,
+           "board_acc": s.board_accuracy, "cell_acc": s.cell_accuracy, "valid": s.valid / n,
+           "boards_per_s": n / seconds if seconds > 0 else None, "seconds_per_board": seconds / n,
+           "seconds": seconds, "mean_iterations": float(np.mean([r.iterations for r in results])),
+           "mean_passes": float(np.mean([r.passes for r in results]))}
+    if boards.ratings is not None:
+        row["per_rating"] = per_rating(np.array([bool(r.correct) for r in results]), boards.ratings)
+    return row
 
 
 def evaluate(solver: Solver, boards: Boards, iters: Sequence[int] | None = None,
@@ -264,6 +292,8 @@ def evaluate(solver: Solver, boards: Boards, iters: Sequence[int] | None = None,
         "per_iteration": curve.to_json(),
         "per_givens": {str(d): {str(g): v for g, v in per_givens(curve.board_right[d - 1], givens).items()}
                        for d in depths},
+        **({} if boards.ratings is None else
+           {"per_rating": {str(d): per_rating(curve.board_right[d - 1], boards.ratings) for d in depths}}),
         "strategies": rows,
         "seconds": round(time.perf_counter() - start, 3),
     })
