@@ -6,15 +6,17 @@ methods of :class:`HyperSETApp`; they are plain Python (a generator for the Sudo
 without a server, which is how the tests exercise them.
 
 Sudoku tab
-    Enter digits in the 9x9 grid or paste text (an 81-character line, a 9-line grid or ``puzzle,solution``
-    CSV) and press "Put text in the grid". The iteration slider goes from 1 to 4x the trained depth (at most
-    ``hyperset.config.MAX_ITERS``); the strategy is ``commit`` (the default, MaskGIT-style: N iterations, commit
-    the most confident clash-free digits as new givens and run again until the board is valid, up to 16 passes),
-    ``single`` (one pass of N iterations) or ``auto`` (stop when the board is valid or has not changed for 4
-    iterations; the slider is the maximum). Solve streams the board after every iteration: givens bold,
-    predicted digits shaded by the model's confidence, conflicting cells red, and the energies E_ATTN and E_FF
-    per iteration with a dashed line at the trained depth. Stop cancels it and says so in the verdict; givens
-    with no solution are noted with the parser's warning, as ``hyperset-solve`` prints it.
+    Type digits into the 9x9 grid (``hyperset.apps.board_input``: box lines, arrows move, 81 characters pasted
+    into a cell fill it) or paste text (an 81-character line, a 9-line grid or ``puzzle,solution`` CSV) into the
+    box; Solve takes whichever was edited last. The iterations per pass go from 1 to ``hyperset.config.MAX_ITERS``
+    as ``hyperset-solve --iters`` (a value out of range gets a note, never a clamp); the strategies are those of
+    ``hyperset.strategies.REGISTRY`` (``commit``, MaskGIT-style: N iterations, commit the most confident
+    clash-free digits as new givens and run again until the board is valid, up to 16 passes; ``single``, one pass
+    of N iterations; ``auto``, stop when the board is valid or has not changed for 4 iterations, N the maximum).
+    Solve streams the board after every iteration: givens bold, predicted digits shaded by the model's confidence,
+    conflicting cells red, and the energies E_ATTN and E_FF per iteration with a dashed line at the trained depth.
+    Stop cancels it and says so in the verdict; givens with no solution are noted with the parser's warning, as
+    ``hyperset-solve`` prints it.
 
     ONNX backend (``hyperset-app --backend onnx``): every frame comes from ONNX Runtime, the per-iteration
     boards and energies from the exported step graphs (stem -> step x N -> head; exported into the cache with the
@@ -37,6 +39,7 @@ Reconstruction tab
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
 import time
@@ -48,14 +51,17 @@ import gradio as gr
 import numpy as np
 import torch
 import torch.nn.functional as F
+from gradio.exceptions import InvalidPathError
+from gradio_client.utils import is_file_obj_with_meta, json_schema_to_python_type, value_is_file
 from PIL import Image
 
-from hyperset.config import MAX_ITERS
+from hyperset.config import MAX_ITERS, check_iterations
 from hyperset.defaults import DEFAULT_NODES
 from hyperset.solve import DEFAULT_PASSES, DEFAULT_STRATEGY, json_number, result_of
 from hyperset.strategies import REGISTRY, BoardResult
 from hyperset.sudoku.board import Puzzle, PuzzleError, cell_name, conflicts, parse_puzzles, validate
 
+from .board_input import board_input
 from .energy_plot import energy_svg
 from .limits import (
     MAX_IMAGE_PIXELS,
@@ -85,7 +91,11 @@ __all__ = [
 # limits
 
 MAX_TEXT_CHARS = 20_000  # pasted puzzle text (request and image limits: hyperset.apps.limits)
-MAX_ITER_FACTOR = 4  # iteration sliders go up to 4x the trained depth (and at most MAX_ITERS)
+# Sudoku iterations go to MAX_ITERS, as hyperset-solve's (a solve stops at SOLVE_TIME_LIMIT); the token model's
+# to 4x its trained depth (at most MAX_ITERS): a reconstruction has no time limit, and 24 decoding steps of
+# 10,000 iterations would hold the one model slot for minutes
+MAX_ITER_FACTOR = 4
+MIM_CLI = "hyperset-eval mim --iters"  # the command that runs the token model at any depth
 MAX_DECODE_STEPS = 64
 QUEUE_SIZE = 16  # requests waiting in the queue beyond the one running
 MODEL_QUEUE = "models"  # solve and reconstruct share one slot: one model computation at a time
@@ -144,15 +154,13 @@ class InputError(ValueError):
 # Sudoku: grid <-> puzzle string, board rendering
 
 
-def empty_grid() -> list[list[str]]:
-    return [[""] * 9 for _ in range(9)]
-
+BLANK_BOARD = "0" * 81  # the puzzle grid's value with every cell empty
 
 _PASTE_BOX_JS = "(document.querySelector('#sudoku-text textarea')?.value ?? '')"  # the paste box's text, in the page
 
 
 def puzzle_to_grid(puzzle: str) -> list[list[str]]:
-    """81-character puzzle (0 = blank) -> 9 rows of 9 strings ("" = blank) for the editable grid."""
+    """81-character puzzle (0 = blank) -> 9 rows of 9 strings ("" = blank), a grid value API clients may send."""
     return [["" if ch == "0" else ch for ch in puzzle[r * 9:(r + 1) * 9]] for r in range(9)]
 
 
@@ -176,20 +184,23 @@ def _cell_text(value: Any, index: int) -> str:
 
 
 def grid_to_puzzle(grid: Any) -> str:
-    """The editable grid's value (rows of strings/numbers, a DataFrame, or the API's {"data": ...}) -> an
-    81-character puzzle. Raises :class:`InputError` for a wrong shape, a bad cell or contradictory givens."""
+    """The puzzle grid's value (as :func:`read_grid` reads it) -> an 81-character puzzle. Raises
+    :class:`InputError` for a wrong shape, a bad cell or contradictory givens."""
     return read_grid(grid).givens
 
 
 def read_grid(grid: Any) -> Puzzle:
-    """The editable grid's value as :func:`grid_to_puzzle` reads it -> the parsed puzzle, with the parser's
-    warnings (givens that leave a cell no digit, too few givens for a unique solution)."""
+    """The puzzle grid's value -> the parsed puzzle, with the parser's warnings (givens that leave a cell no digit,
+    too few givens for a unique solution). The page's grid sends 81 characters (0 = blank); API clients may also
+    send 9 rows of 9 cells (strings or numbers) or ``{"data": rows}``."""
     if grid is None:
         raise InputError("enter a puzzle in the grid (or paste one and press 'Put text in the grid')")
+    if isinstance(grid, str):
+        if len(grid) != 81:
+            raise InputError(f"the grid must be 81 cells (0 or . for blanks); got {len(grid):,} characters")
+        grid = [list(grid[r * 9:(r + 1) * 9]) for r in range(9)]
     if isinstance(grid, dict):
         grid = grid.get("data")
-    if hasattr(grid, "values") and hasattr(grid, "columns"):  # pandas DataFrame
-        grid = grid.values.tolist()
     if isinstance(grid, np.ndarray):
         grid = grid.tolist()
     if not isinstance(grid, (list, tuple)) or not all(isinstance(row, (list, tuple)) for row in grid):
@@ -429,10 +440,9 @@ def read_puzzles(text: str, source: str) -> list[Any]:
 
 
 def _lenient(component: Any) -> Any:
-    """Hand the event's function the client's raw value when Gradio's own conversion fails on it (an API client's
-    null grid or plain list of rows, an infinite or text iteration count, a text mask ratio): the function's
-    checks then say what is wrong, where Gradio's exception reached the client as an empty error. A component
-    with a data model (the grid) also passes on a value its model does not validate."""
+    """Hand the event's function the client's raw value when Gradio's own conversion fails on it (an infinite or
+    text iteration count, a text mask ratio): the function's checks then say what is wrong, where Gradio's
+    exception reached the client as an empty error."""
     convert = component.preprocess
 
     def preprocess(payload: Any) -> Any:
@@ -442,25 +452,7 @@ def _lenient(component: Any) -> Any:
             return payload
 
     component.preprocess = preprocess
-    model = getattr(component, "data_model", None)
-    if model is not None:
-        component.data_model = _lenient_model(model)
     return component
-
-
-def _lenient_model(model: Any) -> Any:
-    """A subclass of a Gradio data model whose ``model_validate`` returns a value it cannot validate unchanged
-    (Gradio validates an input with it before the component's ``preprocess``)."""
-
-    def model_validate(cls: Any, obj: Any, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return super(lenient, cls).model_validate(obj, *args, **kwargs)
-        except (TypeError, ValueError):  # pydantic's ValidationError is a ValueError
-            return obj
-
-    lenient = type(model.__name__, (model,), {"__module__": model.__module__,
-                                               "model_validate": classmethod(model_validate)})
-    return lenient
 
 
 def _default_missing_inputs(demo: gr.Blocks, required: dict[str, int]) -> None:
@@ -480,16 +472,123 @@ def _default_missing_inputs(demo: gr.Blocks, required: dict[str, int]) -> None:
     demo.validate_inputs = validate_inputs
 
 
+def _file_paths(value: Any) -> list[str]:
+    """The paths of the Gradio file references (``{"path": ..., "meta": {"_type": "gradio.FileData"}}``) in a
+    client's value, at any depth (walked with a stack: a deeply nested value cannot exhaust the recursion)."""
+    paths, stack = [], [value]
+    while stack:
+        item = stack.pop()
+        if is_file_obj_with_meta(item):
+            paths.append(item["path"])
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return paths
+
+
+_PLAIN_KINDS = {"str": "text", "float": "a number", "int": "a whole number", "bool": "true or false"}
+
+
+def _named_inputs(block_fn: Any, inputs: Sequence[Any]) -> list[tuple[str, Any, Any]]:
+    """(name, component, value) of each input of an event: the name is the function's parameter, as the API
+    info names it."""
+    try:
+        params = list(inspect.signature(block_fn.fn).parameters)
+    except (TypeError, ValueError):  # no function, or one without a signature
+        params = []
+    return [(params[i] if i < len(params) else f"input {i + 1}", block, value)
+            for i, (block, value) in enumerate(zip(block_fn.inputs, inputs))]
+
+
+def _input_problem(named: list[tuple[str, Any, Any]], err: Exception) -> str:
+    """One line on why Gradio could not take an event's inputs (``err``, raised before the function ran)."""
+    for name, block, value in named:  # a value of the wrong shape for an image input's data model
+        model = getattr(block, "data_model", None)
+        if model is not None and value is not None:
+            try:
+                model.model_validate(value, context={"validate_meta": True})
+            except ValueError as bad:  # pydantic's ValidationError
+                errors = bad.errors() if hasattr(bad, "errors") else []
+                why = errors[0]["msg"] if errors else str(bad).splitlines()[0]
+                return _clipped(f"{name}: not a valid {type(block).__name__} value ({why})")
+    files = [(name, path) for name, _, value in named for path in _file_paths(value)]
+    if isinstance(err, InvalidPathError) and files:
+        name, path = next(((n, p) for n, p in files if os.path.abspath(p) in str(err)), files[0])
+        return (f"{name}: the file {_clipped(path, 80)} was not uploaded to this server (upload it to "
+                "/gradio_api/upload first, then send the path it answers)")
+    first = next(iter(str(err).strip().splitlines()), "") or type(err).__name__
+    return _clipped(f"{files[0][0]}: {first}" if files else first)
+
+
+def _input_errors_as_messages(demo: gr.Blocks) -> None:
+    """Make inputs Gradio cannot take one-line errors that name the input: a file reference where text or a
+    number is expected, a file the server was not sent, a value of the wrong shape for an image input, too few
+    inputs. Gradio raised these before any handler ran, and the client got ``{"error": null}``."""
+    preprocess = demo.preprocess_data
+
+    async def preprocess_data(block_fn: Any, inputs: list[Any], state: Any, explicit_call: bool = False) -> Any:
+        named = _named_inputs(block_fn, inputs)
+        for name, block, value in named:
+            if not value_is_file(block.api_info()) and _file_paths(value):
+                kind = json_schema_to_python_type(block.api_info())
+                kind = f"one of {kind[8:-1]}" if kind.startswith("Literal[") else _PLAIN_KINDS.get(kind, kind)
+                raise gr.Error(f"{name}: a file reference, where {kind} is expected", print_exception=False)
+        try:
+            return await preprocess(block_fn, inputs, state, explicit_call)
+        except gr.Error:
+            raise
+        except Exception as err:  # every failure here is the client's value: no traceback in the log
+            raise gr.Error(_input_problem(named, err), print_exception=False) from None
+
+    demo.preprocess_data = preprocess_data
+
+
 def _int_in(value: Any, low: int, high: int, name: str) -> int:
+    """A whole number from ``low`` to ``high`` (4.0 is 4; 1.5 is refused, never rounded)."""
     try:
         if isinstance(value, bool):
             raise TypeError(name)
-        v = int(round(float(value)))
-    except (TypeError, ValueError, OverflowError):  # OverflowError: inf; ValueError: nan, "abc"
+        f = float(value)
+        if not f.is_integer():  # also inf and nan
+            raise ValueError(name)
+        v = int(f)
+    except (TypeError, ValueError):  # "abc", 1.5, inf, nan
         raise InputError(f"{name} must be a whole number from {low} to {high}") from None
     if not low <= v <= high:
         raise InputError(f"{name} must be from {low} to {high} (got {v})")
     return v
+
+
+def _clipped(text: str, limit: int = 200) -> str:
+    """``text`` cut in the middle to at most about ``limit`` characters (a message quoting a client's value)."""
+    return text if len(text) <= limit else f"{text[:limit // 2]} ... {text[-limit // 3:]}"
+
+
+def _iterations(value: Any, limit: int = MAX_ITERS, cli: str = "hyperset-solve --iters") -> int:
+    """An iteration count from the page or an API client, checked as the CLI checks one
+    (``hyperset.config.check_iterations``: a whole number from 1 to ``MAX_ITERS``; an integral float such as JSON's
+    16.0 counts, 1.5 does not), and at most ``limit`` where a control runs fewer (the message names ``cli``).
+    Raises :class:`InputError`."""
+    try:
+        n = check_iterations(int(value) if isinstance(value, float) and value.is_integer() else value, "iterations")
+    except ValueError as err:
+        raise InputError(_clipped(str(err))) from None
+    if n > limit:
+        raise InputError(f"iterations = {n}: the app runs at most {limit:,} here ({cli} takes up to {MAX_ITERS:,})")
+    return n
+
+
+def iterations_note(value: Any, limit: int = MAX_ITERS, cli: str = "hyperset-solve --iters") -> str:
+    """The note beside an iterations control as a value is typed: why it will not run, or "" when it will (or the
+    field is empty: the default runs)."""
+    if value is None or value == "":
+        return ""
+    try:
+        _iterations(value, limit, cli)
+    except InputError as err:
+        return f"**Out of range:** {err}."
+    return ""
 
 
 def _float_in(value: Any, low: float, high: float, name: str) -> float:
@@ -500,11 +599,6 @@ def _float_in(value: Any, low: float, high: float, name: str) -> float:
     if not (low <= v <= high):  # also rejects NaN
         raise InputError(f"{name} must be from {low} to {high} (got {v})")
     return v
-
-
-def _up_to(trained: int) -> str:
-    """The iteration sliders' limit in words: 4x the trained depth, or the cap when that is lower."""
-    return f"up to {MAX_ITER_FACTOR}x" if MAX_ITER_FACTOR * trained <= MAX_ITERS else f"up to {MAX_ITERS:,}"
 
 
 def _cells_list(cells: Iterable[int], limit: int = 24) -> str:
@@ -592,13 +686,8 @@ class HyperSETApp:
 
     @property
     def default_iters(self) -> int:
-        """The iterations the slider starts at: the solver's default depth per pass."""
+        """The iterations the field starts at: the solver's default depth per pass."""
         return int(self.solver.default_iters) if self.solver is not None else self.trained_iters
-
-    @property
-    def max_iters(self) -> int:
-        """The most iterations per pass: 4x the trained depth, at most ``MAX_ITERS``."""
-        return min(MAX_ITER_FACTOR * self.trained_iters, MAX_ITERS)
 
     def load_text(self, text: str | None) -> tuple[Any, Any, str]:
         """Pasted text -> (grid value, board preview, message). Errors leave the grid alone."""
@@ -624,7 +713,7 @@ class HyperSETApp:
         if len(puzzles) > 1:
             notes.append(f"The text holds {len(puzzles)} puzzles; the first one is in the grid.")
         notes += [f"Note: {w}." for w in p.warnings]
-        return puzzle_to_grid(p.givens), render_board(p.givens, p.givens), " ".join(notes)
+        return p.givens, render_board(p.givens, p.givens), " ".join(notes)
 
     def preview(self, grid: Any) -> tuple[Any, str]:
         """The grid was edited: show its givens on the board (or what is wrong with it, and the parser's
@@ -643,7 +732,7 @@ class HyperSETApp:
         energy plot, verdict, details)."""
         if last == "text" and isinstance(text, str) and text.strip():
             new_grid, _, message = self.load_text(text)
-            if new_grid is gr.skip() or isinstance(new_grid, dict) or not isinstance(new_grid, list):
+            if not isinstance(new_grid, str):  # gr.skip(): the text was refused
                 yield gr.skip(), gr.skip(), gr.skip(), message, {"error": message}
                 return
             grid, where = new_grid, "the pasted puzzle (now in the grid)"
@@ -663,9 +752,8 @@ class HyperSETApp:
             return STOPPED
         return gr.skip()
 
-    def clear(self) -> tuple[list[list[str]], str, str, str, None, None]:
-        blank = "0" * 81
-        return empty_grid(), render_board(blank, blank), "", "", None, None
+    def clear(self) -> tuple[str, str, str, str, None, None]:
+        return BLANK_BOARD, render_board(BLANK_BOARD, BLANK_BOARD), "", "", None, None
 
     def _frames(self, puzzle: str, iters: int, strategy: str, per_iteration: bool = True) -> Iterator[_Frame]:
         """One frame per iteration of the solver's own strategy stream (hyperset.strategies, as the CLI runs it):
@@ -765,7 +853,7 @@ class HyperSETApp:
         yield self._final(puzzle, pending, iters, strategy, t0, stopped, given.warnings)
 
     def _settings(self, iterations: Any, strategy: Any) -> tuple[int, str]:
-        iters = _int_in(self.default_iters if iterations is None else iterations, 1, self.max_iters, "iterations")
+        iters = _iterations(self.default_iters if iterations is None else iterations)
         strategy = str(strategy or DEFAULT_STRATEGY).lower()
         if strategy not in REGISTRY:
             raise InputError(f"strategy must be one of {', '.join(REGISTRY)} (got {strategy!r})")
@@ -1049,7 +1137,7 @@ class HyperSETApp:
             if self.mim is None:
                 raise InputError(f"no reconstruction model is loaded. {self.mim_note}".strip())
             trained = self.mim_trained_iters
-            iters = _int_in(trained if iterations is None else iterations, 1, self.mim_max_iters, "iterations")
+            iters = _iterations(trained if iterations is None else iterations, self.mim_max_iters, MIM_CLI)
             n_steps = _int_in(steps, 1, MAX_DECODE_STEPS, "decoding steps")
             temp = _float_in(temperature, 0.0, 5.0, "temperature")
             decode = DEFAULT_DECODING if decoding is None else str(decoding).lower()
@@ -1140,6 +1228,7 @@ class HyperSETApp:
                     self._reconstruction_tab()
         demo.queue(default_concurrency_limit=1, max_size=QUEUE_SIZE)
         _default_missing_inputs(demo, {"solve": 0})  # /solve(puzzle_text): every argument may be left out
+        _input_errors_as_messages(demo)
         return demo
 
     def _sudoku_tab(self) -> None:
@@ -1150,11 +1239,11 @@ class HyperSETApp:
         trained = self.trained_iters
         with gr.Row(equal_height=False):
             with gr.Column(scale=5):
-                grid = gr.Dataframe(value=puzzle_to_grid(start), headers=[str(i) for i in range(1, 10)],
-                                    row_count=9, column_count=9,
-                                    datatype="str", type="array", interactive=True, elem_id="sudoku-grid",
-                                    label="Puzzle: double-click a cell and type a digit 1-9; leave blanks empty",
-                                    buttons=["copy"], wrap=False)
+                gr.Markdown("**Puzzle:** click a cell and type 1-9 (Backspace empties it, the arrows and Tab move; "
+                            "81 characters pasted into a cell fill the grid), or paste a puzzle in the box below. "
+                            "**Solve** takes whichever you edited last: the grid or the box.",
+                            elem_id="sudoku-grid-help")
+                grid = board_input(start, label="grid", elem_id="sudoku-grid")
                 text = gr.Textbox(label="...or paste a puzzle (81 characters with 0 or . for blanks, a 9-line grid, "
                                         "or puzzle,solution CSV)", lines=3, max_lines=12, max_length=MAX_TEXT_CHARS,
                                   placeholder="000014200500070300000590004058400001000000006003080090870060000...",
@@ -1162,23 +1251,28 @@ class HyperSETApp:
                 with gr.Row():
                     load_btn = gr.Button("Put text in the grid", size="sm")
                     clear_btn = gr.Button("Clear", size="sm")
-                iters = gr.Slider(1, self.max_iters, value=self.default_iters, step=1, elem_id="sudoku-iters",
-                                  label=f"Iterations per pass (trained depth {trained}; {_up_to(trained)})",
-                                  info="'auto' stops earlier when the board is valid or settled")
+                # a number field, not a slider: 1 to MAX_ITERS as the CLI takes, and nothing clamps a typed value
+                iters = gr.Number(self.default_iters, elem_id="sudoku-iters",
+                                  label=f"Iterations per pass (trained depth {trained})",
+                                  info=f"1 to {MAX_ITERS:,}, as hyperset-solve --iters takes. Far past the trained "
+                                       f"depth a solve takes long: it stops after {SOLVE_TIME_LIMIT} s with the board "
+                                       "so far. 'auto' stops earlier when the board is valid or settled.")
+                iters_note = gr.Markdown("", elem_id="sudoku-iters-note")
                 strategy = gr.Radio(list(REGISTRY), value=DEFAULT_STRATEGY, label="Strategy",
                                     elem_id="sudoku-strategy",
                                     info=" · ".join(f"{k}: {v.description}" for k, v in REGISTRY.items()))
-                for component in (grid, iters, strategy):
+                for component in (iters, strategy):
                     _lenient(component)
                 with gr.Row():
                     solve_btn = gr.Button("Solve", variant="primary", elem_id="solve-btn")
                     stop_btn = gr.Button("Stop", variant="stop", elem_id="stop-btn")
             with gr.Column(scale=6):
-                board = gr.HTML(render_board(start, start), elem_id="sudoku-board", label="Board")
-                verdict = gr.Markdown("Load an example or type a puzzle, then press **Solve**.", elem_id="verdict")
-                plot = gr.HTML(label="Energy per iteration", elem_id="sudoku-energy")
+                board = gr.HTML(render_board(start, start), elem_id="sudoku-board", label="board_html")
+                verdict = gr.Markdown("Load an example or type a puzzle, then press **Solve**.", elem_id="verdict",
+                                      label="verdict")
+                plot = gr.HTML(label="energy_plot", elem_id="sudoku-energy")
                 with gr.Accordion("Details (JSON)", open=False):
-                    details = gr.JSON(label="Last result")
+                    details = gr.JSON(label="details", show_label=False)
         gr.Examples(examples=[[t] for _, t in EXAMPLES], inputs=[text], outputs=[grid, board, verdict],
                     fn=self.load_text, run_on_click=True, cache_examples=False,
                     example_labels=[name for name, _ in EXAMPLES], label="Example puzzles (easy to hard)")
@@ -1208,6 +1302,8 @@ class HyperSETApp:
                          api_name="solve_stream", concurrency_id=MODEL_QUEUE)
         stop_btn.click(self.stopped, [verdict], [verdict], cancels=[solve_ev], api_visibility="private",
                        concurrency_limit=None, show_progress="hidden")
+        iters.input(iterations_note, [iters], [iters_note], api_visibility="private", concurrency_limit=None,
+                    show_progress="hidden")
         self._solve_api()
 
     def _solve_api(self) -> None:
@@ -1258,8 +1354,11 @@ class HyperSETApp:
                 paste_back = gr.Checkbox(value=True, elem_id="mim-paste-back",
                                          label="Paste the unmasked pixels back into the model's output (then only "
                                                "the masked tokens' pixels are the model's)")
-                iters = gr.Slider(1, self.mim_max_iters, value=trained, step=1,
-                                  label=f"Token-model iterations (trained depth {trained}; {_up_to(trained)})")
+                iters = gr.Slider(1, self.mim_max_iters, value=trained, step=1, elem_id="mim-iters",
+                                  label=f"Token-model iterations (trained depth {trained})",
+                                  info=f"the app runs 1 to {self.mim_max_iters:,} ({MIM_CLI} takes up to "
+                                       f"{MAX_ITERS:,}); a value typed past them moves back into range")
+                iters_note = gr.Markdown("", elem_id="mim-iters-note")
                 decoding = gr.Radio(DECODING_CHOICES, value=DEFAULT_DECODING, label="Decoding",
                                     elem_id="mim-decoding",
                                     info="MaskGIT sampling: the paper's, one code drawn per token over the decoding "
@@ -1283,11 +1382,11 @@ class HyperSETApp:
                             "or the expected code embedding: see Decoding), decoded by the same tokenizer.",
                             elem_id="mim-columns")
                 metrics = gr.Markdown("Choose an image and a mask, then press **Reconstruct**.",
-                                      elem_id="mim-metrics")
-                plot = gr.HTML(label="Energy per iteration", elem_id="mim-energy")
-                note = gr.Markdown("", elem_id="mim-energy-note")
+                                      elem_id="mim-metrics", label="metrics")
+                plot = gr.HTML(label="energy_plot", elem_id="mim-energy")
+                note = gr.Markdown("", elem_id="mim-energy-note", label="energy_note")
                 with gr.Accordion("Details (JSON)", open=False):
-                    details = gr.JSON(label="Last result")
+                    details = gr.JSON(label="details", show_label=False)
         sample.change(self.sample_editor, [sample], [editor], api_name="sample", concurrency_limit=None)
         upload.upload(self.upload_image, [upload], [editor, metrics], api_name="upload", concurrency_limit=None)
         for component in (mask_mode, ratio, seed, iters, steps, temperature, paste_back, decoding):
@@ -1296,6 +1395,8 @@ class HyperSETApp:
                         [editor, mask_mode, ratio, seed, iters, steps, temperature, paste_back, decoding],
                         [original, masked, tokenizer, recon, metrics, plot, note, details], api_name="reconstruct",
                         concurrency_id=MODEL_QUEUE)
+        iters.input(lambda value: iterations_note(value, self.mim_max_iters, MIM_CLI), [iters], [iters_note],
+                    api_visibility="private", concurrency_limit=None, show_progress="hidden")
 
 
 def build_demo(solver: Any = None, mim: Any = None, sudoku_note: str = "", mim_note: str = "") -> gr.Blocks:

@@ -5,6 +5,7 @@ Tiny untrained models keep this fast; the shipped ones are not needed."""
 from __future__ import annotations
 
 import json
+import re
 import socket
 import urllib.request
 import warnings
@@ -158,7 +159,7 @@ def test_solve_takes_the_pasted_puzzle_when_the_paste_box_was_edited_last(app: H
     medium = (Path(__file__).resolve().parent.parent / "examples" / "medium.txt").read_text()
     givens = parse_puzzles(medium)[0].givens
     updates = list(app.solve_edited(puzzle_to_grid(EASY), medium, "text", 2, "single"))
-    assert updates[0][0] == puzzle_to_grid(givens)  # the pasted puzzle goes into the grid first
+    assert updates[0][0] == givens  # the pasted puzzle goes into the grid first
     assert "Solving the pasted puzzle" in updates[0][3]
     *_, details = updates[-1]
     assert details["puzzle"] == givens
@@ -216,8 +217,11 @@ def test_app_and_cli_give_the_same_frames(app: HyperSETApp, tmp_path: Path):
 @pytest.mark.parametrize("grid, iters, strategy, words", [
     ([["5", "5"] + [""] * 7] + [[""] * 9 for _ in range(8)], 3, "single", "appears twice"),
     ([["x"] * 9 for _ in range(9)], 3, "single", "enter one digit"),
-    (puzzle_to_grid(EASY), 10_000, "single", "iterations must be from 1"),
-    (puzzle_to_grid(EASY), "many", "single", "whole number"),
+    (puzzle_to_grid(EASY), MAX_ITERS + 1, "single", f"iterations = {MAX_ITERS + 1}: must be between 1 and 10,000"),
+    (puzzle_to_grid(EASY), "many", "single", "iterations = 'many': expected an integer number of iterations"),
+    (puzzle_to_grid(EASY), 1.5, "single", "iterations = 1.5: expected an integer number of iterations"),
+    (puzzle_to_grid(EASY), 64.4, "single", "iterations = 64.4: expected an integer number of iterations"),
+    (EASY[:80], 2, "single", "the grid must be 81 cells"),
     (puzzle_to_grid(EASY), 2, "magic", "strategy must be"),
 ])
 def test_solve_bad_input_is_a_message(app: HyperSETApp, grid, iters, strategy, words):
@@ -241,20 +245,34 @@ def test_load_text_bad_input_is_a_message(app: HyperSETApp, text, words):
 def test_load_text_examples(app: HyperSETApp):
     for name, text in EXAMPLES:
         grid, board, message = app.load_text(text)
-        assert len(grid) == 9 and "givens" in message, name
-        assert grid_to_puzzle(grid) != "0" * 81
+        assert len(grid) == 81 and "givens" in message, name
+        assert grid_to_puzzle(grid) == grid != "0" * 81
 
 
-def test_iteration_range_is_capped_at_max_iters(app: HyperSETApp):
-    """A checkpoint trained deeper than MAX_ITERS / 4 offers at most MAX_ITERS iterations, not 4x its depth."""
-    deep = HyperSETApp(Solver(app.solver.model, app.solver.device, {"trained_iterations": 3000}), None)
-    assert deep.max_iters == MAX_ITERS
-    with pytest.raises(gr.Error, match=f"iterations must be from 1 to {MAX_ITERS} \\(got 12000\\)"):
-        deep.api_solve(EASY, 12_000, "single")
-    updates = list(deep.solve(puzzle_to_grid(EASY), 12_000, "single"))
-    assert len(updates) == 1 and f"iterations must be from 1 to {MAX_ITERS}" in updates[0][2]
-    slider = next(b for b in deep.build().blocks.values() if getattr(b, "elem_id", None) == "sudoku-iters")
-    assert slider.maximum == MAX_ITERS and f"up to {MAX_ITERS:,}" in slider.label
+def test_iterations_reach_the_clis_limit_and_out_of_range_values_get_a_note(app: HyperSETApp,
+                                                                            monkeypatch: pytest.MonkeyPatch):
+    """The Sudoku depth control takes what hyperset-solve --iters takes, 1 to MAX_ITERS, in a field that clamps
+    nothing: a value out of range gets a note beside it, and Solve and /solve refuse it in the library's words."""
+    import hyperset.apps.app as app_module
+    from hyperset.apps.app import iterations_note
+
+    demo = app.build()
+    field = next(b for b in demo.blocks.values() if getattr(b, "elem_id", None) == "sudoku-iters")
+    assert isinstance(field, gr.Number) and field.maximum is None and f"1 to {MAX_ITERS:,}" in field.info
+    monkeypatch.setattr(app_module, "SOLVE_TIME_LIMIT", 0)  # MAX_ITERS runs (and stops after its first iteration)
+    board, verdict, energies = app.api_solve(EASY, MAX_ITERS, "single")
+    assert "stopped at the time limit" in verdict and energies["iterations"] >= 1
+    *_, verdict, details = list(app.solve(puzzle_to_grid(EASY), float(MAX_ITERS), "single"))[-1]
+    assert details["iterations_per_pass"] == MAX_ITERS  # JSON's 10000.0 is a whole number
+    for typed, words in ((MAX_ITERS + 1, "must be between 1 and 10,000"), (0, "must be between 1 and 10,000"),
+                         (1.5, "expected an integer number of iterations")):
+        assert words in iterations_note(typed)
+        with pytest.raises(gr.Error, match=words):
+            app.api_solve(EASY, typed, "single")
+    assert iterations_note(16) == iterations_note(None) == ""
+    note = iterations_note(200, app.mim_max_iters, "hyperset-eval mim --iters")
+    assert f"the app runs at most {app.mim_max_iters}" in note and "hyperset-eval mim --iters" in note
+    assert iterations_note("x" * 100_000).count("x") < 300  # a client's long value is cut in the message
 
 
 def test_givens_without_a_solution_are_reported_as_the_cli_does(app: HyperSETApp):
@@ -432,7 +450,10 @@ def test_reconstruct_drawn_mask_and_upload(app: HyperSETApp, tmp_path: Path):
 def test_reconstruct_bad_input_is_a_message(app: HyperSETApp, tmp_path: Path):
     assert "choose a sample" in app.reconstruct(None, "random")[4]
     editor = app.sample_editor(next(iter(app.samples)))
-    assert "iterations must be from" in app.reconstruct(editor, "random", 0.5, 0, 999)[4]
+    limit = app.mim_max_iters
+    assert f"iterations = 999: the app runs at most {limit}" in app.reconstruct(editor, "random", 0.5, 0, 999)[4]
+    assert "iterations = 1.5: expected an integer" in app.reconstruct(editor, "random", 0.5, 0, 1.5)[4]
+    assert "decoding steps must be a whole number" in app.reconstruct(editor, "random", 0.5, 0, 2, 2.5)[4]
     bad = tmp_path / "not-an-image.png"
     bad.write_bytes(b"hello")
     assert "could not read" in app.upload_image(str(bad))[1]
@@ -519,13 +540,26 @@ def test_client_solve_api_takes_and_returns_plain_values(served):
         client.predict("55" + "0" * 79, 2, "single", api_name="/solve")
 
 
+def test_every_api_output_is_named_after_what_it_holds(served):
+    """/gradio_api/info names each output of each endpoint (Gradio names one without a label value_<id>)."""
+    demo, _ = served
+    info = json.loads(urllib.request.urlopen(f"{demo.local_url}gradio_api/info", timeout=30).read())
+    returns = {name: [r["label"] for r in ep["returns"]] for name, ep in info["named_endpoints"].items()}
+    assert returns["/solve"] == ["board", "verdict", "energies"]
+    assert returns["/solve_stream"] == ["board_html", "energy_plot", "verdict", "details"]
+    assert returns["/load_puzzle"] == ["grid", "board_html", "verdict"]
+    assert returns["/reconstruct"][4:] == ["metrics", "energy_plot", "energy_note", "details"]
+    unnamed = [(api, label) for api, labels in returns.items() for label in labels if re.fullmatch(r"value_\d+", label)]
+    assert not unnamed and not info["unnamed_endpoints"]
+
+
 def test_client_values_gradio_cannot_convert_get_the_apps_message(served, tmp_path: Path):
     """An API client's infinite, NaN or text iteration count, a null grid, an image whose body does not decode,
     an empty puzzle and a mistake after the first puzzle: each answer says what is wrong (Gradio's own
     conversion used to fail before the app's checks, and the client saw an empty error)."""
     demo, client = served
     for iterations in ("abc", True, [16]):
-        with pytest.raises(Exception, match="iterations must be a whole number from 1 to"):
+        with pytest.raises(Exception, match="expected an integer number of iterations"):
             client.predict(EASY, iterations, "single", api_name="/solve")
     for iterations in ("Infinity", "NaN", "1e400"):  # JSON that Python reads, which gradio_client does not send
         body = json.dumps({"data": [EASY, "ITERS", "single"]}).replace('"ITERS"', iterations).encode()
@@ -533,7 +567,7 @@ def test_client_values_gradio_cannot_convert_get_the_apps_message(served, tmp_pa
                                       headers={"Content-Type": "application/json"})
         event = json.loads(urllib.request.urlopen(post, timeout=30).read())["event_id"]
         answer = urllib.request.urlopen(f"{demo.local_url}gradio_api/call/solve/{event}", timeout=60).read().decode()
-        assert "event: error" in answer and "iterations must be a whole number from 1 to" in answer, answer
+        assert "event: error" in answer and "expected an integer number of iterations" in answer, answer
     *_, verdict, details = client.predict(None, 3, "single", api_name="/solve_stream")
     assert "enter a puzzle in the grid" in verdict and "error" in details
     with pytest.raises(Exception, match="the puzzle is empty"):
@@ -572,7 +606,7 @@ def test_client_plain_grids_text_settings_and_left_out_arguments(served):
     event, (_, _, verdict, details) = _raw_call(demo.local_url, "solve_stream", [puzzle_to_grid(EASY), 2, "single"])
     assert event == "complete" and details["iterations"] == 2 and details["puzzle"] == EASY
     event, (_, _, verdict, details) = _raw_call(demo.local_url, "solve_stream", ["no grid", 2, "single"])
-    assert event == "complete" and "9 rows of 9 cells" in verdict and "error" in details
+    assert event == "complete" and "the grid must be 81 cells" in verdict and "error" in details
     event, (board, verdict, energies) = _raw_call(demo.local_url, "solve", [EASY])
     ref = demo_solver(demo).solve([EASY])[0]  # the solver's default depth and strategy
     assert event == "complete" and board == ref.prediction and energies["iterations"] == ref.iterations
@@ -584,7 +618,7 @@ def test_client_plain_grids_text_settings_and_left_out_arguments(served):
     value = {"background": handle_file(editor["background"]), "layers": [],
              "composite": handle_file(editor["composite"])}
     for args, words in ((("abc", 1, 4), "mask ratio must be a number"), ((0.5, "x", 4), "seed must be a whole"),
-                        ((0.5, 1, "many"), "iterations must be a whole number")):
+                        ((0.5, 1, "many"), "iterations = 'many': expected an integer number of iterations")):
         *_, metrics, _, _, details = client.predict(value, "random", *args, 8, 1.0, True, api_name="/reconstruct")
         assert words in metrics and "error" in details
 

@@ -20,8 +20,10 @@ from typing import Any
 
 import pytest
 
-from hyperset.apps.app import MAX_ITER_FACTOR
+from hyperset.apps.app import EXAMPLES, MAX_ITER_FACTOR
+from hyperset.config import MAX_ITERS
 from hyperset.sudoku import parse_puzzles
+from hyperset.sudoku.exact import solve
 
 CHROMIUM = Path("/usr/bin/chromium")
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,6 +32,7 @@ ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--d
 
 HARD = "000000200200000109000050000010400900060080030008000060400300000580040600006002004"  # rated 51+
 TIMEOUT_MS = 180_000  # generous: CI machines and shared 2-core boxes can be slow
+PHONE = (390, 844)  # a phone's viewport, CSS pixels
 
 pytestmark = [
     pytest.mark.browser,
@@ -105,15 +108,15 @@ def _save(page, name: str) -> Path:
 
 
 @contextlib.contextmanager
-def _chromium_page(url: str, failure: str = "failure.png") -> Iterator[Any]:
-    """A headless Chromium page at `url` (1400x1000, the test timeout); when the test fails, what the page showed
-    is saved as `failure` for the test report."""
+def _chromium_page(url: str, failure: str = "failure.png", viewport: tuple[int, int] = (1400, 1000)) -> Iterator[Any]:
+    """A headless Chromium page at `url` (`viewport` wide and high, the test timeout); when the test fails, what the
+    page showed is saved as `failure` for the test report."""
     sync_api = pytest.importorskip("playwright.sync_api")
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS, headless=True)
         page = None
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page = browser.new_page(viewport={"width": viewport[0], "height": viewport[1]})
             page.set_default_timeout(TIMEOUT_MS)
             page.goto(url)
             yield page
@@ -130,12 +133,8 @@ def test_solve_stop_and_reconstruct_in_chromium(url):
     with _chromium_page(url) as page:
         page.locator("#solve-btn").wait_for()
         # edit a cell of the grid (the easy example is preloaded; r1c3 is blank): the board follows
-        cell = page.locator("#sudoku-grid [data-testid=cell-0-2]")
-        cell.dblclick()
-        editor = cell.locator("input, textarea").first
-        editor.wait_for()  # the cell's editor is open before anything is typed into it
-        editor.fill("1")
-        editor.press("Enter")
+        page.locator("#sudoku-grid input.cell").nth(2).click()
+        page.keyboard.press("1")
         page.locator("#verdict").get_by_text("38 givens").wait_for()
         # load an example through its button, then solve it (the default commit strategy: several passes)
         page.get_by_text("Hard: 23 givens", exact=True).first.click()
@@ -159,8 +158,9 @@ def test_solve_stop_and_reconstruct_in_chromium(url):
         page.get_by_role("button", name="Put text in the grid").click()
         page.locator("#verdict").get_by_text("expected 9 cells in a grid row").wait_for()
 
-        # Stop cancels a long solve: commit at the maximum depth runs up to 16 passes of 4T iterations
-        counting.pause = 0.05  # 16 x 4T iterations now take far longer than the check below
+        # Stop cancels a long solve: commit at 4T iterations per pass, up to 16 passes; a board leaves as soon as it
+        # is valid (the medium puzzle, after some 8 iterations), so each iteration is slowed to outlast the Stop
+        counting.pause = 0.3
         page.get_by_label("commit").check()
         number = page.locator("#sudoku-iters input[type=number]")
         number.fill(str(MAX_ITER_FACTOR * counting.trained_iters))
@@ -239,3 +239,52 @@ def test_reconstruction_default_run_shows_four_columns_in_chromium(url):
         page.locator("#mim-energy svg").first.wait_for()
         assert "What the plot shows" in page.locator("#mim-energy-note").inner_text()
         assert _save(page, "mim_tab.png").stat().st_size > 10_000
+
+
+def test_the_grid_is_a_board_that_fits_a_phone_and_solves_what_is_typed_in_chromium(url):
+    """At a phone's 390 px: the grid is 81 cells in 9 equal columns, the ninth inside the viewport, with box lines
+    thicker than the cell lines. A digit typed into a cell is solved with the board, the arrows move between cells,
+    81 characters pasted into a cell fill the grid, and an iteration count out of range gets a note."""
+    url, _ = url
+    with _chromium_page(url, "failure_phone.png", PHONE) as page:
+        cells = page.locator("#sudoku-grid input.cell")
+        cells.first.wait_for()
+        assert cells.count() == 81
+        row = [cells.nth(i).bounding_box() for i in range(9)]
+        assert len({round(box["width"], 1) for box in row}) == 1 and row[0]["x"] >= 0
+        assert row[8]["x"] + row[8]["width"] <= PHONE[0]
+        assert page.evaluate("document.documentElement.scrollWidth") <= PHONE[0]  # nothing to scroll sideways
+
+        def line(i: int, side: str) -> float:
+            return float(cells.nth(i).evaluate(f"el => getComputedStyle(el).border{side}Width").removesuffix("px"))
+
+        assert line(2, "Right") > line(0, "Right") and line(5, "Right") > line(4, "Right")  # after columns 3, 6
+        assert line(18, "Bottom") > line(0, "Bottom") and line(45, "Bottom") > line(36, "Bottom")  # rows 3, 6
+        assert page.locator("#sudoku-grid th").count() == 0  # no header row
+
+        # the preloaded easy example: type its solution's digit into the first blank, then Solve
+        givens = parse_puzzles(EXAMPLES[1][1])[0].givens
+        blank, n = givens.index("0"), 82 - givens.count("0")
+        cells.nth(blank).click()
+        page.keyboard.press(solve(givens)[blank])
+        page.locator("#verdict").get_by_text(f"{n} givens").wait_for()
+        page.keyboard.press("ArrowDown")
+        assert page.evaluate("document.activeElement.dataset.i") == str(blank + 9)
+        page.locator("#solve-btn").click()
+        page.locator("#verdict").get_by_text(f"all {n} givens are kept").wait_for()
+
+        # 81 characters pasted into one cell (the middle one) fill the grid
+        medium = parse_puzzles((ROOT / "examples" / "medium.txt").read_text())[0].givens
+        cells.nth(40).evaluate("(el, text) => { const data = new DataTransfer(); data.setData('text/plain', text); "
+                               "el.dispatchEvent(new ClipboardEvent('paste', {clipboardData: data, bubbles: true, "
+                               "cancelable: true})); }", medium.replace("0", "."))
+        page.locator("#verdict").get_by_text(f"{81 - medium.count('0')} givens").wait_for()
+        assert "".join(cells.nth(i).input_value() or "0" for i in range(81)) == medium
+
+        # an iteration count past the CLI's limit: a note beside the field, in the CLI's words, and no clamp
+        number = page.locator("#sudoku-iters input[type=number]")
+        number.fill(str(MAX_ITERS + 1))
+        page.locator("#sudoku-iters-note").get_by_text("must be between 1 and 10,000").wait_for()
+        number.blur()
+        assert number.input_value() == str(MAX_ITERS + 1)
+        _save(page, "sudoku_phone.png")

@@ -206,6 +206,32 @@ def test_oversized_bodies_are_refused_declared_or_chunked(served):
     assert _call(client, "load_puzzle", [EASY])[0] == "complete"  # and the app still serves
 
 
+def test_values_gradio_cannot_take_are_one_line_errors_naming_the_input(served, huge_png: bytes):
+    """A file reference where text or a number is expected, a file the server was never sent, a value of the
+    wrong shape for an image input, too few inputs (each was Gradio's {"error": null}), a refused upload and a
+    fractional iteration count (which the app rounded): one line each, naming the input."""
+    ref = _file("/etc/passwd")
+    editor = {"background": ref, "layers": [], "composite": None}
+    settings = ["random", 0.5, 0, 2, 4, 1.0, True, "expected"]
+    cases = [("solve", [ref, 2, "single"], "puzzle_text: a file reference, where text is expected"),
+             ("solve", [EASY, ref, "single"], "iterations: a file reference, where a whole number is expected"),
+             ("solve", [EASY, 2, ref], "strategy: a file reference"),
+             ("load_puzzle", [ref], "text: a file reference"),
+             ("solve_stream", [ref, 2, "single"], "grid: a file reference"),
+             ("sample", [ref], "name: a file reference, where one of 'astronaut'"),
+             ("upload", [ref], "path: the file /etc/passwd was not uploaded to this server"),
+             ("reconstruct", [editor, *settings], "editor: the file /etc/passwd was not uploaded to this server"),
+             ("upload", ["not a file"], "path: not a valid Image value"),
+             ("reconstruct", ["not an editor", *settings], "editor: not a valid ImageEditor value"),
+             ("load_puzzle", [], "didn't receive enough input values"),
+             ("upload", [_file(_upload(served.client, huge_png))], f"({HUGE_SIDE}x{HUGE_SIDE} pixels"),
+             ("solve", [EASY, 1.5, "single"], "iterations = 1.5: expected an integer number of iterations"),
+             ("solve", [EASY, 64.4, "single"], "iterations = 64.4: expected an integer number of iterations")]
+    for api, data, words in cases:
+        event, answer = _call(served.client, api, data)
+        assert event == "error" and words in answer["error"] and "\n" not in answer["error"], (api, answer)
+
+
 def test_abandoned_solve_stops_and_frees_the_slot(served):
     grid = {"headers": [str(i) for i in range(1, 10)], "data": puzzle_to_grid(EASY)}
     posted = served.client.post("/gradio_api/call/solve_stream", json={"data": [grid, 4 * TRAINED, "commit"]})
