@@ -24,19 +24,13 @@ from typing import Any
 
 import click
 
-from hyperset.cli_options import OneLineCommand, usage_error_line
+from hyperset.cli_options import OneLineCommand, package_version, usage_error_line
 
 __all__ = ["cli", "listen_problem", "main", "options", "server_name"]
 
 
-def _version() -> str:
-    from hyperset.cli import package_version
-
-    return package_version()
-
-
 @click.command(cls=OneLineCommand, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(_version(), "--version", "-V", prog_name="hyperset-app", message="%(prog)s %(version)s")
+@click.version_option(package_version(), "--version", "-V", prog_name="hyperset-app", message="%(prog)s %(version)s")
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="interface to listen on (127.0.0.1 or ::1: this machine only; 0.0.0.0 or :: for all)")
 @click.option("--port", type=int, default=None, help="port [default: the first free one from 7860]")

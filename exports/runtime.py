@@ -257,7 +257,8 @@ def _probe_cuda(probe: CudaProbe) -> tuple[bool, str]:
     if CUDA_PROVIDER not in providers:
         return False, (
             f"this onnxruntime build has no {CUDA_PROVIDER} (available: {', '.join(providers) or 'none'}); "
-            "install onnxruntime-gpu instead of onnxruntime to use an NVIDIA GPU"
+            "to use an NVIDIA GPU, replace it with onnxruntime-gpu: pip uninstall -y onnxruntime && "
+            "pip install 'hyperset[onnx-gpu]'"
         )
     if probe.preload is not None:
         with contextlib.suppress(Exception):

@@ -22,13 +22,13 @@ _EXPORTS = {
     "ModelConfig": "config", "get_preset": "config", "list_presets": "config", "preset_config": "config",
     "RecurrentCore": "core", "Trace": "core",
     "HyperSETModel": "models", "build_model": "models", "create_model": "models",
-    "PRETRAINED": "pretrained", "load_pretrained": "pretrained",
+    "PRETRAINED": "pretrained", "load_pretrained": "pretrained", "push_to_hub": "pretrained",
 }
 
 __all__ = [
     "PRETRAINED", "CheckpointError", "HyperSETModel", "ModelConfig", "RecurrentCore", "Trace", "build_model",
     "create_model", "get_preset", "list_presets", "load_checkpoint", "load_pretrained", "preset_config",
-    "save_checkpoint", "__version__",
+    "push_to_hub", "save_checkpoint", "__version__",
 ]
 
 if TYPE_CHECKING:
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from .config import ModelConfig, get_preset, list_presets, preset_config
     from .core import RecurrentCore, Trace
     from .models import HyperSETModel, build_model, create_model
-    from .pretrained import PRETRAINED, load_pretrained
+    from .pretrained import PRETRAINED, load_pretrained, push_to_hub
 
 
 def __getattr__(name: str) -> Any:

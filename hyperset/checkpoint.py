@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -421,6 +422,21 @@ def check_finite(module: torch.nn.Module, where: str | os.PathLike, expected: st
                               f"{expected}")
 
 
+def is_shipped(directory: Path) -> bool:
+    """Whether checkpoint folder `directory` is one of the models shipped in the package (hyperset/weights)."""
+    from .pretrained import weights_root
+
+    return directory.resolve().is_relative_to(weights_root().resolve())
+
+
+def shapes_only(directory: Path) -> contextlib.AbstractContextManager:
+    """Where a loader builds the model of checkpoint `directory` to check its shapes and size before loading: on the
+    meta device, so that a config that disagrees with its weights allocates nothing. The package's own models (every
+    check still runs on them, and the tests load each) are built for real, once: building on the meta device imports
+    torch._dynamo for its Python meta kernels, about as long as importing torch."""
+    return contextlib.nullcontext() if is_shipped(directory) else torch.device("meta")
+
+
 def load_checkpoint(directory: str | os.PathLike, task: str | None = None,
                     map_location: str | torch.device = "cpu", dtype: torch.dtype | str | None = None
                     ) -> tuple[HyperSETModel, dict[str, Any]]:
@@ -434,7 +450,7 @@ def load_checkpoint(directory: str | os.PathLike, task: str | None = None,
     meta = read_config(directory, kind="hyperset")
     try:
         cfg = ModelConfig.from_dict(meta["model"])
-        with torch.device("meta"):  # shapes only: a config that disagrees with the weights allocates nothing
+        with shapes_only(directory):
             shapes = HyperSETModel(cfg)
     except (TypeError, ValueError, OverflowError, RuntimeError) as e:
         reason = (str(e) or type(e).__name__).splitlines()[0]  # torch's errors carry C++ frames after the first line
@@ -454,7 +470,7 @@ def load_checkpoint(directory: str | os.PathLike, task: str | None = None,
             raise
         raise CheckpointError(f"{e}; config.json lacks the model keys {', '.join(absent)} (defaults were "
                               "assumed)") from None
-    model = HyperSETModel(cfg)
+    model = shapes if is_shipped(directory) else HyperSETModel(cfg)
     cast = stored_float_dtype(directory) if dtype == "saved" else dtype
     if cast is not None:
         model.to(cast)

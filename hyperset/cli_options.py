@@ -19,7 +19,7 @@ import json
 import math
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, MutableMapping
 from typing import Any, NoReturn
 
 import click
@@ -106,6 +106,58 @@ class OneLineCommand(_OneLineErrors, click.Command):
 
 class OneLineGroup(_OneLineErrors, click.Group):
     """A click group whose usage errors, its subcommands' included, are one line (`cls=OneLineGroup`)."""
+
+
+class LazyCommands(MutableMapping):
+    """A group's subcommands by name, each made by its loader (an import) when first looked up."""
+
+    def __init__(self, loaders: dict[str, Callable[[], click.Command]]) -> None:
+        self.loaders = dict(loaders)
+        self.loaded: dict[str, click.Command] = {}
+
+    def __getitem__(self, name: str) -> click.Command:
+        if name not in self.loaded:
+            self.loaded[name] = self.loaders[name]()
+        return self.loaded[name]
+
+    def __setitem__(self, name: str, command: click.Command) -> None:
+        self.loaders[name] = lambda: command
+        self.loaded[name] = command
+
+    def __delitem__(self, name: str) -> None:
+        del self.loaders[name]
+        self.loaded.pop(name, None)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.loaders)
+
+    def __len__(self) -> int:
+        return len(self.loaders)
+
+
+class LazyGroup(OneLineGroup):
+    """A OneLineGroup whose subcommands are imported when one is run or looked up (`loaders`: name -> a function
+    that imports and returns it), and whose --help lists them from `summaries` (the first paragraph of each one's
+    help) without importing them: they import torch, seconds before any help is printed."""
+
+    def __init__(self, *args: Any, loaders: dict[str, Callable[[], click.Command]], summaries: dict[str, str],
+                 **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.commands = LazyCommands(loaders)
+        self.summaries = summaries
+
+    def listed_help(self, name: str, limit: int) -> str:
+        """What --help lists for command `name`: its own short help once loaded, else its summary's."""
+        if name in self.commands.loaded:
+            return self.commands.loaded[name].get_short_help_str(limit)
+        return click.Command(name, help=self.summaries[name]).get_short_help_str(limit)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        names = self.list_commands(ctx)
+        if names:
+            limit = formatter.width - 6 - max(map(len, names))  # as click's own listing
+            with formatter.section("Commands"):
+                formatter.write_dl([(name, self.listed_help(name, limit)) for name in names])
 
 
 DEVICE_HELP = "auto | cpu | cuda (or cuda:N) | mps"

@@ -35,9 +35,10 @@ import os
 import platform
 import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -155,7 +156,17 @@ def _run(fn, batch: int, *args) -> None:
         raise MemoryError("the attention-map kernel could not allocate its scratch memory")
 
 
-@torch.library.custom_op("hyperset::bisoftmax_maps", mutates_args=())
+def define_op(name: str, schema: str, kernel: Callable[..., Any], fake: Callable[..., Any]) -> None:
+    """The operator torch.ops.hyperset.NAME: `kernel` on CPU tensors, `fake` its outputs' shapes for torch.compile.
+    Not torch.library.custom_op, whose kernels import torch._dynamo at their first call: about as long as importing
+    torch, paid by every command at its first forward pass. The operators take no gradient (the autograd Functions
+    of hyperset.fused call them forward and backward)."""
+    qualname = f"hyperset::{name}"
+    torch.library.define(qualname, schema)
+    torch.library.impl(qualname, "CPU", kernel)
+    torch.library.register_fake(qualname, fake)
+
+
 def _maps(z: Tensor, beta: float) -> tuple[Tensor, Tensor]:
     z = z.contiguous()
     b, n, p = z.shape
@@ -164,13 +175,11 @@ def _maps(z: Tensor, beta: float) -> tuple[Tensor, Tensor]:
     return P, G
 
 
-@_maps.register_fake
-def _(z: Tensor, beta: float) -> tuple[Tensor, Tensor]:
+def _maps_fake(z: Tensor, beta: float) -> tuple[Tensor, Tensor]:
     b, n, p = z.shape
     return z.new_empty(b, n, n), z.new_empty(b, n, p)
 
 
-@torch.library.custom_op("hyperset::bisoftmax_maps_backward", mutates_args=())
 def _maps_backward(z: Tensor, P: Tensor, dG: Tensor, beta: float) -> Tensor:
     z, P, dG = z.contiguous(), P.contiguous(), dG.contiguous()
     b, n, p = z.shape
@@ -179,7 +188,6 @@ def _maps_backward(z: Tensor, P: Tensor, dG: Tensor, beta: float) -> Tensor:
     return dz
 
 
-@torch.library.custom_op("hyperset::bisoftmax_attention", mutates_args=())
 def _attention(z: Tensor, beta: float) -> Tensor:
     z = z.contiguous()
     b, n, p = z.shape
@@ -188,14 +196,14 @@ def _attention(z: Tensor, beta: float) -> Tensor:
     return G
 
 
-@_attention.register_fake
-def _(z: Tensor, beta: float) -> Tensor:
+def _like_z(z: Tensor, *args: Any) -> Tensor:
     return torch.empty_like(z)
 
 
-@_maps_backward.register_fake
-def _(z: Tensor, P: Tensor, dG: Tensor, beta: float) -> Tensor:
-    return torch.empty_like(z)
+define_op("bisoftmax_maps", "(Tensor z, float beta) -> (Tensor, Tensor)", _maps, _maps_fake)
+define_op("bisoftmax_maps_backward", "(Tensor z, Tensor P, Tensor dG, float beta) -> Tensor", _maps_backward,
+          _like_z)
+define_op("bisoftmax_attention", "(Tensor z, float beta) -> Tensor", _attention, _like_z)
 
 
 @register_flop_formula(torch.ops.hyperset.bisoftmax_maps)

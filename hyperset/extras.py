@@ -10,6 +10,7 @@ EXTRAS = {
     "app": "the Gradio app and plots (hyperset-app, hyperset-solve --plot)",
     "train": "image data for classification and masked image modeling (hyperset-train/eval classify, mim)",
     "metrics": "LPIPS and FID by torchmetrics (hyperset-eval mim; the weight files are never downloaded)",
+    "hub": "the Hugging Face Hub client (push_to_hub, load_pretrained of a Hub repository id)",
 }
 
 

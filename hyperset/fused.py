@@ -49,7 +49,7 @@ from torch.autograd.function import once_differentiable
 from torch.utils.flop_counter import register_flop_formula
 
 from . import cpu_kernels, device
-from .cpu_kernels import eager_or_compiled, env_choice
+from .cpu_kernels import define_op, eager_or_compiled, env_choice
 from .energies import inv_rms
 
 CPU_MATMULS = ("auto", "onednn", "aten")
@@ -116,15 +116,17 @@ def using_cpu_matmul(name: str) -> Iterator[str]:
         _cpu_matmul = before
 
 
-@torch.library.custom_op("hyperset::onednn_mm", mutates_args=())
-def _onednn_mm(a: Tensor, b: Tensor) -> Tensor:
+def _onednn_mm_kernel(a: Tensor, b: Tensor) -> Tensor:
     """a @ b, a (..., k) and b (k, n), by oneDNN's GEMM (its linear layer, y = a (b^T)^T)."""
     return torch.ops.mkldnn._linear_pointwise(a, b.t(), None, "none", [], "")
 
 
-@_onednn_mm.register_fake
-def _(a: Tensor, b: Tensor) -> Tensor:
+def _onednn_mm_fake(a: Tensor, b: Tensor) -> Tensor:
     return a.new_empty(*a.shape[:-1], b.shape[-1])
+
+
+define_op("onednn_mm", "(Tensor a, Tensor b) -> Tensor", _onednn_mm_kernel, _onednn_mm_fake)
+_onednn_mm = torch.ops.hyperset.onednn_mm
 
 
 @register_flop_formula(torch.ops.hyperset.onednn_mm)

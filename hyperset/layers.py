@@ -7,7 +7,10 @@ recurrent core and shared by every distinct layer, as in the authors' code.
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -24,6 +27,19 @@ from .energies import (
     rms_normalize,
     split_heads,
 )
+
+
+def eager_only(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn` in eager mode under torch.compile (torch.compiler.disable), decided at the call: disable imports
+    torch._dynamo, seconds of start-up that a process which never compiles would pay at import."""
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        if torch.compiler.is_compiling():
+            return torch.compiler.disable(fn)(*args, **kwargs)
+        return fn(*args, **kwargs)
+
+    return run
 
 
 class RMSNorm(nn.Module):
@@ -90,7 +106,7 @@ class StepSizes(nn.Module):
         self.L1.reset_parameters()
         return True
 
-    @torch.compiler.disable  # reads a weight: under torch.compile the answer is taken in eager mode, not traced
+    @eager_only  # reads a weight: under torch.compile the answer is taken in eager mode, not traced
     def constant_in_t(self) -> bool:
         """Whether the step sizes depend on the condition only: fixed steps, or a time network whose L2 weight is
         zero (c_t = L2's bias for every t)."""

@@ -282,16 +282,34 @@ class HyperSETModel(nn.Module):
         if card:
             atomic_write_bytes(Path(directory) / "README.md", model_card(self, meta).encode())
 
+    def push_to_hub(self, repo_id: str, token: str | None = None, private: bool = False,
+                    commit_message: str = "Upload Hyper-SET model") -> Any:
+        """save_pretrained's files, uploaded to the Hugging Face Hub repository `repo_id`: see
+        :func:`hyperset.pretrained.push_to_hub` (the [hub] extra)."""
+        from .pretrained import push_to_hub
+
+        return push_to_hub(self, repo_id, token=token, private=private, commit_message=commit_message)
+
+
+# task -> its tag on the Hugging Face Hub (the model card's metadata header)
+HUB_TAGS = {"sudoku": "sudoku", "classify": "image-classification", "mim": "masked-image-modeling"}
+
+
+def card_header(task: str) -> str:
+    """The Hugging Face Hub metadata header of a model card of a `task` model (YAML between two --- lines): the
+    library, the license and the tags. save_pretrained writes it; the shipped cards (hyperset/weights) begin with it."""
+    tags = ["hyperset", "energy-based-model", HUB_TAGS.get(task, task)]
+    return "\n".join(["---", "library_name: hyperset", "license: mit", "tags:", *(f"- {t}" for t in tags), "---", ""])
+
 
 def model_card(model: HyperSETModel, info: dict[str, Any]) -> str:
-    """A short model card: a Hub metadata header (library, tags, license), what the model is, its inference
-    defaults and measured metrics as config.json records them, and how to load it."""
+    """A short model card: the Hub metadata header (`card_header`), what the model is, its inference defaults and
+    measured metrics as config.json records them, and how to load it."""
     cfg = model.cfg
     params = sum(p.numel() for p in model.parameters())
     task = {"sudoku": "Sudoku", "classify": "image classification", "mim": "masked image modeling"}.get(cfg.task,
                                                                                                        cfg.task)
-    lines = ["---", "library_name: hyperset", "license: mit", "tags:", "- hyperset", "- energy-based-model",
-             f"- {cfg.task}", "---", "", f"# Hyper-SET {task} model", "",
+    lines = ["", f"# Hyper-SET {task} model", "",
              f"{cfg.n_layers} {cfg.layer} layer(s) (d={cfg.dim}, {cfg.heads} heads, feedforward {cfg.ff_hidden}), "
              f"weights shared across iterations, trained at {info.get('trained_iterations', cfg.iters)} "
              f"iterations; {params:,} parameters.", ""]
@@ -303,7 +321,7 @@ def model_card(model: HyperSETModel, info: dict[str, Any]) -> str:
     if facts:
         lines += ["| | |", "|---|---|", *(f"| {k} | {v} |" for k, v in facts), ""]
     lines += ["```python", "import hyperset", "model = hyperset.load_pretrained(\"path/to/this/folder\")", "```", ""]
-    return "\n".join(lines)
+    return card_header(cfg.task) + "\n".join(lines)
 
 
 def build_model(cfg: ModelConfig) -> HyperSETModel:

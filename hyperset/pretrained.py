@@ -2,8 +2,9 @@
 
     import hyperset
     model = hyperset.load_pretrained("sudoku")              # offline: the weights ship in the package
-    model.save_pretrained("my-sudoku")                      # model.safetensors + config.json
+    model.save_pretrained("my-sudoku")                      # model.safetensors + config.json + README.md
     same = hyperset.HyperSETModel.from_pretrained("my-sudoku")
+    model.push_to_hub("owner/my-sudoku")                    # the same three files, to the Hugging Face Hub
 
 A name is one of `PRETRAINED` (unless a checkpoint folder of that name, one holding config.json, is in the working
 directory); anything else is a checkpoint folder, or (where huggingface_hub is installed and there is a network) a
@@ -13,6 +14,7 @@ Hugging Face Hub repository id such as "owner/name" holding the same two files.
 from __future__ import annotations
 
 import os
+import tempfile
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,7 @@ from typing import Any
 import torch
 
 from .checkpoint import CheckpointError, load_checkpoint
+from .extras import require
 
 # name -> folder under hyperset/weights; "mim-tokenizer" is the MIM model's VQ tokenizer
 # (hyperset.vision.reconstruct.load_tokenizer), the others load_pretrained's Hyper-SET models
@@ -66,7 +69,7 @@ def _from_hub(repo_id: str) -> Path:
         from huggingface_hub import snapshot_download
     except ImportError:
         raise CheckpointError(f"{repo_id}: no such folder; to load it from the Hugging Face Hub install "
-                              "huggingface_hub (pip install huggingface_hub)") from None
+                              "huggingface_hub (pip install 'hyperset[hub]')") from None
     try:
         return Path(snapshot_download(repo_id, allow_patterns=["config.json", "model.safetensors", "README.md"]))
     except Exception as e:  # network, authentication or a missing repository: one line for the user
@@ -92,3 +95,24 @@ def load_pretrained(name_or_path: str | os.PathLike, device: Any = "cpu", dtype:
 
         model.checkpoint_source = f"hyperset {package_version()}, shipped model {str(name_or_path)!r}"
     return model
+
+
+def push_to_hub(model_or_folder: Any, repo_id: str, token: str | None = None, private: bool = False,
+                commit_message: str = "Upload Hyper-SET model") -> Any:
+    """Upload a model, or what load_pretrained takes (a shipped name, a checkpoint folder, a Hub id), to the Hugging
+    Face Hub repository `repo_id` ("owner/name"; created if missing, `private` then) as save_pretrained writes it:
+    model.safetensors, config.json with the inference defaults and provenance, the model card. `token`: a Hub
+    token (default: the one huggingface_hub finds, `hf auth login`). Returns huggingface_hub's CommitInfo (a str:
+    the commit's URL). Needs huggingface_hub, the [hub] extra."""
+    require("hub", "huggingface_hub", what="push_to_hub")
+    from huggingface_hub import HfApi
+
+    from .cli_options import package_version
+
+    model = model_or_folder if hasattr(model_or_folder, "save_pretrained") else load_pretrained(model_or_folder)
+    api = HfApi(token=token, library_name="hyperset", library_version=package_version())
+    with tempfile.TemporaryDirectory(prefix="hyperset-push-") as folder:
+        model.save_pretrained(folder)  # checked and written in full before anything is sent
+        api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
+        return api.upload_folder(repo_id=repo_id, folder_path=folder, commit_message=commit_message,
+                                 repo_type="model")

@@ -104,7 +104,9 @@ def test_train_threads_is_the_recipe_threads(tmp_path: Path, monkeypatch: pytest
         def fit(self) -> dict[str, Any]:
             return {"step": 1, "steps": 1, "best": 0.0, "finished": True, "stopped_by": None}
 
-    monkeypatch.setattr(train_cli, "Trainer", FakeTrainer)
+    from hyperset.training import trainer
+
+    monkeypatch.setattr(trainer, "Trainer", FakeTrainer)  # hyperset-train imports it when it runs
     data = write_sudoku_csvs(tmp_path, 4, 4, seed=0)
     base = ["sudoku", "--recipe", "sudoku-cpu", "--data", str(data), "--out", str(tmp_path / "run"), "--json"]
     for extra, threads in (([], 1), (["--threads", "2"], 2), (["--threads", "2", "--set", "train.threads=3"], 3)):

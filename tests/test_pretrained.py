@@ -170,3 +170,104 @@ def test_save_pretrained_keeps_the_inference_defaults_and_says_where_the_model_c
     HyperSETModel.from_pretrained(str(tmp_path / "copy")).save_pretrained(str(tmp_path / "again"), card=False)
     again = json.loads((tmp_path / "again" / "config.json").read_text())
     assert again["derived_from"] == str(tmp_path / "copy") and not (tmp_path / "again" / "README.md").exists()
+
+
+# the model cards shipped beside the weights, and the model each describes
+SHIPPED_CARDS = {"sudoku": "sudoku/README.md", "classifier": "classifier/README.md", "mim": "mim/README.md"}
+
+
+def card_header_of(text: str) -> str:
+    """The metadata header a card begins with: the text to the second '---' line, that line included."""
+    assert text.startswith("---\n"), text[:40]
+    return text[: text.index("\n---\n", 3) + 5]
+
+
+@pytest.mark.parametrize("name", sorted(SHIPPED_CARDS))
+def test_every_shipped_card_has_the_hub_header_save_pretrained_writes(name: str, tmp_path: Path) -> None:
+    hub = pytest.importorskip("huggingface_hub")
+    from hyperset.models import HUB_TAGS
+    from hyperset.pretrained import weights_root
+
+    assert {p.relative_to(weights_root()).as_posix() for p in weights_root().rglob("README.md")} == set(
+        SHIPPED_CARDS.values())
+    card = weights_root() / SHIPPED_CARDS[name]
+    model = hyperset.load_pretrained(name)
+    meta = hub.metadata_load(card)  # the Hub's own reader of the header
+    assert meta == {"library_name": "hyperset", "license": "mit",
+                    "tags": ["hyperset", "energy-based-model", HUB_TAGS[model.cfg.task]]}
+    model.save_pretrained(tmp_path / "copy")
+    assert card_header_of(card.read_text()) == card_header_of((tmp_path / "copy" / "README.md").read_text())
+
+
+class LocalHub:
+    """A stand-in for the Hugging Face Hub (huggingface_hub.HfApi and snapshot_download): a repository is a folder
+    under `root`; every call is recorded."""
+
+    def __init__(self, root: Path) -> None:
+        self.root, self.calls = root, []
+
+    def api(self, **kw: object) -> LocalHub:
+        self.calls.append(("HfApi", kw))
+        return self
+
+    def create_repo(self, repo_id: str, **kw: object) -> str:
+        self.calls.append(("create_repo", repo_id, kw))
+        if (self.root / repo_id).exists() and not kw.get("exist_ok"):
+            raise FileExistsError(repo_id)
+        (self.root / repo_id).mkdir(parents=True, exist_ok=True)
+        return f"https://hub.local/{repo_id}"
+
+    def upload_folder(self, *, repo_id: str, folder_path: str, **kw: object) -> str:
+        import shutil
+
+        self.calls.append(("upload_folder", repo_id, sorted(p.name for p in Path(folder_path).iterdir()), kw))
+        shutil.copytree(folder_path, self.root / repo_id, dirs_exist_ok=True)
+        return f"https://hub.local/{repo_id}/commit/{len(self.calls)}"
+
+    def snapshot_download(self, repo_id: str, **kw: object) -> str:
+        if not (self.root / repo_id).is_dir():
+            raise OSError(f"404: {repo_id}")
+        return str(self.root / repo_id)
+
+
+def test_push_to_hub_uploads_what_load_pretrained_reads_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """push_to_hub saves with save_pretrained (weights, config.json with the inference defaults and provenance, the
+    card) and uploads the folder; load_pretrained of the repository id gives the same model, with the same
+    defaults (solve_iterations) as the shipped one."""
+    import json
+
+    hub = pytest.importorskip("huggingface_hub")
+    local = LocalHub(tmp_path / "hub")
+    monkeypatch.setattr(hub, "HfApi", local.api)
+    monkeypatch.setattr(hub, "snapshot_download", local.snapshot_download)
+    monkeypatch.chdir(tmp_path)
+    model = hyperset.load_pretrained("sudoku")
+    url = model.push_to_hub("me/sudoku-copy", token="hf_x", private=True, commit_message="first")
+    assert url == "https://hub.local/me/sudoku-copy/commit/3"
+    assert local.calls[0] == ("HfApi", {"token": "hf_x", "library_name": "hyperset",
+                                        "library_version": hyperset.cli_options.package_version()})
+    assert local.calls[1] == ("create_repo", "me/sudoku-copy", {"private": True, "exist_ok": True,
+                                                                "repo_type": "model"})
+    assert local.calls[2] == ("upload_folder", "me/sudoku-copy", ["README.md", "config.json", "model.safetensors"],
+                              {"commit_message": "first", "repo_type": "model"})
+    again = hyperset.load_pretrained("me/sudoku-copy")
+    with torch.no_grad():
+        assert torch.equal(model(boards(), iters=20), again(boards(), iters=20))
+    assert again.cfg == model.cfg
+    shipped = json.loads((pretrained_dir("sudoku") / "config.json").read_text())
+    uploaded = json.loads((tmp_path / "hub" / "me" / "sudoku-copy" / "config.json").read_text())
+    assert uploaded["solve_iterations"] == shipped["solve_iterations"] and "shipped model 'sudoku'" in uploaded[
+        "derived_from"]
+    # by name or folder too, into a repository that exists already
+    hyperset.push_to_hub("sudoku", "me/sudoku-copy")
+    assert local.calls[-2][2]["exist_ok"] is True
+
+
+def test_push_to_hub_without_huggingface_hub_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from hyperset.extras import MissingExtra
+
+    monkeypatch.setitem(sys.modules, "huggingface_hub", None)
+    with pytest.raises(MissingExtra, match=r"push_to_hub needs huggingface_hub .*pip install 'hyperset\[hub\]'$"):
+        hyperset.push_to_hub("sudoku", "me/x")

@@ -10,9 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import click
-import torch
 
-from hyperset.checkpoint import CheckpointError
 from hyperset.cli_options import (
     OneLineGroup,
     device_option,
@@ -22,14 +20,11 @@ from hyperset.cli_options import (
     version_option,
 )
 from hyperset.config import ModelConfig, TableError, check_table, preset_config
-from hyperset.device import pick_device
 from hyperset.download import DownloadError
 from hyperset.extras import MissingExtra, require
 from hyperset.sudoku.extreme import NAME as SUDOKU_EXTREME
 
 from .recipes import apply_overrides, check_recipe, load_recipe, locate, recipe_names
-from .state import recorded_command
-from .trainer import DivergedError, TrainConfig, Trainer, parse_schedule
 
 
 def model_config(recipe: dict[str, Any]) -> ModelConfig:
@@ -100,6 +95,14 @@ def _run(task: str, recipe_name: str | None, data: str, out: str, resume: bool, 
          steps: int | None, as_json: bool, quiet: bool, preset: str | None = None, dataset: str | None = None,
          accum_steps: int | None = None, schedule: str | None = None, download: bool = False,
          init_from: str | None = None, threads: int | None = None) -> None:
+    # here, not at the top: --help and --version need none of them (torch takes seconds to import)
+    import torch
+
+    from hyperset.checkpoint import CheckpointError
+    from hyperset.device import pick_device
+
+    from .trainer import DivergedError, TrainConfig, Trainer, parse_schedule
+
     try:
         for option, value in (("--preset", preset), ("--schedule", schedule), ("--init-from", init_from)):
             if value is not None and not value.strip():
@@ -181,6 +184,8 @@ def resume_command(out: Path, given: dict[str, Any], quiet: bool) -> dict[str, A
     what this command gives on top (its --set after the recorded ones, its --steps / --accum-steps / --preset /
     --dataset / --threads / --schedule / --recipe / --data instead of theirs). `--resume` alone therefore continues
     the run as it was started."""
+    from .state import recorded_command
+
     recorded = recorded_command(out / "last")
     sets = [*recorded.get("set", []), *given["set"]]
     # a value given again is kept once, where it was given last (the order decides which of two values wins)

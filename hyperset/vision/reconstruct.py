@@ -41,10 +41,12 @@ from ..checkpoint import (
     CheckpointError,
     check_weights_fit,
     checkpoint_dir,
+    is_shipped,
     load_checkpoint,
     load_weights_into,
     model_bytes,
     read_config,
+    shapes_only,
 )
 from ..config import check_table, whole_number
 from ..models import HyperSETModel
@@ -160,7 +162,7 @@ def load_tokenizer(path: str | Path | None = None, device: str | torch.device = 
     path = checkpoint_dir(path)
     meta = read_config(path, kind=TOKENIZER_KIND)
     cfg, stored_size = _tokenizer_config(meta, path / "config.json")
-    with torch.device("meta"):  # shapes only: checked against the weights' header before anything is allocated
+    with shapes_only(path):  # checked against the weights' header before anything is allocated
         shapes = VQTokenizer(cfg)
     size = model_bytes(shapes)
     if size > MAX_TOKENIZER_BYTES:
@@ -168,7 +170,7 @@ def load_tokenizer(path: str | Path | None = None, device: str | torch.device = 
                               f"checkpoint is at most {MAX_TOKENIZER_BYTES / 2**30:.0f} GiB")
     what = "weights of a VQ tokenizer"
     check_weights_fit(shapes, path, what)
-    model = VQTokenizer(cfg)
+    model = shapes if is_shipped(path) else VQTokenizer(cfg)
     load_weights_into(model, path, what)
     return Tokenizer(model, TOKENIZER_KIND, image_size or stored_size, meta, source=source).to(device)
 
