@@ -10,10 +10,11 @@ into a pipe this script reads), and reports:
 
   * `first_board_seconds`: from the command's start to the first board on its standard output, beside the same
     command's on a file of one puzzle (`one_puzzle`: its start-up), and their difference;
-  * `peak_rss_mb`: the command's peak resident memory (the kernel's count, getrusage of the child);
+  * `peak_rss_mb`: the command's peak resident memory (VmHWM in /proc/PID/status, read every second);
   * `rss_mb`: the resident memory sampled every second, against the boards printed so far;
-  * `batch_rate` (boards/s): the median rate of the batches once running (boards printed between samples over
-    the time between them), `run_rate`: all boards over the time from the first board to the last, and
+  * `batch_rate` (boards/s): the median rate of the batches (--batch-size boards over the time from the previous
+    batch's last board on standard output to its own), `run_rate`: all boards over the time from the first board
+    to the last, and
     `run_rate_from_start`: over the whole command, start-up included; `run_over_batch`: their ratio.
 
 The command's work per board is set by --iters (one pass of that many iterations): the point is the pipeline
@@ -69,21 +70,21 @@ def write_input(path: Path, n: int, solutions: bool, seed: int = 0) -> None:
             f.write(rows.tobytes())
 
 
-def rss_mb(pid: int) -> float | None:
+def status_mb(pid: int, field: str = "VmRSS") -> float | None:
+    """A memory field of /proc/PID/status in MB (VmRSS: resident now; VmHWM: the peak since the command started,
+    where getrusage of the child would also count the copy of this script that fork made before exec)."""
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) / 1024
     except OSError:
         pass
     return None
 
 
-def run(path: Path, iters: int, threads: int, batch_size: int | None) -> dict[str, Any]:
+def run(path: Path, iters: int, threads: int, batch_size: int) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "hyperset.cli", str(path), "--strategy", "single", "--iters", str(iters),
-           "--threads", str(threads), "--no-color"]
-    if batch_size:
-        cmd += ["--batch-size", str(batch_size)]
+           "--threads", str(threads), "--no-color", "--batch-size", str(batch_size)]
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=ROOT)
@@ -94,33 +95,39 @@ def run(path: Path, iters: int, threads: int, batch_size: int | None) -> dict[st
     drain = threading.Thread(target=lambda: stderr.append(proc.stderr.read()), daemon=True)  # type: ignore[union-attr]
     drain.start()
     samples: list[tuple[float, int, float | None]] = []
+    peak = [0.0]
     stop = threading.Event()
 
     def sample() -> None:
         while not stop.wait(1.0):
-            samples.append((time.perf_counter() - t0, boards[0], rss_mb(proc.pid)))
+            samples.append((time.perf_counter() - t0, boards[0], status_mb(proc.pid)))
+            peak[0] = max(peak[0], status_mb(proc.pid, "VmHWM") or 0.0)
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     marker, carry, tail = b", puzzle ", b"", b""
+    batch_ends: list[float] = []
     fd = proc.stdout.fileno()
     while chunk := os.read(fd, 1 << 20):
         text = carry + chunk
         n = text.count(marker)
         if n and not first:
             first.append(time.perf_counter() - t0)
+        if (boards[0] + n) // batch_size > boards[0] // batch_size:  # a batch is done when its last board is out
+            batch_ends.append(time.perf_counter() - t0)
         boards[0] += n
         carry = text[-(len(marker) - 1):]
         tail = (tail + chunk)[-4096:]
     last = time.perf_counter() - t0
-    _, status, usage = os.wait4(proc.pid, 0)
+    _, status, _ = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
     wall = time.perf_counter() - t0
     stop.set()
     sampler.join()
     drain.join(timeout=10)
     err = b"".join(stderr).decode(errors="replace").strip().splitlines()
-    rates = [(b1 - b0) / (t1 - t0_) for (t0_, b0, _), (t1, b1, _) in zip(samples, samples[1:]) if b1 > b0 > 0]
+    # a batch's rate: its boards over the time from the previous batch's last board to its own
+    rates = [batch_size / (b - a) for a, b in zip(batch_ends, batch_ends[1:]) if b > a]
     batch_rate = statistics.median(rates) if rates else None
     n = boards[0]
     run_rate = (n - 1) / (last - first[0]) if first and last > first[0] and n > 1 else None
@@ -128,7 +135,8 @@ def run(path: Path, iters: int, threads: int, batch_size: int | None) -> dict[st
             "summary_line": next((x for x in reversed(tail.decode(errors="replace").splitlines())
                                   if "boards valid" in x), None),
             "stderr_tail": err[-3:], "first_board_seconds": first[0] if first else None,
-            "wall_seconds": wall, "peak_rss_mb": usage.ru_maxrss / 1024,
+            "wall_seconds": wall, "peak_rss_mb": peak[0] or None, "batches_timed": len(rates),
+            "batch_rate_quartiles": statistics.quantiles(rates, n=4) if len(rates) > 1 else None,
             "batch_rate": batch_rate, "run_rate": run_rate, "run_rate_from_start": n / wall,
             "run_over_batch": run_rate / batch_rate if run_rate and batch_rate else None,
             "samples": [{"seconds": round(t, 2), "boards": b, "rss_mb": r} for t, b, r in samples]}
@@ -168,7 +176,7 @@ def main() -> None:
     ap.add_argument("--puzzles", type=bench_args.count, default=1_000_000)
     ap.add_argument("--iters", type=bench_args.iterations, default=1, help="iterations of the one pass per board")
     ap.add_argument("--threads", type=bench_args.count, default=1, help="the command's CPU threads")
-    ap.add_argument("--batch-size", type=bench_args.count, default=None, help="[default: the command's]")
+    ap.add_argument("--batch-size", type=bench_args.count, default=512)
     ap.add_argument("--no-solutions", action="store_true",
                     help="puzzles without their solutions: the parser checks each for several solutions")
     ap.add_argument("--input", type=Path, default=None, help="keep the generated input here [default: a temp file]")

@@ -73,8 +73,10 @@ def test_gradient_accumulation_equals_one_big_batch(data_dir: Path, tmp_path: Pa
     Trainer(task(data_dir), train_cfg(3, accum=4), tmp_path / "accum", quiet=True).fit()
     a, _ = load_checkpoint(tmp_path / "big" / "last")
     b, _ = load_checkpoint(tmp_path / "accum" / "last")
+    # four micro-batches sum their gradients in another order than one batch; Adam's g / sqrt(v) turns the rounding
+    # of a near-zero gradient into weight differences of ~1e-6 on some CPUs (AVX2 kernels), never more than 1e-5
     for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
-        torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-6, msg=name)
+        torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-5, msg=lambda m, name=name: f"{name}: {m}")
     assert losses(tmp_path / "big") == pytest.approx(losses(tmp_path / "accum"), rel=1e-5)
 
 

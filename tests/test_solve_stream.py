@@ -185,6 +185,9 @@ def test_ctrl_c_while_loading_still_prints_one_json_document(ckpt: Path, monkeyp
 def test_a_signal_waits_for_the_piece_being_written() -> None:
     from hyperset.cli import _Signalled, _Stops
 
+    # as a terminal has them: a suite run in the background (`pytest &`, nohup) starts with SIGINT ignored
+    before = {sig: signal.signal(sig, handler) for sig, handler in ((signal.SIGINT, signal.default_int_handler),
+                                                                     (signal.SIGTERM, signal.SIG_DFL))}
     stops = _Stops()
     try:
         written = []
@@ -206,8 +209,10 @@ def test_a_signal_waits_for_the_piece_being_written() -> None:
         assert "never" not in written and second.exit_code() == 130 and second.by() == {}
     finally:
         stops.restore()
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
 
 
 def test_a_graph_of_other_weights_is_one_warning_line(ckpt: Path, tmp_path: Path) -> None:
@@ -236,7 +241,8 @@ def test_ctrl_c_while_the_json_waits_on_a_full_pipe_leaves_a_whole_document(ckpt
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen([sys.executable, "-m", "hyperset.cli", "-", "--checkpoint", str(ckpt), "--strategy",
                              "single", "--iters", "1", "--batch-size", "400", "--json"],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=ROOT)
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=ROOT,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as from a terminal
     try:
         assert proc.stdin is not None and proc.stdout is not None
         proc.stdin.write(("\n".join([PUZZLE] * 800) + "\n").encode())
