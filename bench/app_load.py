@@ -91,15 +91,6 @@ def start_server(threads: int) -> tuple[subprocess.Popen, str]:
     return proc, f"http://127.0.0.1:{port}"
 
 
-def stop_server(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(15)
-
-
 def bodies(puzzles: list[str]) -> dict[str, list[bytes]]:
     """The JSON bodies of each kind of call, made once."""
     over = MAX_BODY_BYTES + 64 * 1024
@@ -184,10 +175,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
     ax.set_title(f"hyperset-app under load: {s['parallel']} in parallel, {report['errors']} unexpected outcomes "
                  f"({report['machine']['cpu']})", fontsize=8)
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    tmp.replace(path)
+    bench_args.save_figure(fig, path)
 
 
 @bench_args.input_errors_exit
@@ -209,7 +197,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         result = flood(url, proc.pid, args.requests, args.parallel, puzzles)
     finally:
-        stop_server(proc)
+        bench_args.stop_process(proc)
     import gradio
 
     report = {"settings": {"requests": args.requests, "parallel": args.parallel, "threads": args.threads,

@@ -267,3 +267,28 @@ def input_errors_exit(main: Callable[..., Any]) -> Callable[..., Any]:
 
     return run
 
+
+
+def save_figure(fig: Any, path: Path, dpi: int = 110) -> None:
+    """A matplotlib figure written to `path` (its suffix picks the format) atomically, then closed."""
+    import matplotlib.pyplot as plt
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{path.suffix}")
+    try:
+        fig.savefig(tmp, dpi=dpi)
+    finally:
+        plt.close(fig)
+    tmp.replace(path)
+
+
+def stop_process(proc: Any, seconds: float = 15) -> None:
+    """SIGTERM, then SIGKILL if `proc` (a subprocess.Popen) has not ended within `seconds`."""
+    import subprocess
+
+    proc.terminate()
+    try:
+        proc.wait(seconds)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(seconds)

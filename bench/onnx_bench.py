@@ -290,11 +290,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
     fig.suptitle(f"{tag}Hyper-SET Sudoku, {report['model_source'].split(' (')[0]}, "
                  f"{report['machine']['cpu']}", fontsize=10)
     fig.tight_layout(rect=(0, 0.07, 1, 1))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    tmp.replace(path)
+    bench_args.save_figure(fig, path)
 
 
 @bench_args.input_errors_exit

@@ -39,7 +39,7 @@ import bench_args
 import numpy as np
 from flops import machine
 
-from hyperset.checkpoint import atomic_write_bytes, atomic_write_json
+from hyperset.checkpoint import atomic_write_json
 from hyperset.sudoku.data import random_symmetries
 from hyperset.sudoku.exact import generate
 
@@ -143,7 +143,6 @@ def run(path: Path, iters: int, threads: int, batch_size: int) -> dict[str, Any]
 
 
 def plot(report: dict[str, Any], path: Path) -> None:
-    import io
 
     import matplotlib
 
@@ -164,10 +163,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
     b.set_title(f"peak {report['run']['peak_rss_mb']:.0f} MB")
     b.legend(fontsize=8)
     fig.tight_layout()
-    image = io.BytesIO()
-    fig.savefig(image, format="png", dpi=110)
-    plt.close(fig)
-    atomic_write_bytes(path, image.getvalue())
+    bench_args.save_figure(fig, path)
 
 
 @bench_args.input_errors_exit

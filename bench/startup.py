@@ -102,12 +102,7 @@ def app_ready(threads: int) -> float:
             time.sleep(POLL)
         raise bench_args.BenchInputError(f"hyperset-app did not answer within {APP_TIMEOUT:.0f} s")
     finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(15)
+        bench_args.stop_process(proc)
 
 
 def median(samples: list[float]) -> dict[str, Any]:
