@@ -387,8 +387,8 @@ def _graph_opt_level(level: str) -> Any:
 # One graph run may take GRAPH_SECONDS plus SECONDS_PER_ROW_ITERATION for each row of its batch and each iteration
 # it computes, then it is stopped: a Loop whose condition never turns false (a graph received from someone else)
 # would run until the process is killed. Real runs need far less: the largest preset (mim-base-24x8) computes 9.1
-# GFLOP per row and iteration with its energies (bench/flops.py), a second of a core that does 10 GFLOP/s, and the
-# shipped models 0.03-0.05 GFLOP; GRAPH_SECONDS leaves room for a session's first run and a loaded machine.
+# GFLOP per row and iteration with its energies (bench/flops.py), the shipped models 0.03-0.05 GFLOP; GRAPH_SECONDS
+# leaves room for a process's first run and a loaded machine.
 # $HYPERSET_GRAPH_SECONDS, or OrtSession's graph_seconds, replaces the sum by one bound for every run.
 GRAPH_SECONDS = 60.0
 SECONDS_PER_ROW_ITERATION = 1.0

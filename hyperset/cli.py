@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import math
@@ -355,22 +356,17 @@ class _Stops:
             return
         raise _Signalled
 
-    def hold(self) -> Any:
+    @contextlib.contextmanager
+    def hold(self) -> Iterator[None]:
         """A context in which a signal waits for the end (the piece of output being written)."""
-        import contextlib
-
-        @contextlib.contextmanager
-        def held() -> Iterator[None]:
-            self.holding += 1
-            try:
-                yield
-            finally:
-                self.holding -= 1
-                if not self.holding and self.pending:
-                    self.pending = False
-                    raise _Signalled
-
-        return held()
+        self.holding += 1
+        try:
+            yield
+        finally:
+            self.holding -= 1
+            if not self.holding and self.pending:
+                self.pending = False
+                raise _Signalled
 
     def by(self) -> dict[str, str]:
         """{"stopped_by": "SIGTERM"} for a signal other than Ctrl-C's."""
