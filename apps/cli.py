@@ -217,6 +217,9 @@ def serve(args: Any) -> int:
     if solver is None and mim is None:
         return _fail(f"no model to serve. {sudoku_note} {mim_note}".strip())
 
+    from .gradio_start import import_gradio
+
+    import_gradio()  # Gradio without the work it does for its own development (hyperset.apps.gradio_start)
     from .app import build_demo, launch_kwargs
 
     demo = build_demo(solver, mim, sudoku_note, mim_note)

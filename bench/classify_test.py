@@ -1,4 +1,4 @@
-"""Top-1 of a classifier on the CIFAR test set at several depths, as JSON (the README's classification table).
+"""Top-1 of a classifier on the CIFAR test set at several depths, as JSON (the classification results table).
 
 Writes ``bench/results/classify_test.json``: one row per number of iterations (default: the trained depth and
 twice it), all from one pass over the images (a one-layer core is read out on the way to the largest depth).

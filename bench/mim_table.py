@@ -1,4 +1,4 @@
-"""The masked-image-modeling table of the README, from the shipped models (or a checkpoint), as JSON + Markdown.
+"""The masked-image-modeling table of docs/mim.md, from the shipped models (or a checkpoint), as JSON + Markdown.
 
     python bench/mim_table.py --data data/cifar10 --images 300            # CIFAR-10 test images
 

@@ -21,7 +21,7 @@ from .defaults import CPU_BATCH_SIZE, DEFAULT_NODES, DEFAULT_PASSES, DEFAULT_STR
 from .extras import require
 from .sudoku.board import Puzzle, PuzzleError, cell_name, format_grid, iter_file
 
-# exit codes (README, "Exit codes"); 130 is the shell's code for a process stopped by Ctrl-C (128 + SIGINT)
+# exit codes (docs/cli.md); 130 is the shell's code for a process stopped by Ctrl-C (128 + SIGINT)
 EXIT_SOLVED, EXIT_UNSOLVED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 MAX_PUZZLES = 1_000_000
 
