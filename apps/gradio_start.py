@@ -34,6 +34,8 @@ class _PandasOnUse(types.ModuleType):
     read."""
 
     def __getattr__(self, name: str) -> Any:
+        if sys.modules.get("pandas") is self:  # read while gradio.caching runs: the real one takes its place
+            del sys.modules["pandas"]
         return getattr(importlib.import_module("pandas"), name)
 
 

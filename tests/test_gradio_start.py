@@ -90,3 +90,24 @@ def test_the_app_builds_and_answers_through_the_hooked_import(tmp_path):
         print(json.dumps({"verdict": verdict, "board": board, "passes": energies["passes"]}))
         """, Path(__file__).resolve().parents[1])
     assert out["verdict"] == "solved" and len(out["board"]) == 81 and out["passes"] >= 1
+
+
+def test_a_module_that_reads_pandas_while_it_runs_gets_the_real_one(tmp_path):
+    """The stand-in is only bound, never a second pandas: a read during gradio.caching's own run imports pandas."""
+    out = _run("""
+        import json, sys, types
+        from hyperset.apps import gradio_start
+        caching = types.ModuleType("gradio.caching")
+
+        class Loader:
+            def exec_module(self, module):
+                import pandas as pd
+                module.frame = pd.DataFrame  # an attribute read at import time
+                module.pd = pd
+
+        gradio_start._exec_with_pandas_on_use(Loader(), caching)
+        import pandas
+        print(json.dumps({"same": caching.frame is pandas.DataFrame,
+                          "real": sys.modules["pandas"] is pandas and type(pandas) is type(json)}))
+        """, tmp_path)
+    assert out == {"same": True, "real": True}
