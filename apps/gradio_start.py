@@ -24,7 +24,8 @@ from typing import Any
 __all__ = ["import_gradio"]
 
 
-def _skip_stub_rewrite(module: types.ModuleType) -> None:
+def _exec_without_stub_rewrite(loader: importlib.abc.Loader, module: types.ModuleType) -> None:
+    loader.exec_module(module)
     if hasattr(module, "create_or_modify_pyi"):
         module.create_or_modify_pyi = lambda *args, **kwargs: None
 
@@ -52,26 +53,23 @@ def _exec_with_pandas_on_use(loader: importlib.abc.Loader, module: types.ModuleT
             del sys.modules["pandas"]
 
 
+_HOOKS = {"gradio.component_meta": _exec_without_stub_rewrite, "gradio.caching": _exec_with_pandas_on_use}
+
+
 class _Loader(importlib.abc.Loader):
     def __init__(self, inner: importlib.abc.Loader, name: str) -> None:
-        self.inner, self.name = inner, name
+        self.inner, self.hook = inner, _HOOKS[name]
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType | None:
         return self.inner.create_module(spec)
 
     def exec_module(self, module: types.ModuleType) -> None:
-        if self.name == "gradio.caching":
-            _exec_with_pandas_on_use(self.inner, module)
-        else:
-            self.inner.exec_module(module)
-            _skip_stub_rewrite(module)
+        self.hook(self.inner, module)
 
 
 class _Finder(importlib.abc.MetaPathFinder):
-    NAMES = ("gradio.component_meta", "gradio.caching")
-
     def find_spec(self, name: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
-        if name not in self.NAMES:
+        if name not in _HOOKS:
             return None
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is None or spec.loader is None:
