@@ -3,8 +3,11 @@ ends with one line and the shell's 130, as Ctrl-C does later, not with Python's 
 
 from __future__ import annotations
 
+import errno
 import importlib
+import io
 import sys
+from collections.abc import Callable
 from typing import Any
 
 
@@ -19,23 +22,93 @@ def _tolerant_stdout() -> None:
             pass
 
 
-def _run(prog: str, target: str) -> Any:
+# errors of a write to standard output that mean it cannot take the results (a full disk, /dev/full, a lost device)
+_OUTPUT_ERRNOS = frozenset({errno.ENOSPC, errno.EIO, errno.EFBIG, errno.EDQUOT, errno.EBADF, errno.EINVAL})
+
+
+class _ClosedStdout(io.TextIOBase):
+    """Standard output when the shell closed it: Python leaves `sys.stdout` None, and a print to None is silently
+    lost; a write here fails as a write to a closed descriptor does."""
+
+    encoding = "utf-8"
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        if not text:
+            return 0
+        raise OSError(errno.EBADF, "standard output is closed")
+
+    def isatty(self) -> bool:
+        return False
+
+
+def _say(line: str) -> None:
+    if sys.stderr is not None:
+        sys.stderr.write(line + "\n")
+
+
+def _output_failed(prog: str, error: OSError) -> None:
+    """Standard output took no more: one line, exit 2 (a closed pipe, `| head`: silent, the shell's 141)."""
+    from .cli_options import closed_pipe_exit, error_line, stdout_to_devnull
+
+    if isinstance(error, BrokenPipeError):
+        closed_pipe_exit()
+    stdout_to_devnull()  # what is still buffered would fail again at exit
+    _say(error_line(prog, f"cannot write the results to standard output: {error.strerror or error}"))
+    sys.exit(2)
+
+
+def _run(prog: str, target: str, prints_results: bool = True, interrupted: Callable[[], int] | None = None) -> Any:
+    """Run a command: with standard output closed (`>&-`), the first result a command prints there fails (exit 2,
+    not an exit 0 that printed nothing; one that writes only files runs as usual); a write to standard output
+    that fails, while the command runs or when its output is flushed at the end, is one line and exit 2, not a
+    traceback."""
     _tolerant_stdout()
+    if prints_results and sys.stdout is None:
+        sys.stdout = _ClosedStdout()
     module, _, name = target.partition(":")
     try:
         command = getattr(importlib.import_module(module), name)
     except KeyboardInterrupt:
-        sys.stderr.write(f"{prog}: interrupted\n")
+        if interrupted is not None:
+            sys.exit(interrupted())
+        _say(f"{prog}: interrupted")
         sys.exit(130)
-    return command()
+    try:
+        result = command()
+    except SystemExit:
+        _flush_stdout(prog)
+        raise
+    except OSError as e:
+        if e.filename is None and e.errno in _OUTPUT_ERRNOS:
+            _output_failed(prog, e)
+        raise
+    _flush_stdout(prog)
+    return result
+
+
+def _flush_stdout(prog: str) -> None:
+    try:
+        if sys.stdout is not None:
+            sys.stdout.flush()
+    except OSError as e:
+        _output_failed(prog, e)
 
 
 def solve() -> Any:
-    return _run("hyperset-solve", "hyperset.cli:solve_main")
+    from .stops import Stops
+
+    stops = Stops.early()  # a signal while the solver imports still ends with a whole JSON document
+    args = sys.argv[1:]
+    as_json, quiet = "--json" in args, "--quiet" in args or "-q" in args
+    return _run("hyperset-solve", "hyperset.cli:solve_main",
+                interrupted=lambda: stops.interrupted_before_solving(as_json, quiet))
 
 
 def train() -> Any:
-    return _run("hyperset-train", "hyperset.training.cli:main")
+    return _run("hyperset-train", "hyperset.training.cli:main", prints_results=False)
 
 
 def evaluate() -> Any:
@@ -47,7 +120,7 @@ def export() -> Any:
 
 
 def app() -> Any:
-    return _run("hyperset-app", "hyperset.apps.cli:main")
+    return _run("hyperset-app", "hyperset.apps.cli:main", prints_results=False)
 
 
 def generate() -> Any:

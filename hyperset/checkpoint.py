@@ -7,10 +7,7 @@ import itertools
 import json
 import os
 import re
-import stat
 import struct
-import tempfile
-from glob import escape as glob_escape
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -21,94 +18,26 @@ from safetensors.torch import save_file
 
 from .cli_options import json_safe
 from .config import ModelConfig, check_iterations
+from .files import (  # noqa: F401  (the writers every front end uses, importable from here too)
+    NotReplacedError,
+    _default_mode,
+    _temp_beside,
+    atomic_write_bytes,
+    atomic_write_json,
+    read_problem,
+    replace_problem,
+)
 from .models import HyperSETModel
 
 FORMAT = "hyperset-checkpoint"
+# the iteration counts a checkpoint's config.json may hold (inference defaults and the trained depth), each checked
+# on save and on load: 1..MAX_ITERS
+ITERATION_KEYS = ("trained_iterations", "solve_iterations", "search_iterations")
 FORMAT_VERSION = 1
 
 
 class CheckpointError(RuntimeError):
     """A missing, truncated or mismatched checkpoint; the message names what was expected."""
-
-
-def _default_mode() -> int:
-    """What a plainly created file gets (0666 minus the umask); mkstemp would leave 0600."""
-    umask = os.umask(0)
-    os.umask(umask)
-    return 0o666 & ~umask
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True  # another user's process (PermissionError), or a platform that cannot tell: leave its file
-    return True
-
-
-def _temp_beside(path: Path) -> tuple[int, str]:
-    """mkstemp next to `path` as `.NAME.PID.<random>.tmp`, after removing the files of that form that processes
-    which no longer run left there (a kill between the write and the rename: an ONNX graph's worth each time)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if os.name == "posix":
-        for stale in path.parent.glob(f".{glob_escape(path.name)}.*.*.tmp"):
-            pid = stale.name[len(path.name) + 2:].split(".", 1)[0]
-            if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
-                stale.unlink(missing_ok=True)
-    return tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp")
-
-
-class NotReplacedError(OSError):
-    """A write refused because what stands at the path is not a regular file (a link, a FIFO, a device, a
-    folder): the rename would replace it with a file."""
-
-
-def replace_problem(path: str | os.PathLike) -> str | None:
-    """Why a file written at `path` must not replace what is there (a symbolic link, a FIFO, a device node, a
-    folder: renaming a file over it would replace the link or the node, not write through it), or None."""
-    path = Path(path)
-    try:
-        st = path.lstat()
-    except FileNotFoundError:
-        return None
-    except OSError as e:
-        return f"cannot be looked at ({e.strerror or e})"
-    if stat.S_ISLNK(st.st_mode):
-        return "is a symbolic link: it would be replaced, not written through (give the path it points to)"
-    if stat.S_ISDIR(st.st_mode):
-        return "is a folder"
-    if not stat.S_ISREG(st.st_mode):
-        kind = "a FIFO" if stat.S_ISFIFO(st.st_mode) else "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(
-            st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode) else "not a regular file"
-        return f"is {kind}, not a regular file: it would be replaced by one"
-    return None
-
-
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write to a temporary file in the same folder, then rename: a crash never leaves half a file (and the
-    temporary files of writers that were killed are removed by the next write of the same file). What stands at
-    the path must be a regular file or nothing (`replace_problem`; else a NotReplacedError, nothing written)."""
-    path = Path(path)
-    why = replace_problem(path)
-    if why is not None:
-        raise NotReplacedError(f"{path} {why}; not written")
-    fd, tmp = _temp_beside(path)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, _default_mode())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
-    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=False) + "\n").encode())
 
 
 def save_tensors(path: str | os.PathLike, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None,
@@ -140,8 +69,10 @@ def load_tensors(path: str | os.PathLike, what: str = "weights") -> dict[str, to
     read of that many bytes: nothing is mapped, and a file that grows after its size was checked is read no
     further than its header declares."""
     path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"{path}: file not found (expected the {what} as a .safetensors file)")
+    why = read_problem(path)
+    if why is not None:
+        raise CheckpointError(f"{path}{' ' if why.startswith('is ') else ': '}{why} (expected the {what} as a "
+                              ".safetensors file)")
     try:
         with open(path, "rb") as f:
             _, size = read_header(f)
@@ -173,7 +104,7 @@ def save_module(directory: str | os.PathLike, module: torch.nn.Module, kind: str
     clash = sorted(RESERVED_INFO & set(info or {}))
     if clash:
         raise ValueError(f"checkpoint info may not set the reserved keys {', '.join(clash)}")
-    for key in ("trained_iterations", "solve_iterations"):
+    for key in ITERATION_KEYS:
         if (info or {}).get(key) is not None:
             check_iterations(info[key], key)  # type: ignore[index]
     meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "kind": kind, "model": config,
@@ -260,8 +191,10 @@ def read_header(f: BinaryIO) -> tuple[dict[str, Any], int]:
 def stored_header(path: Path, what: str) -> dict[str, tuple[tuple[int, ...], str]]:
     """The tensor shapes and dtypes (safetensors' names: "F32", "BF16", "I64", ...) in a safetensors file, read
     from its header alone (`read_header`: the file's size is checked against it)."""
-    if not path.is_file():
-        raise CheckpointError(f"{path}: file not found (expected the {what} as a .safetensors file)")
+    why = read_problem(path)
+    if why is not None:
+        raise CheckpointError(f"{path}{' ' if why.startswith('is ') else ': '}{why} (expected the {what} as a "
+                              ".safetensors file)")
     try:
         # the header read by hand: safetensors maps the whole file, which a sparse file claiming terabytes makes
         # fail where address space is limited; its loader validates the rest when the weights are read
@@ -364,7 +297,10 @@ def read_config(directory: str | os.PathLike, kind: str | None = None) -> dict[s
     path = directory / "config.json"
     if not directory.exists():
         raise CheckpointError(f"{directory}: no such checkpoint folder (expected model.safetensors + config.json)")
-    if not path.is_file():
+    why = read_problem(path)
+    if why is not None and why != "file not found":
+        raise CheckpointError(f"{path} {why} (expected model.safetensors + config.json in {directory})")
+    if why is not None:
         run = [str(directory / d) for d in ("best", "last") if (directory / d / "config.json").is_file()]
         hint = f"; a training run folder: pass {' or '.join(run)}" if run else ""
         raise CheckpointError(f"{directory}: config.json is missing (expected model.safetensors + config.json){hint}")
@@ -380,7 +316,7 @@ def read_config(directory: str | os.PathLike, kind: str | None = None) -> dict[s
     found = meta.get("kind", "hyperset")
     if kind is not None and found != kind:
         raise CheckpointError(f"{directory}: this checkpoint holds a {found!r} model, expected a {kind!r} model")
-    for key in ("trained_iterations", "solve_iterations"):
+    for key in ITERATION_KEYS:
         if meta.get(key) is not None:
             try:
                 check_iterations(meta[key], key)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import math
@@ -15,10 +14,11 @@ from typing import Any, NoReturn
 
 import click
 
-from .cli_options import OneLineCommand, closed_pipe_exit, error_line, one_line, stdout_to_devnull
+from .cli_options import FiniteFloat, OneLineCommand, closed_pipe_exit, error_line, one_line, stdout_to_devnull
 from .config import MAX_ITERS
 from .defaults import CPU_BATCH_SIZE, DEFAULT_NODES, DEFAULT_PASSES, DEFAULT_STRATEGY, GPU_BATCH_SIZE, STRATEGY_NAMES
 from .extras import require
+from .stops import Stops as _Stops
 from .sudoku.board import Puzzle, PuzzleError, cell_name, format_grid, iter_file
 
 # exit codes (docs/cli.md); 130 is the shell's code for a process stopped by Ctrl-C (128 + SIGINT)
@@ -58,6 +58,14 @@ def folder_problem(path: str | os.PathLike) -> str | None:
         return f"{folder} is a file, not a folder" if folder.exists() else f"folder {folder} does not exist"
     if not os.access(folder, os.W_OK):
         return f"folder {folder} is not writable"
+    import tempfile
+
+    try:  # a folder that says it is writable may still refuse new files (/proc, a read-only mount seen as root)
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".hyperset-probe-")
+    except OSError as e:
+        return f"folder {folder} takes no new files ({e.strerror or e})"
+    os.close(fd)
+    os.unlink(probe)
     return None
 
 
@@ -251,7 +259,7 @@ def _read_puzzles(files: tuple[str, ...]) -> Iterator[Puzzle]:
               help="most passes of the commit strategy")
 @click.option("--nodes", type=click.IntRange(1, 10_000_000), default=DEFAULT_NODES, show_default=True,
               help="search: most nodes (model calls) per board")
-@click.option("--seconds", type=click.FloatRange(0, None, min_open=True), default=None,
+@click.option("--seconds", type=FiniteFloat(0, None, min_open=True), default=None,
               help="search: most seconds per batch of boards [default: no limit]")
 @click.option("--node-iters", type=click.IntRange(1, 10_000), default=None,
               help="search: iterations per node after the first pass [default: the model's search_iterations, "
@@ -305,84 +313,16 @@ def solve_main(files: tuple[str, ...], iters: str | None, strategy: str, passes:
               "give a number of iterations, or use --strategy auto")
     if sys.stdout is None:  # `>&-`: the results would go nowhere, and exit 0 would say they went somewhere
         _fail("standard output is closed: nowhere to print the results")
-    stops = _Stops()
+    stops = _Stops.current()
     try:
         search = {"nodes": nodes, "seconds": seconds, "node_iters": node_iters, "prior": prior,
                   "order": search_order, "first_look": first_look, "views": views}
         _solve(files, iters, strategy, passes, search, checkpoint, device, backend, onnx_model, batch_size, threads,
                as_json, quiet, trace, plot, color, stops)
     except KeyboardInterrupt:  # while loading: nothing solved; with --json still one whole document
-        if as_json:
-            with stops.hold():
-                summary = {"puzzles": 0, "valid": 0, "interrupted": True, **stops.by()}
-                click.echo(json.dumps({"summary": summary} if quiet else {"results": [], "summary": summary}))
-        click.echo("hyperset-solve: interrupted", err=True)
-        sys.exit(stops.exit_code())
+        sys.exit(stops.interrupted_before_solving(as_json, quiet))
     finally:
         stops.restore()
-
-
-class _Signalled(KeyboardInterrupt):
-    """Ctrl-C, SIGTERM or SIGHUP (`timeout 60 hyperset-solve ...`, a closed ssh session): the solve stops, the
-    boards so far printed, the JSON complete with "interrupted": true."""
-
-
-class _Stops:
-    """SIGINT, SIGTERM and SIGHUP stop the solve (unless they are ignored, as under nohup), each as a
-    `_Signalled`; while output is written (`hold`) the stop waits until the piece is whole, so a document blocked
-    on a slow pipe is never cut in two; a second signal during that wait stops at once."""
-
-    def __init__(self) -> None:
-        import signal
-        import threading
-
-        self.signum: int | None = None
-        self.holding = 0
-        self.pending = False
-        self.before: dict[Any, Any] = {}
-        if threading.current_thread() is not threading.main_thread():  # handlers belong to the main thread
-            return
-        for sig, default in ((signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, signal.SIG_DFL),
-                             (getattr(signal, "SIGHUP", None), signal.SIG_DFL)):
-            if sig is not None and signal.getsignal(sig) is default:
-                self.before[sig] = signal.signal(sig, self._stop)
-
-    def _stop(self, signum: int, frame: Any) -> None:
-        first = self.signum is None
-        if first:
-            self.signum = signum
-        if self.holding and first:
-            self.pending = True
-            return
-        raise _Signalled
-
-    @contextlib.contextmanager
-    def hold(self) -> Iterator[None]:
-        """A context in which a signal waits for the end (the piece of output being written)."""
-        self.holding += 1
-        try:
-            yield
-        finally:
-            self.holding -= 1
-            if not self.holding and self.pending:
-                self.pending = False
-                raise _Signalled
-
-    def by(self) -> dict[str, str]:
-        """{"stopped_by": "SIGTERM"} for a signal other than Ctrl-C's."""
-        import signal
-
-        return {"stopped_by": signal.Signals(self.signum).name} if self.signum not in (None, signal.SIGINT) else {}
-
-    def exit_code(self) -> int:
-        """130 for Ctrl-C; 128 + the signal's number for SIGTERM (143) and SIGHUP (129), as the shell reports them."""
-        return EXIT_INTERRUPTED if self.signum is None else 128 + self.signum
-
-    def restore(self) -> None:
-        import signal
-
-        for sig, handler in self.before.items():
-            signal.signal(sig, handler)
 
 
 def _solve(files: tuple[str, ...], iters: str | None, strategy: str, passes: int, search: dict[str, Any],
@@ -438,21 +378,23 @@ def _solve(files: tuple[str, ...], iters: str | None, strategy: str, passes: int
         summary.extra.update(interrupted=True, requested=run.read, **stops.by())
     if run.error is not None:
         summary.extra["error"] = run.error
+    plotted, plot_error = False, None
+    if plot and not any(r.energy for r in run.results):
+        click.echo(f"--plot: no board ran an iteration (givens without a solution): {plot} not written", err=True)
+    elif plot and run.error is None:  # written before the summary, which then says when it could not be
+        try:
+            plot_energy(plot, run.results, solver.trained_iters)
+            plotted = True
+        except OSError as e:
+            plot_error = summary.extra["error"] = f"--plot: cannot write {plot}: {e.strerror or e}"
     try:
         out.end(summary, "auto" if n_iters == "auto" else strategy, run)
     except OSError as e:
         _output_failed(e)
-    if run.error is not None:
-        _fail(run.error)
-    if plot and not any(r.energy for r in run.results):
-        click.echo(f"--plot: no board ran an iteration (givens without a solution): {plot} not written", err=True)
-    elif plot:
-        try:
-            plot_energy(plot, run.results, solver.trained_iters)
-        except OSError as e:
-            _fail(f"--plot: cannot write {plot}: {e.strerror or e}")
-        if not as_json and not quiet:  # --quiet: the summary only
-            click.echo(f"energy plot written to {plot}")
+    if run.error is not None or plot_error is not None:
+        _fail(run.error or plot_error)
+    if plotted and not as_json and not quiet:  # --quiet: the summary only
+        click.echo(f"energy plot written to {plot}")
     if run.interrupted:
         sys.exit(stops.exit_code())
     sys.exit(EXIT_SOLVED if summary.valid == summary.puzzles else EXIT_UNSOLVED)

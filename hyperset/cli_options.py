@@ -25,6 +25,21 @@ from typing import Any, NoReturn
 import click
 
 
+class FiniteFloat(click.FloatRange):
+    """A float option that is a number: click's FloatRange lets nan through (every comparison with it is false)
+    and inf through an open upper bound."""
+
+    name = "finite float"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        import math
+
+        number = click.FLOAT.convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return super().convert(number, param, ctx)
+
+
 def one_line(text: str) -> str:
     """`text` as one line of plain text: line ends and other control characters (a file name may hold them, a
     terminal would act on them) written as Python escapes."""

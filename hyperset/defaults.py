@@ -11,3 +11,6 @@ DEFAULT_PASSES = 16  # most passes of the commit strategy
 # batches.
 CPU_BATCH_SIZE = 128
 GPU_BATCH_SIZE = 256
+# A stream of puzzles (a file read as it comes) starts with a batch this small and doubles it up to the batch size:
+# the first boards come after 16 are solved, not a whole batch.
+FIRST_STREAM_BATCH = 16

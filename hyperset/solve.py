@@ -28,7 +28,14 @@ from .backends import CallableBackend, SolverBackend, TorchBackend
 from .checkpoint import check_finite, load_checkpoint, solve_iterations, trained_iterations
 from .config import whole_number
 from .contracts import check_contract
-from .defaults import CPU_BATCH_SIZE, DEFAULT_NODES, DEFAULT_PASSES, DEFAULT_STRATEGY, GPU_BATCH_SIZE
+from .defaults import (
+    CPU_BATCH_SIZE,
+    DEFAULT_NODES,
+    DEFAULT_PASSES,
+    DEFAULT_STRATEGY,
+    FIRST_STREAM_BATCH,
+    GPU_BATCH_SIZE,
+)
 from .device import pick_device
 from .models import HyperSETModel
 from .pretrained import PRETRAINED, weights_root
@@ -270,9 +277,9 @@ class Solver:
     @property
     def search_iters(self) -> int:
         """Iterations per search node when the caller does not say: the model's measured choice (its config.json
-        `search_iterations`), else the trained depth."""
+        `search_iterations`, checked at load), else the trained depth."""
         n = self.info.get("search_iterations")
-        return n if isinstance(n, int) and not isinstance(n, bool) and n >= 1 else self.trained_iters
+        return self.trained_iters if n is None else int(n)
 
     def _search_settings(self, search: dict[str, Any]) -> dict[str, Any]:
         """The search's knobs (`node_iters`, `nodes`, `seconds`, `prior`, `order`, `first_look`) and `views` (of the
@@ -330,7 +337,8 @@ class Solver:
         """`solve` one result at a time, in the order of `puzzles`, as each batch of boards is done. A list is
         checked whole before the first batch; any other iterable (``hyperset.sudoku.board.iter_file``) is read a
         batch at a time, so memory stays flat however many puzzles it yields, and a bad puzzle stops it after
-        the results before it."""
+        the results before it. A stream's batches start at `FIRST_STREAM_BATCH` boards and double up to
+        `batch_size`, so its first results come after a small batch, not a whole one."""
         strategy, n_iters, max_iters = self._run_settings(iters, strategy, passes, max_iters, patience, False)
         search = self._search_settings(search)
         batch_size = self.default_batch_size if batch_size is None else batch_size
@@ -348,9 +356,11 @@ class Solver:
             parsed = puzzles
         stream = iter(parsed)
         start = 0
+        size = batch_size if isinstance(puzzles, Sequence) else min(batch_size, FIRST_STREAM_BATCH)
         refused: PuzzleError | None = None
         while refused is None:
-            chunk, refused = _take(stream, batch_size, start)
+            chunk, refused = _take(stream, size, start)
+            size = min(batch_size, 2 * size)
             if not chunk:
                 break
             run = [k for k, p in enumerate(chunk) if p.no_solution is None]  # the others are answered at once

@@ -104,6 +104,11 @@ CASES = [
     *[Case(f"solve-trained-iterations-{name}", "solve", ["-", "--checkpoint", "{ckpt}"], "trained_iterations",
            info={"trained_iterations": value}, stdin=PUZZLE.encode())
       for name, value in (("abc", "abc"), ("0", 0), ("-3", -3), ("1e9", 1e9), ("10**9", 10**9), ("true", True))],
+    *[Case(f"solve-search-iterations-{name}", "solve", ["-", "--checkpoint", "{ckpt}"], "search_iterations",
+           info={"search_iterations": value}, stdin=PUZZLE.encode())
+      for name, value in (("abc", "abc"), ("0", 0), ("-3", -3), ("1e9", 1e9), ("10**9", 10**9), ("true", True))],
+    *[Case(f"solve-seconds-{value}", "solve", ["-", "--checkpoint", "{ckpt}", "--seconds", value],
+           f"'{value}' is not a finite number", stdin=PUZZLE.encode()) for value in ("nan", "inf", "-inf")],
     Case("solve-heads-0", "solve", ["-", "--checkpoint", "{ckpt}"], "model.heads", model={"heads": 0},
          stdin=PUZZLE.encode()),
     Case("solve-dim-negative", "solve", ["-", "--checkpoint", "{ckpt}"], "model.dim", model={"dim": -32},
@@ -488,3 +493,37 @@ def test_a_checkpoint_with_non_finite_weights_is_refused_by_export_and_init_from
     for run in runs:
         assert run.exit_code == 2 and "NaN or infinite" in run.output and "Traceback" not in run.output, run.output
     assert not (tmp_path / "m.onnx").exists() and not (tmp_path / "o" / "last").exists()
+
+
+@pytest.mark.parametrize("name", ["config.json", "model.safetensors"])
+@pytest.mark.parametrize("kind", ["fifo", "folder"])
+def test_a_checkpoint_file_that_is_not_a_regular_file_is_named_as_such(tmp_path: Path, name: str, kind: str) -> None:
+    """A config.json or model.safetensors that is a FIFO (reading it would hang) or a folder is refused as what it
+    is, not as "missing"."""
+    ckpt = write_tiny_checkpoint(tmp_path / "ckpt")
+    (ckpt / name).unlink()
+    os.mkfifo(ckpt / name) if kind == "fifo" else (ckpt / name).mkdir()
+    result = CliRunner().invoke(solve_main, ["-", "--checkpoint", str(ckpt)], input=PUZZLE)
+    what = "a FIFO" if kind == "fifo" else "a folder"
+    assert result.exit_code == 2 and f"{ckpt / name} is {what}, not a regular file" in result.stderr, result.stderr
+    assert len(error_lines(result.stderr)) == 1
+
+
+def test_a_plot_that_cannot_be_written_after_solving_is_in_the_json_summary(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """--plot into a folder that refuses new files is refused before any work; one that fails when written, after
+    the solve, is exit 2 with the reason in the JSON summary (not a summary without it and a bare exit 2)."""
+    ckpt = write_tiny_checkpoint(tmp_path / "ckpt")
+    early = CliRunner().invoke(solve_main, ["-", "--checkpoint", str(ckpt), "--plot", "/proc/x.png"], input=PUZZLE)
+    assert early.exit_code == 2 and "folder /proc takes no new files" in early.stderr and not early.stdout
+
+    def full_disk(*args: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("hyperset.cli.plot_energy", full_disk)
+    late = CliRunner().invoke(solve_main, ["-", "--checkpoint", str(ckpt), "--strategy", "single", "--json",
+                                           "--plot", str(tmp_path / "e.png")], input=PUZZLE)
+    assert late.exit_code == 2, late.output
+    doc = json.loads(late.stdout)
+    assert len(doc["results"]) == 1 and "No space left on device" in doc["summary"]["error"]
+    assert error_lines(late.stderr) == [f"hyperset-solve: error: {doc['summary']['error']}"]

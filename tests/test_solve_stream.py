@@ -183,7 +183,8 @@ def test_ctrl_c_while_loading_still_prints_one_json_document(ckpt: Path, monkeyp
 
 @pytest.mark.skipif(not hasattr(signal, "SIGHUP"), reason="POSIX signals")
 def test_a_signal_waits_for_the_piece_being_written() -> None:
-    from hyperset.cli import _Signalled, _Stops
+    from hyperset.stops import Signalled as _Signalled
+    from hyperset.stops import Stops as _Stops
 
     # as a terminal has them: a suite run in the background (`pytest &`, nohup) starts with SIGINT ignored
     before = {sig: signal.signal(sig, handler) for sig, handler in ((signal.SIGINT, signal.default_int_handler),

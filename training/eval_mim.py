@@ -33,6 +33,7 @@ import torch
 
 from hyperset.checkpoint import CheckpointError
 from hyperset.cli_options import (
+    FiniteFloat,
     checkpoint_input,
     device_option,
     echo_json,
@@ -205,7 +206,7 @@ def print_table(result: dict[str, Any]) -> None:
                                                "verified)")
 @click.option("--split", type=click.Choice(["test", "train"]), default="test", show_default=True,
               help="the split of --data whose images are masked and reconstructed")
-@click.option("--mask-ratio", type=click.FloatRange(0.0, 1.0), default=0.4, show_default=True,
+@click.option("--mask-ratio", type=FiniteFloat(0.0, 1.0), default=0.4, show_default=True,
               help="fraction of each image's tokens that is masked (exactly, at seeded random positions)")
 @click.option("--iters", type=click.IntRange(1, MAX_ITERS), default=None,
               help="token-model iterations (default: the trained number)")
@@ -215,10 +216,10 @@ def print_table(result: dict[str, Any]) -> None:
                    "maskgit: MaskGIT iterative sampling (the paper's protocol)")
 @renamed_option("--decode-steps", "steps", old="--steps", type=click.IntRange(min=1), default=24, show_default=True,
                help="MaskGIT decoding steps (paper: 24)")
-@click.option("--temperature", type=float, default=1.0, show_default=True,
+@click.option("--temperature", type=FiniteFloat(0.0), default=1.0, show_default=True,
               help="softmax temperature: of MaskGIT sampling (paper: 1; 0 = argmax), or of the distribution whose "
                    "mean --decode expected takes (0 = the most probable code)")
-@click.option("--randomize-temp", type=float, default=0.0, show_default=True,
+@click.option("--randomize-temp", type=FiniteFloat(0.0), default=0.0, show_default=True,
               help="Gumbel noise on the confidences (MaskGIT r_temp; the authors' reconstruction eval: 0)")
 @click.option("--images", "n_images", type=click.IntRange(min=0), default=500, show_default=True,
               help="evaluate the first N images of the split (0: all)")

@@ -29,6 +29,7 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 from .. import cbuild
 from .exact import _propagate
@@ -40,6 +41,10 @@ PROPAGATIONS = ("naked", "singles")
 SOURCE = Path(__file__).resolve().parent.parent / "kernels" / "sudoku.c"
 FLAGS = ("-O2", "-std=c11", "-shared", "-fPIC")
 RATE_NODES = 10_000_000  # a rating's search is bounded; no minimal puzzle seen came near it
+# the lowest rating hyperset-generate takes: reaching a range gets steeply slower with its lowest rating (on one
+# core of a 2-vCPU AMD EPYC, 51+ about 0.15 s per puzzle, 200+ about a minute per climb of CHUNK puzzles, 400+
+# none within 100 s)
+MAX_LOWEST_RATING = 1000
 PATIENCE = 3000  # moves without progress before a new grid
 MAX_MOVES = 100_000_000
 CHUNK = 16  # puzzles per climb
@@ -362,15 +367,24 @@ def main(argv: list[str] | None = None) -> None:
     """``hyperset-generate``: rated minimal puzzles as ``puzzle,solution`` lines (what ``hyperset-solve`` and
     ``hyperset-train`` read), with ``--ratings`` a third column."""
     import argparse
+    import contextlib
     import os
     import sys
-    import tempfile
 
-    ap = argparse.ArgumentParser(prog="hyperset-generate", description="Generate rated minimal Sudoku puzzles as "
+    class Parser(argparse.ArgumentParser):
+        def error(self, message: str) -> NoReturn:  # one line, as every hyperset command's usage errors
+            from ..cli_options import error_line
+
+            sys.stderr.write(error_line(self.prog, message) + "\n")
+            sys.exit(2)
+
+    ap = Parser(prog="hyperset-generate", description="Generate rated minimal Sudoku puzzles as "
                                  "'puzzle,solution' lines (0 = blank), the same for the same seed.")
     ap.add_argument("-n", "--count", type=int, default=100, help="how many puzzles (default 100)")
     ap.add_argument("-b", "--bucket", default="51+",
-                    help=f"rating range: {', '.join(BUCKETS)}, or A-B, or A+ (default 51+)")
+                    help=f"rating range: {', '.join(BUCKETS)}, or A-B, or A+ (default 51+; A at most "
+                         f"{MAX_LOWEST_RATING:,}). The time grows steeply with the lowest rating: on one CPU core 51+ "
+                         "takes a fraction of a second per puzzle, 200+ about a minute per 16")
     ap.add_argument("-s", "--seed", type=int, default=0, help="the collection's seed (default 0)")
     ap.add_argument("--start", type=int, default=0, help="the index of the first puzzle (default 0)")
     ap.add_argument("--propagation", choices=PROPAGATIONS, default="singles",
@@ -386,44 +400,45 @@ def main(argv: list[str] | None = None) -> None:
         bucket_range(args.bucket)
     except ValueError as e:
         ap.error(str(e))
-    if args.out is not None and os.path.lexists(args.out) and not os.path.isfile(args.out):
-        ap.error(f"--out {args.out}: not a regular file; not replacing it")
+    if bucket_range(args.bucket)[0] > MAX_LOWEST_RATING:
+        ap.error(f"--bucket {args.bucket}: ratings above {MAX_LOWEST_RATING:,} are out of the generator's reach "
+                 "(the time to reach a range grows steeply with its lowest rating: see --help)")
+    from ..files import NotReplacedError, atomic_writer, replace_problem
+
+    if args.out is not None:
+        why = replace_problem(args.out) or (None if os.path.isdir(os.path.dirname(os.path.abspath(args.out)))
+                                            else "is in a folder that does not exist")
+        if why is not None:
+            ap.error(f"--out {args.out} {why}; not written")
     from tqdm.auto import tqdm
 
     bar = tqdm(total=args.count, unit="puzzle", file=sys.stderr, leave=False,
-               disable=args.quiet or not sys.stderr.isatty())
-    lines = []
+               disable=args.quiet or sys.stderr is None or not sys.stderr.isatty())
     try:
-        for p in iter_rated(args.count, args.bucket, args.seed, args.propagation, args.start):
-            lines.append(f"{p.puzzle},{p.solution}" + (f",{p.rating}" if args.ratings else ""))
-            bar.update(1)
+        with contextlib.ExitStack() as stack:
+            # puzzles go out as they come: to standard output line by line, or into a file that replaces --out
+            # when the last is written (interrupted: nothing written there)
+            f = sys.stdout if args.out is None else stack.enter_context(atomic_writer(args.out, "w"))
+            for p in iter_rated(args.count, args.bucket, args.seed, args.propagation, args.start):
+                f.write(f"{p.puzzle},{p.solution}" + (f",{p.rating}\n" if args.ratings else "\n"))
+                if args.out is None:
+                    f.flush()
+                bar.update(1)
     except KeyboardInterrupt:
-        sys.stderr.write("hyperset-generate: interrupted; nothing written\n")
-        sys.exit(130)
-    finally:
         bar.close()
-    text = "".join(line + "\n" for line in lines)
-    try:
-        if args.out is None:
-            sys.stdout.write(text)
-            sys.stdout.flush()
-            return
-        folder = os.path.dirname(os.path.abspath(args.out))
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".hyperset-generate-")
-        try:
-            with os.fdopen(fd, "w") as f:
-                f.write(text)
-            os.replace(tmp, args.out)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+        sys.stderr.write(f"hyperset-generate: interrupted after {bar.n} puzzles"
+                         + ("" if args.out is None else f"; {args.out} not written") + "\n")
+        sys.exit(130)
     except BrokenPipeError:
         from ..cli_options import closed_pipe_exit
 
         closed_pipe_exit()
-    except OSError as e:
+    except (NotReplacedError, OSError) as e:
+        bar.close()
         sys.stderr.write(f"hyperset-generate: error: cannot write the puzzles: {e.strerror or e}\n")
         sys.exit(2)
+    finally:
+        bar.close()
 
 
 def _version() -> str:
