@@ -14,7 +14,15 @@ from typing import Any, NoReturn
 
 import click
 
-from .cli_options import FiniteFloat, OneLineCommand, closed_pipe_exit, error_line, one_line, stdout_to_devnull
+from .cli_options import (
+    FiniteFloat,
+    OneLineCommand,
+    closed_pipe_exit,
+    error_line,
+    one_line,
+    package_version,
+    stdout_to_devnull,
+)
 from .config import MAX_ITERS
 from .defaults import CPU_BATCH_SIZE, DEFAULT_NODES, DEFAULT_PASSES, DEFAULT_STRATEGY, GPU_BATCH_SIZE, STRATEGY_NAMES
 from .extras import require
@@ -24,18 +32,6 @@ from .sudoku.board import Puzzle, PuzzleError, cell_name, format_grid, iter_file
 # exit codes (docs/cli.md); 130 is the shell's code for a process stopped by Ctrl-C (128 + SIGINT)
 EXIT_SOLVED, EXIT_UNSOLVED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 MAX_PUZZLES = 1_000_000
-
-
-def package_version() -> str:
-    """The installed version of hyperset (importlib.metadata), else the one in the source tree."""
-    try:
-        from importlib.metadata import PackageNotFoundError, version
-
-        return version("hyperset")
-    except (ImportError, PackageNotFoundError):
-        from . import __version__
-
-        return __version__
 
 
 def _iters_option(value: str) -> int | str:

@@ -371,6 +371,8 @@ def main(argv: list[str] | None = None) -> None:
     import os
     import sys
 
+    from ..cli_options import package_version
+
     class Parser(argparse.ArgumentParser):
         def error(self, message: str) -> NoReturn:  # one line, as every hyperset command's usage errors
             from ..cli_options import error_line
@@ -392,7 +394,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--ratings", action="store_true", help="add the rating as a third column")
     ap.add_argument("-o", "--out", default=None, help="write to this file (default: standard output)")
     ap.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
-    ap.add_argument("-V", "--version", action="version", version=f"hyperset-generate {_version()}")
+    ap.add_argument("-V", "--version", action="version", version=f"hyperset-generate {package_version()}")
     args = ap.parse_args(argv)
     if args.count < 0 or args.start < 0:
         ap.error("--count and --start must be >= 0")
@@ -439,15 +441,6 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(2)
     finally:
         bar.close()
-
-
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("hyperset")
-    except PackageNotFoundError:
-        return "unknown"
 
 
 if __name__ == "__main__":
