@@ -91,7 +91,7 @@ def test_generate_refuses_a_rating_range_out_of_reach_at_once() -> None:
 
     proc = script("generate", "-n", "1", "-b", f"{MAX_LOWEST_RATING + 1}+", stdout=subprocess.PIPE, timeout=60)
     assert proc.returncode == 2 and proc.stdout == ""
-    assert proc.stderr.count("\n") == 1 and f"ratings above {MAX_LOWEST_RATING:,} are out of" in proc.stderr
+    assert proc.stderr.count("\n") == 1 and f"a lowest rating above {MAX_LOWEST_RATING:,} is out of" in proc.stderr
 
 
 def test_generate_streams_its_puzzles(tmp_path: Path) -> None:

@@ -42,9 +42,9 @@ SOURCE = Path(__file__).resolve().parent.parent / "kernels" / "sudoku.c"
 FLAGS = ("-O2", "-std=c11", "-shared", "-fPIC")
 RATE_NODES = 10_000_000  # a rating's search is bounded; no minimal puzzle seen came near it
 # the lowest rating hyperset-generate takes: reaching a range gets steeply slower with its lowest rating (on one
-# core of a 2-vCPU AMD EPYC, 51+ about 0.15 s per puzzle, 200+ about a minute per climb of CHUNK puzzles, 400+
-# none within 100 s)
-MAX_LOWEST_RATING = 1000
+# shared core of a 2-vCPU AMD EPYC: 51+ about 0.15 s per puzzle, the first climb of CHUNK puzzles of 200+ about a
+# minute, of 250+ about six, of 300+ none within seven minutes)
+MAX_LOWEST_RATING = 250
 PATIENCE = 3000  # moves without progress before a new grid
 MAX_MOVES = 100_000_000
 CHUNK = 16  # puzzles per climb
@@ -386,7 +386,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("-b", "--bucket", default="51+",
                     help=f"rating range: {', '.join(BUCKETS)}, or A-B, or A+ (default 51+; A at most "
                          f"{MAX_LOWEST_RATING:,}). The time grows steeply with the lowest rating: on one CPU core 51+ "
-                         "takes a fraction of a second per puzzle, 200+ about a minute per 16")
+                         "takes a fraction of a second per puzzle, 200+ about a minute per 16, 250+ several")
     ap.add_argument("-s", "--seed", type=int, default=0, help="the collection's seed (default 0)")
     ap.add_argument("--start", type=int, default=0, help="the index of the first puzzle (default 0)")
     ap.add_argument("--propagation", choices=PROPAGATIONS, default="singles",
@@ -403,8 +403,8 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as e:
         ap.error(str(e))
     if bucket_range(args.bucket)[0] > MAX_LOWEST_RATING:
-        ap.error(f"--bucket {args.bucket}: ratings above {MAX_LOWEST_RATING:,} are out of the generator's reach "
-                 "(the time to reach a range grows steeply with its lowest rating: see --help)")
+        ap.error(f"--bucket {args.bucket}: a lowest rating above {MAX_LOWEST_RATING:,} is out of the generator's "
+                 "reach (the time to reach a range grows steeply with its lowest rating: see --help)")
     from ..files import NotReplacedError, atomic_writer, replace_problem
 
     if args.out is not None:
