@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
+import time
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -31,6 +33,9 @@ def resolve_checkpoint(name: str) -> Path:
     from hyperset.checkpoint import CheckpointError
     from hyperset.pretrained import PRETRAINED, pretrained_dir
 
+    if not name.strip():  # not the current folder, as Path("") would make it
+        raise CheckpointError("CHECKPOINT: an empty path (give a checkpoint folder, or one of "
+                              f"{', '.join(SHIPPED)})")
     path = Path(name)
     if not path.exists() and name in PRETRAINED and name not in SHIPPED:
         raise CheckpointError(f"{name}: the shipped {name} model is not one hyperset-export writes (it exports "
@@ -78,7 +83,7 @@ def _export(model: Any, info: dict[str, Any], out: str, n: int, loop: bool, opse
 @click.option("--parity", is_flag=True,
               help="compare with PyTorch in ONNX Runtime (at --iters; with --loop also at 2x --iters, at most "
                    f"{MAX_ITERS:,})")
-@click.option("--parity-batch", type=click.IntRange(min=1), default=4, show_default=True,
+@click.option("--parity-batch", type=click.IntRange(1, 1024), default=4, show_default=True,
               help="inputs per --parity comparison")
 @device_option(help="auto | cpu | cuda: the ONNX Runtime device for --parity")
 @threads_option()
@@ -122,14 +127,23 @@ def main(checkpoint: str, iters: int | None, out: str, loop: bool, opset: int, c
         check_finite(model, checkpoint, "finite weights to export")
         trained = E.trained_iterations(model, info)
         n = iters or trained
-        result = _export(model, info, out, n, loop, opset, check)
-        reports = []
-        if parity:
-            from .runtime import OrtSession
+        started = time.time_ns() - 100_000_000  # file times come from a coarser clock
+        try:
+            result = _export(model, info, out, n, loop, opset, check)
+            reports = []
+            if parity:
+                from .runtime import OrtSession
 
-            session = OrtSession(result.path, device, intra_op_threads=n_threads)
-            for k in parity_depths(n, loop):
-                reports.append(E.parity(model, result.path, k, batch=parity_batch, session=session).to_json())
+                session = OrtSession(result.path, device, intra_op_threads=n_threads)
+                for k in parity_depths(n, loop):
+                    reports.append(E.parity(model, result.path, k, batch=parity_batch, session=session).to_json())
+        except KeyboardInterrupt:  # nothing left under the output's names: the files this export wrote go
+            names = E.step_paths(out, model.cfg.n_layers)
+            for p in (Path(out), *names["step"], names["stem"], names["head"]):
+                with contextlib.suppress(OSError):
+                    if p.is_file() and not p.is_symlink() and p.stat().st_mtime_ns >= started:
+                        p.unlink()
+            raise
     except (CheckpointError, OnnxModelError, ProviderError, OSError, ValueError) as e:
         _fail(str(e))
 

@@ -513,13 +513,18 @@ def _built_from_preset(cfg: Any, info: Mapping[str, Any] | None) -> str | None:
 
 
 def check_output_paths(paths: Sequence[str | Path]) -> None:
-    """Refuse (OSError naming the file) any path that cannot be written: a folder, or a file whose folder is
-    missing or not writable. Run on every file of an export before anything is traced or written."""
+    """Refuse (OSError naming the file) any path that cannot be written: a folder, what is not a regular file
+    (a link, a FIFO, a device: NotReplacedError), or a file whose folder is missing or not writable. Run on every
+    file of an export before anything is traced or written."""
+    from hyperset.checkpoint import NotReplacedError, replace_problem
     from hyperset.cli import folder_problem
 
     for p in map(Path, paths):
         if p.is_dir():
             raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(p))
+        why = replace_problem(p)
+        if why is not None:
+            raise NotReplacedError(f"{p} {why}; not written")
         why = folder_problem(p)
         if why is not None:
             code = errno.EACCES if p.parent.is_dir() else errno.ENOENT  # not writable, or no folder

@@ -66,7 +66,8 @@ def _run(prog: str, target: str, prints_results: bool = True, interrupted: Calla
     that fails, while the command runs or when its output is flushed at the end, is one line and exit 2, not a
     traceback."""
     _tolerant_stdout()
-    if prints_results and sys.stdout is None:
+    asks = {"-h", "--help", "-V", "--version"} & set(sys.argv[1:])  # what they print is the result
+    if sys.stdout is None and (prints_results or asks):
         sys.stdout = _ClosedStdout()
     module, _, name = target.partition(":")
     try:
@@ -74,8 +75,10 @@ def _run(prog: str, target: str, prints_results: bool = True, interrupted: Calla
     except KeyboardInterrupt:
         if interrupted is not None:
             sys.exit(interrupted())
+        from .stops import interrupt_exit_code
+
         _say(f"{prog}: interrupted")
-        sys.exit(130)
+        sys.exit(interrupt_exit_code())
     try:
         result = command()
     except SystemExit:
@@ -97,6 +100,13 @@ def _flush_stdout(prog: str) -> None:
         _output_failed(prog, e)
 
 
+def _stops_early() -> None:
+    """SIGTERM and SIGHUP end the command as Ctrl-C does (its cleanup runs, one line, 143 or 129), from the start."""
+    from .stops import Stops
+
+    Stops.early()
+
+
 def solve() -> Any:
     from .stops import Stops
 
@@ -112,10 +122,12 @@ def train() -> Any:
 
 
 def evaluate() -> Any:
+    _stops_early()
     return _run("hyperset-eval", "hyperset.training.evaluate:main")
 
 
 def export() -> Any:
+    _stops_early()
     return _run("hyperset-export", "hyperset.exports.cli:main")
 
 
@@ -124,4 +136,5 @@ def app() -> Any:
 
 
 def generate() -> Any:
+    _stops_early()
     return _run("hyperset-generate", "hyperset.sudoku.rated:main")

@@ -57,6 +57,10 @@ def usage_error_line(error: click.UsageError, prog_name: str | None) -> str:
     return error_line(where, error.format_message())
 
 
+class Interrupted(Exception):
+    """A Ctrl-C (or a SIGTERM or SIGHUP turned into one) that ended a command: `main` prints one line."""
+
+
 class _OneLineErrors:
     """The standalone `main` of a click command or group, with a usage error (a bad option value, an unknown
     option, a missing argument) printed as one line, exit 2; --help, --version and the command's own exits are
@@ -77,11 +81,14 @@ class _OneLineErrors:
         except click.ClickException as e:
             e.show()
             sys.exit(e.exit_code)
-        except click.exceptions.Abort as e:
-            if isinstance(e.__cause__, KeyboardInterrupt):  # Ctrl-C in a command that does not handle it itself
+        except (Interrupted, click.exceptions.Abort) as e:
+            if isinstance(e, Interrupted) or isinstance(e.__cause__, KeyboardInterrupt):
+                # Ctrl-C (SIGTERM, SIGHUP: see hyperset.stops) in a command that does not handle it itself
+                from .stops import interrupt_exit_code
+
                 prog = prog_name or os.path.basename(sys.argv[0]) or getattr(self, "name", None) or "hyperset"
                 click.echo(f"{prog}: interrupted", err=True)
-                sys.exit(130)
+                sys.exit(interrupt_exit_code())
             click.echo("Aborted!", err=True)
             sys.exit(1)
         # without standalone mode click returns the command's value, or the code of a ctx.exit (--help: 0)
@@ -95,6 +102,8 @@ class _OneLineErrors:
             return super().invoke(ctx)  # type: ignore[misc]
         except BrokenPipeError:
             closed_pipe_exit()
+        except KeyboardInterrupt as e:  # past click's own handler, which prints an empty line first
+            raise Interrupted from e
 
 
 EXIT_CLOSED_PIPE = 141  # 128 + SIGPIPE: the reader of standard output closed it, as a shell reports a tool it ended
@@ -240,6 +249,8 @@ def checkpoint_input(default: str | None, shown_default: str | None = None) -> C
                 raise click.UsageError(f"CHECKPOINT {checkpoint!r} and --checkpoint {checkpoint_option!r} name "
                                        "different models: give one")
             chosen = checkpoint if checkpoint is not None else checkpoint_option
+            if chosen is not None and not chosen.strip():  # not the current folder, as Path("") would make it
+                raise click.UsageError("CHECKPOINT: an empty path (leave it out for the default model)")
             return f(*args, checkpoint=chosen if chosen is not None else default, **kwargs)
 
         option = click.option("--checkpoint", "checkpoint_option", default=None, metavar="NAME|DIR",

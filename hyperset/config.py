@@ -67,6 +67,7 @@ MAX_SIZES = {"dim": 16_384, "heads": 1_024, "ff_hidden": 65_536, "n_layers": 64,
              "vocab_size": 1 << 20, "num_classes": 1 << 20, "seq_len": 65_536, "img_size": 4_096,
              "patch_grid": 256, "channels": 64}
 # the float settings, which must be finite (JSON readers accept NaN and Infinity)
+FLOAT32_MAX = 3.4028234663852886e38
 FINITE_FLOATS = ("step_init", "fixed_step", "lora_scale", "et_step", "norm_eps", "emb_dropout")
 
 
@@ -238,9 +239,16 @@ class ModelConfig:
             if top is not None and value > top:
                 raise ValueError(f"model.{key} = {value}: must be at most {top:,}")
         check_iterations(self.iters, "model.iters")
-        for key in FINITE_FLOATS:
-            if not math.isfinite(getattr(self, key)):
-                raise ValueError(f"model.{key} = {getattr(self, key)}: must be a finite number")
+        for key in FINITE_FLOATS:  # each becomes a float32 parameter or buffer: finite there too, and a float
+            value = getattr(self, key)
+            try:
+                number = float(value)
+            except OverflowError:  # an integer beyond any float
+                number = math.inf
+            if not (math.isfinite(number) and abs(number) <= FLOAT32_MAX):
+                raise ValueError(f"model.{key} = {number:.3g}: must be a finite number (at most {FLOAT32_MAX:.3g} in "
+                                 "size, float32's range)")
+            object.__setattr__(self, key, number)  # an integer in a config.json (1e30 written as 10**30) too
         for key, choices in CHOICES.items():
             check_choice("model", key, getattr(self, key), choices)
         check_choice("model", "pos", self.pos, TASK_POS[self.task], f" (the positions of a {self.task!r} model)")

@@ -16,6 +16,20 @@ EXIT_INTERRUPTED = 130
 _early: Stops | None = None
 
 
+REDELIVER_SECONDS = 0.005
+
+
+def _in_import_machinery(frame: Any) -> bool:
+    """Whether the signal came while Python's own import code ran (importlib's bootstrap, as frozen)."""
+    return frame is not None and str(frame.f_code.co_filename).startswith("<frozen importlib")
+
+
+def interrupt_exit_code() -> int:
+    """The exit code of a command stopped by an interrupt: 130 for Ctrl-C, 128 + the signal's number for a SIGTERM
+    (143) or SIGHUP (129) that the early Stops turned into one."""
+    return _early.exit_code() if _early is not None else EXIT_INTERRUPTED
+
+
 class Signalled(KeyboardInterrupt):
     """Ctrl-C, SIGTERM or SIGHUP (`timeout 60 hyperset-solve ...`, a closed ssh session): the solve stops, the
     boards so far printed, the JSON complete with "interrupted": true."""
@@ -69,6 +83,14 @@ class Stops:
                 self.before[sig] = signal.signal(sig, self._stop)
 
     def _stop(self, signum: int, frame: Any) -> None:
+        if _in_import_machinery(frame):
+            # raised here, the stop would land in one of the import system's callbacks, which Python reports as
+            # "Exception ignored" and drops (the command then ran on to the end): the signal comes again shortly
+            import os
+            import threading
+
+            threading.Timer(REDELIVER_SECONDS, os.kill, (os.getpid(), signum)).start()
+            return
         first = self.signum is None
         if first:
             self.signum = signum

@@ -25,6 +25,12 @@ def script(name: str, *args: str, stdout: int | None = None, timeout: int = 300)
     return subprocess.run(cmd, stdout=stdout, stderr=subprocess.PIPE, text=True, cwd=ROOT, timeout=timeout)
 
 
+def _has_onnx() -> bool:
+    import importlib.util
+
+    return all(importlib.util.find_spec(m) is not None for m in ("onnx", "onnxruntime"))
+
+
 def one_error_line(proc: subprocess.CompletedProcess[str], prog: str, reason: str) -> None:
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
@@ -124,3 +130,64 @@ def test_a_signal_while_the_solver_imports_still_ends_with_a_whole_json_document
     assert json.loads(proc.stdout) == {"results": [], "summary": {"puzzles": 0, "valid": 0, "interrupted": True,
                                                                   **by}}
     assert proc.stderr == "hyperset-solve: interrupted\n"
+
+
+@pytest.mark.parametrize("name", ["generate", "train", "app", "evaluate", "export"])
+def test_help_and_version_into_closed_or_full_output_are_exit_2(name: str) -> None:
+    """--help and --version print their result to standard output like any other: lost, they are exit 2."""
+    for flag in ("--help", "-V"):
+        closed = script(name, flag)
+        assert closed.returncode == 2 and "standard output is closed" in closed.stderr, (flag, closed.stderr)
+        with open("/dev/full", "w") as full:
+            filled = script(name, flag, stdout=full.fileno())
+        assert filled.returncode == 2 and "No space left on device" in filled.stderr, (flag, filled.stderr)
+        assert "Traceback" not in closed.stderr + filled.stderr
+
+
+def _signalled_at(module: str, function: str, sig: str) -> str:
+    """Python code that runs a console script with `module.function` sending `sig` to the process first."""
+    return (f"import os, signal, {module} as m; real = m.{function}\n"
+            f"def hit(*a, **k):\n    os.kill(os.getpid(), signal.{sig})\n    return real(*a, **k)\n"
+            f"m.{function} = hit\n")
+
+
+@pytest.mark.skipif(not _has_onnx(), reason="the onnx extra")
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM", "SIGHUP"])
+def test_an_interrupted_export_is_one_line_and_leaves_nothing_under_its_names(tiny: tuple[Path, Path], sig: str,
+                                                                              tmp_path: Path) -> None:
+    """A signal during --parity, after the Loop graph and its step, stem and head graphs were written: one line,
+    the shell's code, and none of the files left."""
+    import signal
+
+    ckpt, _ = tiny
+    out = tmp_path / "m.onnx"
+    code = _signalled_at("hyperset.exports.export", "parity", sig) + (
+        "import sys; sys.argv[0] = 'hyperset-export'; from hyperset import _entry; _entry.export()")
+    proc = subprocess.run([sys.executable, "-c", code, str(ckpt), "--loop", "--parity", "-o", str(out)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 128 + getattr(signal, sig), proc.stderr
+    assert proc.stderr == "hyperset-export: interrupted\n"
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_an_interrupted_eval_is_one_line_with_the_shells_code(tiny: tuple[Path, Path], sig: str) -> None:
+    import signal
+
+    ckpt, data = tiny
+    code = _signalled_at("hyperset.sudoku.data", "load_csv", sig) + ("import sys; sys.argv[0] = 'hyperset-eval'; "
+                                                                     "from hyperset import _entry; _entry.evaluate()")
+    proc = subprocess.run([sys.executable, "-c", code, "sudoku", str(ckpt), "--data", str(data), "--boards", "1"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 128 + getattr(signal, sig), proc.stderr
+    assert proc.stderr == "hyperset-eval: interrupted\n"
+
+
+@pytest.mark.skipif(not _has_onnx(), reason="the onnx extra")
+def test_an_export_refused_for_one_of_its_files_writes_none(tiny: tuple[Path, Path], tmp_path: Path) -> None:
+    ckpt, _ = tiny
+    os.mkfifo(tmp_path / "m.head.onnx")
+    proc = script("export", str(ckpt), "--loop", "-o", str(tmp_path / "m.onnx"), stdout=subprocess.PIPE)
+    assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert f"{tmp_path / 'm.head.onnx'} is a FIFO, not a regular file: it would be replaced by one" in proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.head.onnx"]

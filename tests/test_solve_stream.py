@@ -267,3 +267,25 @@ def test_ctrl_c_while_the_json_waits_on_a_full_pipe_leaves_a_whole_document(ckpt
     assert proc.returncode == 130
     assert payload["summary"]["interrupted"] is True
     assert 0 < len(payload["results"]) == payload["summary"]["puzzles"] < 800
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGHUP"), reason="POSIX signals")
+def test_a_signal_inside_the_import_machinery_comes_again_outside_it() -> None:
+    """Raised inside importlib's bootstrap (a lock's weakref callback), a stop is printed as "Exception ignored"
+    and lost; there it is sent again a moment later, and stops then."""
+    from types import SimpleNamespace
+
+    from hyperset.stops import Signalled, Stops
+
+    before = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    stops = Stops()
+    try:
+        inside = SimpleNamespace(f_code=SimpleNamespace(co_filename="<frozen importlib._bootstrap>"))
+        stops._stop(signal.SIGTERM, inside)  # no raise here
+        assert stops.signum is None
+        with pytest.raises(Signalled):
+            time.sleep(2)  # the signal again, from a timer thread, handled in this (safe) frame
+        assert stops.exit_code() == 143
+    finally:
+        stops.restore()
+        signal.signal(signal.SIGTERM, before)

@@ -199,7 +199,8 @@ def load_csv(
     keep = lens > 0
     nonblank = np.nonzero(keep)[0]
     first = lines[nonblank[0]] if nonblank.size else b""
-    if len(first) != _LINE_LEN and any(65 <= c <= 90 or 97 <= c <= 122 for c in first):
+    puzzle_first = len(first) > 81 and first[81:82] == b"," and all(c in b"0123456789." for c in first[:81])
+    if len(first) != _LINE_LEN and not puzzle_first and any(65 <= c <= 90 or 97 <= c <= 122 for c in first):
         keep[nonblank[0]] = False  # a header line such as "quizzes,solutions" (a data line with a letter is an error)
     rows = np.nonzero(keep)[0]
     if limit is not None:

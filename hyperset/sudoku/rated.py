@@ -29,7 +29,7 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from .. import cbuild
 from .exact import _propagate
@@ -380,6 +380,10 @@ def main(argv: list[str] | None = None) -> None:
             sys.stderr.write(error_line(self.prog, message) + "\n")
             sys.exit(2)
 
+        def _print_message(self, message: str, file: Any = None) -> None:
+            if message:  # argparse drops a failed write (--help into /dev/full: exit 0); here it is an error
+                (file or sys.stderr).write(message)
+
     ap = Parser(prog="hyperset-generate", description="Generate rated minimal Sudoku puzzles as "
                                  "'puzzle,solution' lines (0 = blank), the same for the same seed.")
     ap.add_argument("-n", "--count", type=int, default=100, help="how many puzzles (default 100)")
@@ -392,7 +396,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--propagation", choices=PROPAGATIONS, default="singles",
                     help="what the rating solver places between guesses (default singles: naked and hidden)")
     ap.add_argument("--ratings", action="store_true", help="add the rating as a third column")
-    ap.add_argument("-o", "--out", default=None, help="write to this file (default: standard output)")
+    ap.add_argument("-o", "--out", default=None, help="write to this file (default, or -: standard output)")
     ap.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     ap.add_argument("-V", "--version", action="version", version=f"hyperset-generate {package_version()}")
     args = ap.parse_args(argv)
@@ -407,6 +411,10 @@ def main(argv: list[str] | None = None) -> None:
                  "reach (the time to reach a range grows steeply with its lowest rating: see --help)")
     from ..files import NotReplacedError, atomic_writer, replace_problem
 
+    if args.out == "-":  # as for every reader and writer of files: standard output
+        args.out = None
+    if args.out is not None and not args.out.strip():
+        ap.error("--out: an empty path (leave it out, or give -, for standard output)")
     if args.out is not None:
         why = replace_problem(args.out) or (None if os.path.isdir(os.path.dirname(os.path.abspath(args.out)))
                                             else "is in a folder that does not exist")
@@ -426,11 +434,13 @@ def main(argv: list[str] | None = None) -> None:
                 if args.out is None:
                     f.flush()
                 bar.update(1)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM / SIGHUP (hyperset.stops)
+        from ..stops import interrupt_exit_code
+
         bar.close()
         sys.stderr.write(f"hyperset-generate: interrupted after {bar.n} puzzles"
                          + ("" if args.out is None else f"; {args.out} not written") + "\n")
-        sys.exit(130)
+        sys.exit(interrupt_exit_code())
     except BrokenPipeError:
         from ..cli_options import closed_pipe_exit
 
