@@ -83,7 +83,7 @@ def _export(model: Any, info: dict[str, Any], out: str, n: int, loop: bool, opse
 @click.option("--parity", is_flag=True,
               help="compare with PyTorch in ONNX Runtime (at --iters; with --loop also at 2x --iters, at most "
                    f"{MAX_ITERS:,})")
-@click.option("--parity-batch", type=click.IntRange(1, 1024), default=4, show_default=True,
+@click.option("--parity-batch", type=click.IntRange(1, 64), default=4, show_default=True,
               help="inputs per --parity comparison")
 @device_option(help="auto | cpu | cuda: the ONNX Runtime device for --parity")
 @threads_option()

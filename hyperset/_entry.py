@@ -100,17 +100,11 @@ def _flush_stdout(prog: str) -> None:
         _output_failed(prog, e)
 
 
-def _stops_early() -> None:
-    """SIGTERM and SIGHUP end the command as Ctrl-C does (its cleanup runs, one line, 143 or 129), from the start."""
-    from .stops import Stops
-
-    Stops.early()
-
-
 def solve() -> Any:
     from .stops import Stops
 
-    stops = Stops.early()  # a signal while the solver imports still ends with a whole JSON document
+    # a signal while the solver imports waits for the import to end, then ends with a whole JSON document
+    stops = Stops.early()
     args = sys.argv[1:]
     as_json, quiet = "--json" in args, "--quiet" in args or "-q" in args
     return _run("hyperset-solve", "hyperset.cli:solve_main",
@@ -122,12 +116,10 @@ def train() -> Any:
 
 
 def evaluate() -> Any:
-    _stops_early()
     return _run("hyperset-eval", "hyperset.training.evaluate:main")
 
 
 def export() -> Any:
-    _stops_early()
     return _run("hyperset-export", "hyperset.exports.cli:main")
 
 
@@ -136,5 +128,4 @@ def app() -> Any:
 
 
 def generate() -> Any:
-    _stops_early()
     return _run("hyperset-generate", "hyperset.sudoku.rated:main")

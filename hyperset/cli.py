@@ -331,6 +331,8 @@ def _solve(files: tuple[str, ...], iters: str | None, strategy: str, passes: int
     from .device import check_device_name, set_cpu_threads
     from .solve import Solver
 
+    stops.imported()  # a signal that came while torch and the solver imported stops here
+
     try:
         n_iters = _iters_option(iters) if iters is not None else None
         _check_options(backend, onnx_model, plot, checkpoint)

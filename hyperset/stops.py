@@ -42,10 +42,23 @@ class Stops:
 
     @classmethod
     def early(cls) -> Stops:
-        """Install the handlers now, for the command to take over (`current`)."""
+        """Install the handlers now, for the command to take over (`current`), holding what they catch until
+        `imported`: raised inside an import of numpy or torch (or C++ code calling back into Python), a stop can
+        be swallowed, break the half-imported module, or abort the process."""
         global _early
         _early = cls()
+        _early.holding += 1
+        _early.import_hold = True
         return _early
+
+    def imported(self) -> None:
+        """The command's imports are done: a signal held since `early` stops it now (`Signalled`)."""
+        if self.import_hold:
+            self.import_hold = False
+            self.holding -= 1
+            if not self.holding and self.pending:
+                self.pending = False
+                raise Signalled
 
     @classmethod
     def current(cls) -> Stops:
@@ -72,6 +85,7 @@ class Stops:
         import threading
 
         self.signum: int | None = None
+        self.import_hold = False
         self.holding = 0
         self.pending = False
         self.before: dict[Any, Any] = {}

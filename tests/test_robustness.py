@@ -151,7 +151,7 @@ CASES = [
          files={"ckpt/config.json": b"[" * 100_000}),
     # export
     Case("export-parity-batch-10**20", "export", ["{ckpt}", "--parity", "--parity-batch", str(10**20), "-o",
-                                                  "{tmp}/x.onnx"], "is not in the range 1<=x<=1024"),
+                                                  "{tmp}/x.onnx"], "is not in the range 1<=x<=64"),
     Case("export-iters-1e8", "export", ["{ckpt}", "--iters", "100000000", "-o", "{tmp}/x.onnx"],
          "100000000 is not in the range 1<=x<=10000"),
     Case("export-out-folder-missing", "export", ["{ckpt}", "-o", "{tmp}/missing/x.onnx"],
