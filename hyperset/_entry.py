@@ -81,6 +81,13 @@ def _run(prog: str, target: str, prints_results: bool = True, interrupted: Calla
         sys.exit(interrupt_exit_code())
     try:
         result = command()
+    except KeyboardInterrupt:  # in a command's own start, before it handles Ctrl-C itself
+        if interrupted is not None:
+            sys.exit(interrupted())
+        from .stops import interrupt_exit_code
+
+        _say(f"{prog}: interrupted")
+        sys.exit(interrupt_exit_code())
     except SystemExit:
         _flush_stdout(prog)
         raise
@@ -100,11 +107,21 @@ def _flush_stdout(prog: str) -> None:
         _output_failed(prog, e)
 
 
-def solve() -> Any:
-    from .stops import Stops
+def _early_stops(prog: str) -> Any:
+    """The Stops of a command installed before its imports (hyperset.stops), or an exit on a Ctrl-C that came
+    even before."""
+    try:
+        from .stops import Stops
 
+        return Stops.early()
+    except KeyboardInterrupt:
+        _say(f"{prog}: interrupted")
+        sys.exit(130)
+
+
+def solve() -> Any:
     # a signal while the solver imports waits for the import to end, then ends with a whole JSON document
-    stops = Stops.early()
+    stops = _early_stops("hyperset-solve")
     args = sys.argv[1:]
     as_json, quiet = "--json" in args, "--quiet" in args or "-q" in args
     return _run("hyperset-solve", "hyperset.cli:solve_main",
@@ -128,4 +145,5 @@ def app() -> Any:
 
 
 def generate() -> Any:
+    _early_stops("hyperset-generate")  # SIGTERM and SIGHUP too end it as Ctrl-C does, its temporary file removed
     return _run("hyperset-generate", "hyperset.sudoku.rated:main")

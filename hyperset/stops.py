@@ -24,6 +24,12 @@ def _in_import_machinery(frame: Any) -> bool:
     return frame is not None and str(frame.f_code.co_filename).startswith("<frozen importlib")
 
 
+def imports_done() -> None:
+    """A command's imports are done: the early Stops, if any, stop it now for a signal they held."""
+    if _early is not None:
+        _early.imported()
+
+
 def interrupt_exit_code() -> int:
     """The exit code of a command stopped by an interrupt: 130 for Ctrl-C, 128 + the signal's number for a SIGTERM
     (143) or SIGHUP (129) that the early Stops turned into one."""

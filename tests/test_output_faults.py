@@ -194,3 +194,17 @@ def test_an_export_refused_for_one_of_its_files_writes_none(tiny: tuple[Path, Pa
     assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
     assert f"{tmp_path / 'm.head.onnx'} is a FIFO, not a regular file: it would be replaced by one" in proc.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.head.onnx"]
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM", "SIGHUP"])
+def test_an_interrupted_generate_is_one_line_and_leaves_no_file(tmp_path: Path, sig: str) -> None:
+    import signal
+
+    out = tmp_path / "g.csv"
+    code = _signalled_at("hyperset.sudoku.rated", "iter_rated", sig) + (
+        "import sys; sys.argv[0] = 'hyperset-generate'; from hyperset import _entry; _entry.generate()")
+    proc = subprocess.run([sys.executable, "-c", code, "-n", "3", "-b", "0", "-q", "-o", str(out)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 128 + getattr(signal, sig), proc.stderr
+    assert proc.stderr == f"hyperset-generate: interrupted after 0 puzzles; {out} not written\n"
+    assert list(tmp_path.iterdir()) == []

@@ -425,6 +425,9 @@ def main(argv: list[str] | None = None) -> None:
     bar = tqdm(total=args.count, unit="puzzle", file=sys.stderr, leave=False,
                disable=args.quiet or sys.stderr is None or not sys.stderr.isatty())
     try:
+        from ..stops import imports_done
+
+        imports_done()  # a signal held while the command started stops it here
         with contextlib.ExitStack() as stack:
             # puzzles go out as they come: to standard output line by line, or into a file that replaces --out
             # when the last is written (interrupted: nothing written there)
