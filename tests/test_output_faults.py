@@ -15,6 +15,10 @@ import pytest
 from conftest import write_sudoku_csvs, write_tiny_sudoku_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
+# as a terminal starts a command: a suite run in the background (`pytest &`, nohup) starts its children with SIGINT
+# (and SIGHUP) ignored, which the commands then rightly leave alone
+_AS_A_TERMINAL = ("import os, signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+                  "signal.signal(signal.SIGTERM, signal.SIG_DFL); signal.signal(signal.SIGHUP, signal.SIG_DFL)\n")
 
 
 def script(name: str, *args: str, stdout: int | None = None, timeout: int = 300) -> subprocess.CompletedProcess[str]:
@@ -121,7 +125,7 @@ def test_a_signal_while_the_solver_imports_still_ends_with_a_whole_json_document
 
     puzzles = tmp_path / "p.txt"
     puzzles.write_text("530070000600195000098000060800060003400803001700020006060000280000419005000080079\n")
-    code = ("import os, signal, importlib; from hyperset import _entry; real = importlib.import_module\n"
+    code = (_AS_A_TERMINAL + "import importlib; from hyperset import _entry; real = importlib.import_module\n"
             "def once(*a, **k):\n    importlib.import_module = real\n"
             f"    os.kill(os.getpid(), signal.{sig})\n    return real(*a, **k)\n"
             "importlib.import_module = once\n_entry.solve()")
@@ -149,7 +153,7 @@ def test_help_and_version_into_closed_or_full_output_are_exit_2(name: str) -> No
 
 def _signalled_at(module: str, function: str, sig: str) -> str:
     """Python code that runs a console script with `module.function` sending `sig` to the process first."""
-    return (f"import os, signal, {module} as m; real = m.{function}\n"
+    return (_AS_A_TERMINAL + f"import {module} as m; real = m.{function}\n"
             f"def hit(*a, **k):\n    os.kill(os.getpid(), signal.{sig})\n    return real(*a, **k)\n"
             f"m.{function} = hit\n")
 
