@@ -217,12 +217,13 @@ def serve(args: Any) -> int:
     if solver is None and mim is None:
         return _fail(f"no model to serve. {sudoku_note} {mim_note}".strip())
 
-    from .gradio_start import import_gradio
+    from .gradio_start import import_gradio, no_interim_apps
 
     import_gradio()  # Gradio without the work it does for its own development (hyperset.apps.gradio_start)
     from .app import build_demo, launch_kwargs
 
-    demo = build_demo(solver, mim, sudoku_note, mim_note)
+    with no_interim_apps():  # launch() makes the app it serves
+        demo = build_demo(solver, mim, sudoku_note, mim_note)
     if solver is not None:
         line = f"Sudoku: {solver.backend_name} on {solver.device_name()}, trained depth {solver.trained_iters}"
         if solver.backend is not None:

@@ -14,6 +14,7 @@ modules alone: nothing else in the process sees a stand-in, and a Gradio version
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.abc
 import importlib.machinery
@@ -21,7 +22,7 @@ import sys
 import types
 from typing import Any
 
-__all__ = ["import_gradio"]
+__all__ = ["import_gradio", "no_interim_apps"]
 
 
 def _exec_without_stub_rewrite(loader: importlib.abc.Loader, module: types.ModuleType) -> None:
@@ -88,3 +89,18 @@ def import_gradio() -> types.ModuleType:
         finally:
             sys.meta_path.remove(finder)
     return sys.modules["gradio"]
+
+
+@contextlib.contextmanager
+def no_interim_apps() -> Any:
+    """While a Blocks is built to be launched: Gradio makes its FastAPI app (every route's dependencies analysed,
+    about a tenth of a second each time) when the Blocks closes and again in ``queue()``, and ``launch()`` makes
+    the one it serves, dropping those two. Here the first two are not made; ``launch()`` works as before."""
+    from gradio.routes import App
+
+    made = App.__dict__["create_app"]
+    App.create_app = staticmethod(lambda *args, **kwargs: None)  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        App.create_app = made  # type: ignore[method-assign]

@@ -111,3 +111,29 @@ def test_a_module_that_reads_pandas_while_it_runs_gets_the_real_one(tmp_path):
                           "real": sys.modules["pandas"] is pandas and type(pandas) is type(json)}))
         """, tmp_path)
     assert out == {"same": True, "real": True}
+
+
+def test_a_blocks_built_without_interim_apps_serves_after_launch(tmp_path: Path) -> None:
+    """`no_interim_apps`: no FastAPI app is made when the Blocks closes or queues; launch() makes the one it serves,
+    and the page answers."""
+    result = _run("""
+        import json, urllib.request
+        from hyperset.apps.gradio_start import import_gradio, no_interim_apps
+        import_gradio()
+        import gradio as gr
+        from gradio.routes import App
+        made = []
+        real = App.create_app
+        App.create_app = staticmethod(lambda *a, **k: made.append(1) or real(*a, **k))
+        with no_interim_apps():
+            with gr.Blocks() as demo:
+                box = gr.Textbox()
+                gr.Button().click(lambda s: s, box, box)
+            demo.queue()
+        interim = demo.app is None and not made
+        demo.launch(server_name="127.0.0.1", prevent_thread_lock=True, quiet=True)
+        status = urllib.request.urlopen(demo.local_url).status
+        demo.close()
+        print(json.dumps({"interim": interim, "made": len(made), "status": status}))
+    """, tmp_path)
+    assert result == {"interim": True, "made": 1, "status": 200}
