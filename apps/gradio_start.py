@@ -93,8 +93,8 @@ def import_gradio() -> types.ModuleType:
 
 @contextlib.contextmanager
 def no_interim_apps() -> Any:
-    """While a Blocks is built to be launched: Gradio makes its FastAPI app (every route's dependencies analysed,
-    about a tenth of a second each time) when the Blocks closes and again in ``queue()``, and ``launch()`` makes
+    """While a Blocks is built to be launched: Gradio makes its FastAPI app (every route's dependencies analysed)
+    when the Blocks closes and again in ``queue()``, and ``launch()`` makes
     the one it serves, dropping those two. Here the first two are not made; ``launch()`` works as before."""
     from gradio.routes import App
 

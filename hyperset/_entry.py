@@ -49,17 +49,6 @@ def _say(line: str) -> None:
         sys.stderr.write(line + "\n")
 
 
-def _output_failed(prog: str, error: OSError) -> None:
-    """Standard output took no more: one line, exit 2 (a closed pipe, `| head`: silent, the shell's 141)."""
-    from .cli_options import closed_pipe_exit, error_line, stdout_to_devnull
-
-    if isinstance(error, BrokenPipeError):
-        closed_pipe_exit()
-    stdout_to_devnull()  # what is still buffered would fail again at exit
-    _say(error_line(prog, f"cannot write the results to standard output: {error.strerror or error}"))
-    sys.exit(2)
-
-
 def _run(prog: str, target: str, prints_results: bool = True, interrupted: Callable[[], int] | None = None) -> Any:
     """Run a command: with standard output closed (`>&-`), the first result a command prints there fails (exit 2,
     not an exit 0 that printed nothing; one that writes only files runs as usual); a write to standard output
@@ -71,17 +60,8 @@ def _run(prog: str, target: str, prints_results: bool = True, interrupted: Calla
         sys.stdout = _ClosedStdout()
     module, _, name = target.partition(":")
     try:
-        command = getattr(importlib.import_module(module), name)
-    except KeyboardInterrupt:
-        if interrupted is not None:
-            sys.exit(interrupted())
-        from .stops import interrupt_exit_code
-
-        _say(f"{prog}: interrupted")
-        sys.exit(interrupt_exit_code())
-    try:
-        result = command()
-    except KeyboardInterrupt:  # in a command's own start, before it handles Ctrl-C itself
+        result = getattr(importlib.import_module(module), name)()
+    except KeyboardInterrupt:  # in the import, or in a command's own start before it handles Ctrl-C itself
         if interrupted is not None:
             sys.exit(interrupted())
         from .stops import interrupt_exit_code
@@ -97,6 +77,12 @@ def _run(prog: str, target: str, prints_results: bool = True, interrupted: Calla
         raise
     _flush_stdout(prog)
     return result
+
+
+def _output_failed(prog: str, error: OSError) -> None:
+    from .cli_options import output_failed
+
+    output_failed(prog, error, "the results to standard output")
 
 
 def _flush_stdout(prog: str) -> None:

@@ -17,11 +17,10 @@ import click
 from .cli_options import (
     FiniteFloat,
     OneLineCommand,
-    closed_pipe_exit,
     error_line,
     one_line,
+    output_failed,
     package_version,
-    stdout_to_devnull,
 )
 from .config import MAX_ITERS
 from .defaults import CPU_BATCH_SIZE, DEFAULT_NODES, DEFAULT_PASSES, DEFAULT_STRATEGY, GPU_BATCH_SIZE, STRATEGY_NAMES
@@ -30,7 +29,7 @@ from .stops import Stops as _Stops
 from .sudoku.board import Puzzle, PuzzleError, cell_name, format_grid, iter_file
 
 # exit codes (docs/cli.md); 130 is the shell's code for a process stopped by Ctrl-C (128 + SIGINT)
-EXIT_SOLVED, EXIT_UNSOLVED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_SOLVED, EXIT_UNSOLVED, EXIT_BAD_INPUT = 0, 1, 2
 MAX_PUZZLES = 1_000_000
 
 
@@ -527,13 +526,7 @@ def _fail(message: str) -> NoReturn:
 
 
 def _output_failed(error: OSError) -> NoReturn:
-    """Standard output cannot be written: its reader closed it (`| head`): a silent exit, as Unix tools end;
-    anything else (a full disk): say so once. What is still buffered goes to /dev/null, or Python would fail again
-    flushing it at exit."""
-    if isinstance(error, BrokenPipeError):
-        closed_pipe_exit()
-    stdout_to_devnull()
-    _fail(f"cannot write the results: {error.strerror or error}")
+    output_failed("hyperset-solve", error, "the results")
 
 
 def _result_json(p: Puzzle, r: Any) -> dict[str, Any]:

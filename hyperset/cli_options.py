@@ -32,8 +32,6 @@ class FiniteFloat(click.FloatRange):
     name = "finite float"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        import math
-
         number = click.FLOAT.convert(value, param, ctx)
         if not math.isfinite(number):
             self.fail(f"{value!r} is not a finite number.", param, ctx)
@@ -113,6 +111,18 @@ def closed_pipe_exit() -> NoReturn:
     """The reader of standard output is gone (`| head` has what it wanted): no message, exit EXIT_CLOSED_PIPE."""
     stdout_to_devnull()
     sys.exit(EXIT_CLOSED_PIPE)
+
+
+def output_failed(prog: str, error: OSError, what: str) -> NoReturn:
+    """Standard output took no more: its reader closed it (`| head`): a silent exit, as Unix tools end; anything
+    else (a full disk, a closed descriptor): "PROG: error: cannot write WHAT: REASON", exit 2. What is still
+    buffered goes to /dev/null, or Python would fail again flushing it at exit."""
+    if isinstance(error, BrokenPipeError):
+        closed_pipe_exit()
+    stdout_to_devnull()
+    if sys.stderr is not None:
+        sys.stderr.write(error_line(prog, f"cannot write {what}: {error.strerror or error}") + "\n")
+    sys.exit(2)
 
 
 def stdout_to_devnull() -> None:

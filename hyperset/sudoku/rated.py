@@ -41,9 +41,8 @@ PROPAGATIONS = ("naked", "singles")
 SOURCE = Path(__file__).resolve().parent.parent / "kernels" / "sudoku.c"
 FLAGS = ("-O2", "-std=c11", "-shared", "-fPIC")
 RATE_NODES = 10_000_000  # a rating's search is bounded; no minimal puzzle seen came near it
-# the lowest rating hyperset-generate takes: reaching a range gets steeply slower with its lowest rating (on one
-# shared core of a 2-vCPU AMD EPYC: 51+ about 0.15 s per puzzle, the first climb of CHUNK puzzles of 200+ about a
-# minute, of 250+ about six, of 300+ none within seven minutes)
+# the lowest rating hyperset-generate takes: reaching a range gets steeply slower with its lowest rating (measured
+# in docs/cli.md, "Errors and limits")
 MAX_LOWEST_RATING = 250
 PATIENCE = 3000  # moves without progress before a new grid
 MAX_MOVES = 100_000_000
@@ -389,8 +388,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("-n", "--count", type=int, default=100, help="how many puzzles (default 100)")
     ap.add_argument("-b", "--bucket", default="51+",
                     help=f"rating range: {', '.join(BUCKETS)}, or A-B, or A+ (default 51+; A at most "
-                         f"{MAX_LOWEST_RATING:,}). The time grows steeply with the lowest rating: on one CPU core 51+ "
-                         "takes a fraction of a second per puzzle, 200+ about a minute per 16, 250+ several")
+                         f"{MAX_LOWEST_RATING:,}). The time grows steeply with the lowest rating: 51+ takes a fraction "
+                         "of a second per puzzle, 200+ and above minutes per 16")
     ap.add_argument("-s", "--seed", type=int, default=0, help="the collection's seed (default 0)")
     ap.add_argument("--start", type=int, default=0, help="the index of the first puzzle (default 0)")
     ap.add_argument("--propagation", choices=PROPAGATIONS, default="singles",
@@ -403,13 +402,13 @@ def main(argv: list[str] | None = None) -> None:
     if args.count < 0 or args.start < 0:
         ap.error("--count and --start must be >= 0")
     try:
-        bucket_range(args.bucket)
+        lowest = bucket_range(args.bucket)[0]
     except ValueError as e:
         ap.error(str(e))
-    if bucket_range(args.bucket)[0] > MAX_LOWEST_RATING:
+    if lowest > MAX_LOWEST_RATING:
         ap.error(f"--bucket {args.bucket}: a lowest rating above {MAX_LOWEST_RATING:,} is out of the generator's "
                  "reach (the time to reach a range grows steeply with its lowest rating: see --help)")
-    from ..files import NotReplacedError, atomic_writer, replace_problem
+    from ..files import atomic_writer, replace_problem
 
     if args.out == "-":  # as for every reader and writer of files: standard output
         args.out = None
@@ -448,7 +447,7 @@ def main(argv: list[str] | None = None) -> None:
         from ..cli_options import closed_pipe_exit
 
         closed_pipe_exit()
-    except (NotReplacedError, OSError) as e:
+    except OSError as e:  # a full disk; a link put at --out meanwhile (NotReplacedError)
         bar.close()
         sys.stderr.write(f"hyperset-generate: error: cannot write the puzzles: {e.strerror or e}\n")
         sys.exit(2)
