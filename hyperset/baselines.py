@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import ModelConfig
+from .device import in_onnx_export
 from .energies import logsumexp, merge_heads, split_heads
 from .layers import RMSNorm
 
@@ -144,7 +145,7 @@ class EnergyTransformerLayer(nn.Module):
     def step(self, x: Tensor, t: int, steps: object = None, shared: object = None) -> Tensor:
         g = self.norm(x)
         # is_compiling first: the compiler cannot trace is_inference_mode_enabled
-        if torch.compiler.is_compiling() or torch.is_inference_mode_enabled() or torch.onnx.is_in_onnx_export():
+        if torch.compiler.is_compiling() or torch.is_inference_mode_enabled() or in_onnx_export():
             grad = self.energy_grad(g)
         else:
             with torch.enable_grad():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import numbers
 import types
@@ -127,6 +128,12 @@ def require_table(value: Any, section: str) -> None:
         raise TableError(f"{section} = {value!r}: [{section}] must be a table of keys and values", None, section)
 
 
+@functools.cache
+def _type_hints(cls: type) -> dict[str, Any]:
+    """A dataclass's field types, evaluated once per class (every preset is checked as the module loads)."""
+    return typing.get_type_hints(cls)
+
+
 def check_table(cls: type, table: dict[str, Any], section: str, known: Sequence[str] | None = None) -> None:
     """A table of values for dataclass `cls` (a recipe section, a checkpoint's model config): unknown keys and
     values of the wrong type are TableErrors (ValueErrors) that name `section.key`. `known` limits the keys that
@@ -137,7 +144,7 @@ def check_table(cls: type, table: dict[str, Any], section: str, known: Sequence[
     if unknown:
         raise TableError(f"unknown [{section}] keys: {', '.join(unknown)} (known: {', '.join(sorted(names))})",
                          section, unknown[0])
-    hints = typing.get_type_hints(cls)
+    hints = _type_hints(cls)
     for key, value in table.items():
         if key in hints and not _fits(value, hints[key]):
             raise TableError(f"{section}.{key} = {value!r}: expected {_type_name(hints[key])}", section, key)

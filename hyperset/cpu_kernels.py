@@ -83,7 +83,7 @@ def env_choice(variable: str, choices: tuple[str, ...]) -> str:
 def eager_or_compiled() -> bool:
     """Running in eager mode or under torch.compile: not in a trace or an ONNX export, nor under torch.func's
     transforms (which the library's own operators do not support)."""
-    return (not torch.jit.is_tracing() and not torch.onnx.is_in_onnx_export()
+    return (not torch.jit.is_tracing() and not device.in_onnx_export()
             and (torch.compiler.is_compiling() or not torch._C._are_functorch_transforms_active()))
 
 

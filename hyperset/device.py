@@ -4,8 +4,16 @@ from __future__ import annotations
 
 import os
 import platform
+import sys
 
 import torch
+
+
+def in_onnx_export() -> bool:
+    """torch.onnx.is_in_onnx_export() without importing torch.onnx, which costs a solve or an app start a good
+    share of its start-up: an export has imported it before it begins, so while it is absent no export runs."""
+    onnx = sys.modules.get("torch.onnx")
+    return onnx is not None and onnx.is_in_onnx_export()
 
 
 def check_device_name(requested: str) -> tuple[str, str]:

@@ -9,16 +9,11 @@ from __future__ import annotations
 
 import datetime
 import hashlib
-import http.client
 import json
 import os
 import tempfile
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-
-from tqdm.auto import tqdm
 
 
 class DownloadError(RuntimeError):
@@ -44,6 +39,11 @@ def fetch(url: str, dest: str | os.PathLike, *, algorithm: str = "sha256", expec
     its digest and `validate(tmp)` (a problem or None), then atomically rename it to `dest`; returns the digest.
     Nothing that looks like a finished download is left on failure. `progress`: a bar on standard error (None:
     on a terminal)."""
+    import http.client  # the network stack and the bar load only when something is fetched
+    import urllib.request
+
+    from tqdm.auto import tqdm
+
     dest = Path(dest)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".part", dir=dest.parent)
     tmp = Path(tmp_name)
@@ -68,6 +68,8 @@ def fetch(url: str, dest: str | os.PathLike, *, algorithm: str = "sha256", expec
         if problem is not None:
             raise DownloadError(f"the downloaded file is not the expected one: {problem}")
         os.replace(tmp, dest)
+    except http.client.HTTPException as err:  # a malformed or cut reply: one error type for the callers
+        raise DownloadError(failure_reason(err)) from None
     finally:
         tmp.unlink(missing_ok=True)
     return h.hexdigest()
@@ -75,6 +77,8 @@ def fetch(url: str, dest: str | os.PathLike, *, algorithm: str = "sha256", expec
 
 def failure_reason(err: BaseException) -> str:
     """Why a download failed, for people (an HTTP status, a network error, a timeout)."""
+    import urllib.error
+
     if isinstance(err, urllib.error.HTTPError):
         return f"HTTP error {err.code} {err.reason}"
     if isinstance(err, urllib.error.URLError):
@@ -157,6 +161,6 @@ def cached(url: str, path: Path, what: str, check: Callable[[Path], str | None],
         _write_record(path, url, digest)
     except DownloadError as err:
         raise DownloadError(f"downloading {what} from {url} failed: {err}. {manual}") from None
-    except (OSError, ValueError, EOFError, http.client.HTTPException) as err:
+    except (OSError, ValueError, EOFError) as err:
         raise DownloadError(f"downloading {what} from {url} failed: {failure_reason(err)}. {manual}") from None
     return path

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import cpu_kernels
+from . import cpu_kernels, device
 
 PHI = {
     "sigmoid": (torch.sigmoid, lambda u: torch.sigmoid(u) * (1 - torch.sigmoid(u))),
@@ -30,7 +30,7 @@ def sq_norm(x: Tensor) -> Tensor:
     """|x|^2 of each row, (..., 1), without materialising x^2 (a norm). In an ONNX export written as
     ReduceSum(x * x): ONNX Runtime's CPU ReduceL2 and ReduceSumSquare over the last axis take about twice as long
     as the two ops on a solver slice (4 boards x 81 tokens x 512)."""
-    if torch.onnx.is_in_onnx_export():
+    if device.in_onnx_export():
         return (x * x).sum(-1, keepdim=True)
     return torch.linalg.vector_norm(x, dim=-1, keepdim=True).square()
 
@@ -44,7 +44,7 @@ def logsumexp(x: Tensor, dim: int = -1, bound: float | None = None) -> Tensor:
     """torch.logsumexp; in an ONNX export written out as max + log(sum(exp(x - max))), which ONNX Runtime's CPU
     kernels run about 5x faster than its ReduceLogSumExp (the E_ATTN trace of every iteration; same value). With
     `bound` >= |x| and small enough that exp cannot overflow, the export skips the max: log(sum(exp(x)))."""
-    if not torch.onnx.is_in_onnx_export():
+    if not device.in_onnx_export():
         return torch.logsumexp(x, dim=dim)
     if bound is not None and bound <= 60.0:
         return torch.log(torch.exp(x).sum(dim=dim))
@@ -55,7 +55,7 @@ def logsumexp(x: Tensor, dim: int = -1, bound: float | None = None) -> Tensor:
 def rms_normalize(x: Tensor, eps: float = 1e-6) -> Tensor:
     """Put each row on the sphere of radius sqrt(dim): the constraint of eq. (4)/(5). In an ONNX export written as
     x / sqrt(mean(x^2) + eps): Sqrt and Div, one node fewer than the Sqrt, Div(1, .) and Mul of x * rsqrt(...)."""
-    if torch.onnx.is_in_onnx_export():
+    if device.in_onnx_export():
         return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps)
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
 

@@ -14,6 +14,7 @@ from torch import Tensor, nn
 
 from .config import CHOICES, ModelConfig, choice_error, get_preset, list_presets
 from .core import RecurrentCore, Trace, relay, traced_energy
+from .device import in_onnx_export
 from .layers import RMSNorm
 
 
@@ -174,7 +175,7 @@ class HyperSETModel(nn.Module):
         1-9 the digits; the values in eval mode only: in training mode reading them would stop the device at every
         step), float images (batch, channels, img_size, img_size) for classification. Skipped in a trace, an export
         or under torch.compile, where the shapes are the graph's."""
-        if torch.jit.is_tracing() or torch.onnx.is_in_onnx_export() or torch.compiler.is_compiling():
+        if torch.jit.is_tracing() or in_onnx_export() or torch.compiler.is_compiling():
             return
         if not isinstance(inputs, Tensor):
             raise TypeError(f"inputs must be a torch.Tensor, got {type(inputs).__module__}.{type(inputs).__name__}"

@@ -190,6 +190,31 @@ def test_a_download_cut_short_leaves_nothing_in_the_cache(half_server: str, tmp_
     assert list(cache_folder(tmp_path).iterdir()) == []
 
 
+class _BadStatus(http.server.BaseHTTPRequestHandler):
+    """Replies with a status line that is not HTTP: http.client raises its own error type, not an OSError."""
+
+    def do_GET(self) -> None:
+        self.wfile.write(b"HELLO there\r\n\r\n")
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_reply_that_is_not_http_is_a_download_error_and_leaves_nothing(mirror: Path, tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    server = http.server.HTTPServer(("127.0.0.1", 0), _BadStatus)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        monkeypatch.setenv(extreme.URL_ENV, f"http://127.0.0.1:{server.server_port}")
+        with pytest.raises(DownloadError, match="downloading Sudoku-Extreme test.csv from .* failed: .*HELLO"):
+            extreme.cached_split("test", download=True)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert list(cache_folder(tmp_path).iterdir()) == []
+
+
 def test_a_cached_file_changed_after_it_was_checked_is_refused(mirror: Path, tiny_checkpoint: Path) -> None:
     path = extreme.cached_split("test", download=True)
     path.write_text(path.read_text().replace(",0\n", ",1\n", 1))  # still the format, not the file downloaded

@@ -9,7 +9,6 @@ header in the RRN release (a header line is accepted). They may be plain, gzippe
 from __future__ import annotations
 
 import gzip
-import http.client
 import io
 import os
 import shutil
@@ -406,7 +405,7 @@ def download_rrn(
     except DownloadError as err:
         _remove_empty(created)
         raise DownloadError(f"Downloading the RRN sudoku data from {url} failed: {err}. {manual}") from None
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile, http.client.HTTPException) as err:
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
         _remove_empty(created)
         raise DownloadError(
             f"Downloading the RRN sudoku data from {url} failed: {failure_reason(err)}. {manual}"
