@@ -11,12 +11,14 @@ autograd gradient the layer's update reproduces exactly (tests check this).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import cpu_kernels, device
+from . import config, cpu_kernels, device
 
 PHI = {
     "sigmoid": (torch.sigmoid, lambda u: torch.sigmoid(u) * (1 - torch.sigmoid(u))),
@@ -78,43 +80,125 @@ def head_projections(X: Tensor, W: Tensor, heads: int, normalize: bool = True, e
     return rms_normalize(Z, eps) if normalize else Z
 
 
-def attn_energy_heads(Z: Tensor, kind: str = "bisoftmax", phi: str = "sigmoid", normalized: bool = False) -> Tensor:
-    """Attention energy of head projections Z (B, H, N, p), summed over heads and tokens -> (B,). `normalized`:
-    Z is on the radius-sqrt(p) sphere (rms_normalize), so |beta z_i.z_j| <= sqrt(p) bounds the scores.
+# ---------------------------------------------------------------------------------------------------------------
+# the registry: each energy beside its closed-form gradient
 
-    bisoftmax: E = 1/beta sum_i logsumexp_j(beta z_i.z_j)           eq. (3)-(4), beta = 1/sqrt(p)
-    sigmoid:   E = 1/(2 beta) sum_ij sigmoid(beta z_i.z_j)          (alternative designs)
-    linear:    E = beta/4 sum_ij (phi(z_i).phi(z_j))^2               (alternative designs; O(N) update)
-    """
-    beta = 1.0 / math.sqrt(Z.shape[-1])
-    if kind == "bisoftmax":
-        A = beta * Z @ Z.transpose(-1, -2)
-        bound = math.sqrt(Z.shape[-1]) if normalized else None
-        return logsumexp(A, dim=-1, bound=bound).sum(dim=(1, 2)) / beta
-    if kind == "sigmoid":
-        A = beta * Z @ Z.transpose(-1, -2)
-        return torch.sigmoid(A).sum(dim=(1, 2, 3)) / (2 * beta)
-    if kind == "linear":
-        P = PHI[phi][0](Z)
-        G = P.transpose(-1, -2) @ P  # (B, H, p, p): sum_ij (phi_i.phi_j)^2 = ||P^T P||_F^2
-        return beta / 4 * G.pow(2).sum(dim=(1, 2, 3))
-    raise ValueError(f"unknown attention energy {kind!r}")
+
+@dataclass(frozen=True)
+class Energy:
+    """One energy and its gradient, written like the paper.
+
+    An attention energy takes head projections Z (B, H, N, p) and beta = 1/sqrt(p): ``value(Z, beta, phi,
+    normalized)`` is E summed over heads and tokens (B,) (`normalized`: Z lies on the radius-sqrt(p) spheres, so
+    |beta z_i.z_j| <= sqrt(p)), ``grad(Z, beta, phi)`` is dE/dZ (B, H, N, p). A feedforward energy takes hidden
+    activations U (B, N, M): ``value(U, phi)`` is E (B,), ``grad(U, phi)`` is -dE/dU (B, N, M), the activation
+    the update adds. `uses_phi`: whether the feature map `phi` (PHI's keys) changes it."""
+
+    name: str
+    formula: str
+    value: Callable[..., Tensor]
+    grad: Callable[..., Tensor]
+    uses_phi: bool = False
+
+
+ATTENTION: dict[str, Energy] = {}
+FEEDFORWARD: dict[str, Energy] = {}
+
+
+def _register(table: dict[str, Energy], key: str, energy: Energy) -> Energy:
+    if not energy.name.isidentifier() or energy.name in table:
+        raise ValueError(f"{key} energy {energy.name!r}: a new name made of letters, digits and _ is needed "
+                         f"(taken: {', '.join(table)})")
+    table[energy.name] = energy
+    config.CHOICES[key] = tuple(table)  # a ModelConfig may now name it
+    return energy
+
+
+def register_attention(name: str, value: Callable[..., Tensor], grad: Callable[..., Tensor], *,
+                       formula: str = "", uses_phi: bool = False) -> Energy:
+    """Add an attention energy (see `Energy`): `ModelConfig(attention=name)` then builds layers that descend it,
+    and every test of the energies and of the update covers it."""
+    return _register(ATTENTION, "attention", Energy(name, formula, value, grad, uses_phi))
+
+
+def register_feedforward(name: str, value: Callable[..., Tensor], grad: Callable[..., Tensor], *,
+                         formula: str = "", uses_phi: bool = False) -> Energy:
+    """Add a feedforward energy (see `Energy`), as `register_attention`."""
+    return _register(FEEDFORWARD, "feedforward", Energy(name, formula, value, grad, uses_phi))
+
+
+def _lookup(table: dict[str, Energy], key: str, kind: str) -> Energy:
+    if kind not in table:
+        raise ValueError(f"unknown {key} energy {kind!r} (known: {', '.join(table)})")
+    return table[kind]
+
+
+def _scores(Z: Tensor, beta: float) -> Tensor:
+    return beta * Z @ Z.transpose(-1, -2)  # A_ij = beta z_i.z_j (B, H, N, N), symmetric
+
+
+def _bisoftmax(Z: Tensor, beta: float, phi: str, normalized: bool) -> Tensor:
+    bound = math.sqrt(Z.shape[-1]) if normalized else None
+    return logsumexp(_scores(Z, beta), dim=-1, bound=bound).sum(dim=(1, 2)) / beta
+
+
+def _bisoftmax_grad(Z: Tensor, beta: float, phi: str) -> Tensor:
+    if not (torch.is_grad_enabled() and Z.requires_grad) and cpu_kernels.usable(Z):
+        return cpu_kernels.bisoftmax_attention(Z, beta)  # fused per (board, head), no gradient through it
+    P = torch.softmax(_scores(Z, beta), dim=-1)  # A is symmetric, so the column softmax is P^T
+    return (P + P.transpose(-1, -2)) @ Z
+
+
+def _sigmoid(Z: Tensor, beta: float, phi: str, normalized: bool) -> Tensor:
+    return torch.sigmoid(_scores(Z, beta)).sum(dim=(1, 2, 3)) / (2 * beta)
+
+
+def _sigmoid_grad(Z: Tensor, beta: float, phi: str) -> Tensor:
+    s = torch.sigmoid(_scores(Z, beta))
+    S = s * (1 - s)
+    return 0.5 * (S + S.transpose(-1, -2)) @ Z
+
+
+def _linear(Z: Tensor, beta: float, phi: str, normalized: bool) -> Tensor:
+    P = PHI[phi][0](Z)
+    G = P.transpose(-1, -2) @ P  # (B, H, p, p): sum_ij (phi_i.phi_j)^2 = ||P^T P||_F^2
+    return beta / 4 * G.pow(2).sum(dim=(1, 2, 3))
+
+
+def _linear_grad(Z: Tensor, beta: float, phi: str) -> Tensor:
+    f, df = PHI[phi]
+    P = f(Z)
+    Mh = beta * (P.transpose(-1, -2) @ P)  # (B, H, p, p): the O(N) "kernel" matrix
+    return (P @ Mh) * df(Z)
+
+
+register_attention("bisoftmax", _bisoftmax, _bisoftmax_grad,
+                   formula="1/beta sum_i logsumexp_j(beta z_i.z_j), eq. (3)-(4); its gradient is the bi-softmax "
+                           "attention (softmax_row(A) + softmax_col(A)) Z of eq. (7)/(9)")
+register_attention("sigmoid", _sigmoid, _sigmoid_grad,
+                   formula="1/(2 beta) sum_ij sigmoid(beta z_i.z_j) (alternative designs)")
+register_attention("linear", _linear, _linear_grad, uses_phi=True,
+                   formula="beta/4 sum_ij (phi(z_i).phi(z_j))^2 (alternative designs; an O(N) update)")
+
+register_feedforward("relu", lambda U, phi: -0.5 * F.relu(U).pow(2).sum(dim=(1, 2)), lambda U, phi: F.relu(U),
+                     formula="-1/2 sum_i sum_m ReLU(u_im)^2, eq. (5)")
+register_feedforward("softmax", lambda U, phi: -logsumexp(U, dim=-1).sum(dim=1),
+                     lambda U, phi: torch.softmax(U, dim=-1), formula="-sum_i logsumexp_m(u_im)")
+register_feedforward("gated", lambda U, phi: -0.5 * PHI[phi][0](U).sum(-1).pow(2).sum(dim=1),
+                     lambda U, phi: PHI[phi][0](U).sum(-1, keepdim=True) * PHI[phi][1](U), uses_phi=True,
+                     formula="-1/2 sum_i (sum_m phi(u_im))^2")
+
+
+def attn_energy_heads(Z: Tensor, kind: str = "bisoftmax", phi: str = "sigmoid", normalized: bool = False) -> Tensor:
+    """Attention energy `kind` (ATTENTION's keys) of head projections Z (B, H, N, p), summed over heads and
+    tokens -> (B,). `normalized`: Z is on the radius-sqrt(p) sphere (rms_normalize)."""
+    return _lookup(ATTENTION, "attention", kind).value(Z, 1.0 / math.sqrt(Z.shape[-1]), phi, normalized)
 
 
 def ff_energy_hidden(U: Tensor, kind: str = "relu", phi: str = "sigmoid") -> Tensor:
-    """Feedforward energy of hidden activations U = X D (B, N, M), summed over tokens -> (B,).
-
-    relu:    E = -1/2 sum_i sum_m ReLU(u_im)^2                      eq. (5)
-    softmax: E = -sum_i logsumexp_m(u_im)
-    gated:   E = -1/2 sum_i (sum_m phi(u_im))^2
-    """
-    if kind == "relu":
-        return -0.5 * F.relu(U).pow(2).sum(dim=(1, 2))
-    if kind == "softmax":
-        return -logsumexp(U, dim=-1).sum(dim=1)
-    if kind == "gated":
-        return -0.5 * PHI[phi][0](U).sum(-1).pow(2).sum(dim=1)
-    raise ValueError(f"unknown feedforward energy {kind!r}")
+    """Feedforward energy `kind` (FEEDFORWARD's keys) of hidden activations U = X D (B, N, M), summed over
+    tokens -> (B,)."""
+    return _lookup(FEEDFORWARD, "feedforward", kind).value(U, phi)
 
 
 def attn_energy(X: Tensor, W: Tensor, heads: int, kind: str = "bisoftmax", normalize: bool = True,
@@ -137,40 +221,13 @@ def ff_energy(X: Tensor, D: Tensor, kind: str = "relu", normalize: bool = True, 
 
 
 def attn_energy_grad_heads(Z: Tensor, kind: str = "bisoftmax", phi: str = "sigmoid") -> Tensor:
-    """dE_ATTN/dZ in closed form, per head (B, H, N, p): the attention operator before back-projection.
-
-    bisoftmax: (softmax_row(A) + softmax_col(A)) Z, the bi-softmax attention of eq. (7)/(9).
-    """
-    beta = 1.0 / math.sqrt(Z.shape[-1])
-    if kind == "bisoftmax":
-        if not (torch.is_grad_enabled() and Z.requires_grad) and cpu_kernels.usable(Z):
-            return cpu_kernels.bisoftmax_attention(Z, beta)  # fused per (board, head), no gradient through it
-        A = beta * Z @ Z.transpose(-1, -2)
-        P = torch.softmax(A, dim=-1)  # A is symmetric, so the column softmax is P^T
-        return (P + P.transpose(-1, -2)) @ Z
-    if kind == "sigmoid":
-        A = beta * Z @ Z.transpose(-1, -2)
-        s = torch.sigmoid(A)
-        S = s * (1 - s)
-        return 0.5 * (S + S.transpose(-1, -2)) @ Z
-    if kind == "linear":
-        f, df = PHI[phi]
-        P = f(Z)
-        Mh = beta * (P.transpose(-1, -2) @ P)  # (B, H, p, p): the O(N) "kernel" matrix
-        return (P @ Mh) * df(Z)
-    raise ValueError(f"unknown attention energy {kind!r}")
+    """dE_ATTN/dZ in closed form, per head (B, H, N, p): the attention operator before back-projection."""
+    return _lookup(ATTENTION, "attention", kind).grad(Z, 1.0 / math.sqrt(Z.shape[-1]), phi)
 
 
 def ff_energy_grad_hidden(U: Tensor, kind: str = "relu", phi: str = "sigmoid") -> Tensor:
     """-dE_FF/dU in closed form (B, N, M): the feedforward activation of eq. (10)/(11)."""
-    if kind == "relu":
-        return F.relu(U)
-    if kind == "softmax":
-        return torch.softmax(U, dim=-1)
-    if kind == "gated":
-        f, df = PHI[phi]
-        return f(U).sum(-1, keepdim=True) * df(U)
-    raise ValueError(f"unknown feedforward energy {kind!r}")
+    return _lookup(FEEDFORWARD, "feedforward", kind).grad(U, phi)
 
 
 def effective_rank(Z: Tensor) -> Tensor:

@@ -5,9 +5,23 @@ from pathlib import Path
 
 import torch
 
+from hyperset import energies
 from hyperset.sudoku.exact import generate
 
 torch.set_num_threads(1)
+
+
+def energy_cases(table: dict[str, energies.Energy]) -> list[tuple[str, str]]:
+    """(kind, phi) for every energy of a registry (energies.ATTENTION or FEEDFORWARD): each feature map where
+    the energy has one, else the default. Tests parametrized by these cover an energy as soon as it is registered
+    (tests/toy_energy.py shows it)."""
+    return [(name, phi) for name, e in table.items() for phi in (energies.PHI if e.uses_phi else ["sigmoid"])]
+
+
+def energy_combos() -> list[tuple[str, str]]:
+    """(attention, feedforward) pairs in which every registered energy of both kinds appears at least once."""
+    attn, ff = list(energies.ATTENTION), list(energies.FEEDFORWARD)
+    return [(attn[i % len(attn)], ff[i % len(ff)]) for i in range(max(len(attn), len(ff)))]
 
 
 def write_sudoku_csvs(root: Path, n_train: int, n_valid: int, seed: int) -> Path:

@@ -12,6 +12,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import energy_cases, energy_combos
 
 import hyperset.baselines as baselines
 from hyperset import fused
@@ -19,7 +20,8 @@ from hyperset.baselines import CRATELayer, EnergyTransformerLayer
 from hyperset.config import ModelConfig
 from hyperset.core import RecurrentCore
 from hyperset.energies import (
-    PHI,
+    ATTENTION,
+    FEEDFORWARD,
     attn_energy,
     attn_energy_grad_heads,
     attn_energy_heads,
@@ -32,9 +34,9 @@ from hyperset.layers import HyperSETLayer, StepSizes
 from hyperset.models import build_model
 
 DT = torch.float64
-ATTN_CASES = [("bisoftmax", "sigmoid"), ("sigmoid", "sigmoid")] + [("linear", phi) for phi in PHI]
-FF_CASES = [("relu", "sigmoid"), ("softmax", "sigmoid")] + [("gated", phi) for phi in PHI]
-COMBOS = [("bisoftmax", "relu"), ("sigmoid", "softmax"), ("linear", "gated")]
+ATTN_CASES = energy_cases(ATTENTION)  # every registered energy: a new one is tested without an edit here
+FF_CASES = energy_cases(FEEDFORWARD)
+COMBOS = energy_combos()
 
 
 def _randn(*shape: int, seed: int = 0, scale: float = 1.0) -> torch.Tensor:
@@ -93,7 +95,7 @@ def test_unconstrained_feedforward_update_equals_minus_autograd_gradient_of_E_FF
     assert rel_err(direction, -auto) < 1e-5
 
 
-@pytest.mark.parametrize("kind", ["bisoftmax", "sigmoid", "linear"])
+@pytest.mark.parametrize("kind", list(ATTENTION))
 def test_normalization_first_attention_plugs_sphere_points_into_the_gradient_formula(kind):
     """Eq. (9): the gradient of E w.r.t. Z evaluated at RMSNorm(Z), back-projected through W (no derivative
     of the norm). It is NOT the autograd gradient of the normalised energy (the paper's choice)."""

@@ -25,7 +25,8 @@ SCRIPTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scrip
 # runs a console script's function as the installed script does, then says which heavy modules it imported
 PROBE = """
 import importlib, json, sys
-target, argv, watch = sys.argv[1], sys.argv[2:], ("torch", "torch._dynamo", "torch.onnx", "gradio", "matplotlib", "onnx")
+target, argv = sys.argv[1], sys.argv[2:]
+watch = ("torch", "torch._dynamo", "torch.onnx", "gradio", "matplotlib", "onnx")
 module, _, name = target.partition(":")
 sys.argv = [module, *argv]
 try:
