@@ -10,7 +10,7 @@ Sudoku tab
     into a cell fill it) or paste text (an 81-character line, a 9-line grid or ``puzzle,solution`` CSV) into the
     box; Solve takes whichever was edited last. The iterations per pass go from 1 to ``hyperset.config.MAX_ITERS``
     as ``hyperset-solve --iters`` (a value out of range gets a note, never a clamp); the strategies are those of
-    ``hyperset.strategies.REGISTRY`` (``commit``, MaskGIT-style: N iterations, commit the most confident
+    ``hyperset.strategy_registry.REGISTRY`` (``commit``, MaskGIT-style: N iterations, commit the most confident
     clash-free digits as new givens and run again until the board is valid, up to 16 passes; ``single``, one pass
     of N iterations; ``auto``, stop when the board is valid or has not changed for 4 iterations, N the maximum).
     Solve streams the board after every iteration: givens bold, predicted digits shaded by the model's confidence,
@@ -58,8 +58,10 @@ from PIL import Image
 from hyperset.config import MAX_ITERS, check_iterations
 from hyperset.defaults import DEFAULT_NODES
 from hyperset.solve import DEFAULT_PASSES, DEFAULT_STRATEGY, json_number, result_of
-from hyperset.strategies import REGISTRY, BoardResult
-from hyperset.sudoku.board import Puzzle, PuzzleError, cell_name, conflicts, parse_puzzles, validate
+from hyperset.strategies import BoardResult
+from hyperset.strategy_registry import REGISTRY
+from hyperset.sudoku.board import PuzzleError, cell_name, conflicts, validate
+from hyperset.sudoku.parse import Puzzle, parse_puzzles
 
 from .board_input import board_input
 from .energy_plot import energy_svg

@@ -42,7 +42,7 @@ import httpx  # noqa: E402
 from hyperset.apps.limits import MAX_BODY_BYTES  # noqa: E402
 from hyperset.checkpoint import atomic_write_json  # noqa: E402
 from hyperset.device import cpu_model  # noqa: E402
-from hyperset.sudoku.board import parse_file  # noqa: E402
+from hyperset.sudoku.parse import parse_file  # noqa: E402
 
 OUT = ROOT / "bench" / "results" / "app_load.json"
 ROUND = 100  # requests between two readings of the server's memory

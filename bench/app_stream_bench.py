@@ -46,7 +46,7 @@ from hyperset.checkpoint import atomic_write_json  # noqa: E402
 from hyperset.cli import solve_main  # noqa: E402
 from hyperset.device import cpu_model, set_cpu_threads  # noqa: E402
 from hyperset.solve import Solver  # noqa: E402
-from hyperset.sudoku.board import parse_file  # noqa: E402
+from hyperset.sudoku.parse import parse_file  # noqa: E402
 
 OUT = ROOT / "bench" / "results" / "app_stream.json"
 

@@ -27,9 +27,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_args  # noqa: E402
 
-from hyperset.checkpoint import CheckpointError, load_checkpoint  # noqa: E402
+from hyperset.checkpoint import CheckpointError  # noqa: E402
 from hyperset.device import describe, pick_device  # noqa: E402
 from hyperset.energies import average_angle, effective_rank  # noqa: E402
+from hyperset.models import load_checkpoint  # noqa: E402
 from hyperset.training.classify_task import load_split, sample  # noqa: E402
 from hyperset.training.eval_classify import EvalError, data_for_checkpoint, resolve_checkpoint  # noqa: E402
 

@@ -32,9 +32,9 @@ import bench_args
 import numpy as np
 import torch
 
-from hyperset.checkpoint import atomic_write_json, load_checkpoint
+from hyperset.checkpoint import atomic_write_json
 from hyperset.device import cpu_has_native_bf16, cpu_model
-from hyperset.models import HyperSETModel
+from hyperset.models import HyperSETModel, load_checkpoint
 from hyperset.pretrained import pretrained_dir, resolve
 from hyperset.solve import DEFAULT_PASSES, DEFAULT_STRATEGY, Solver
 from hyperset.sudoku.data import find_split, givens_count, load_csv, protocol_split

@@ -308,7 +308,7 @@ def nccl_run(data: Path, out: Path) -> dict[str, Any]:
 def solver_check(devices: tuple[str, str] = ("cuda", "cpu")) -> dict[str, Any]:
     """The shipped model solves the example puzzles on CUDA as on the CPU."""
     from hyperset.solve import Solver, timed_solve
-    from hyperset.sudoku.board import parse_file
+    from hyperset.sudoku.parse import parse_file
 
     puzzles = [p.givens for f in sorted((ROOT / "examples").glob("*.txt")) for p in parse_file(f)]
     out = {}
@@ -337,9 +337,9 @@ def onnx_check(folder: Path, batch: int = 256, devices: tuple[str, str] = ("cuda
                loop_iters: int = 48) -> dict[str, Any]:
     """The unrolled graph (trained depth) and the Loop graph (trained depth and `loop_iters`) on ONNX Runtime's CUDA
     and CPU providers: parity with torch and boards/s."""
-    from hyperset.checkpoint import load_checkpoint
     from hyperset.exports import export as E
     from hyperset.exports.runtime import OrtSession
+    from hyperset.models import load_checkpoint
     from hyperset.solve import bundled_checkpoint
 
     model, info = load_checkpoint(bundled_checkpoint(), task="sudoku")

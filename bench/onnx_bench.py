@@ -96,9 +96,8 @@ def matmul_flops(dtype: torch.dtype, n: int, repeats: int) -> dict[str, Any]:
 
 
 def load_bench_model() -> tuple[Any, dict[str, Any], str]:
-    from hyperset.checkpoint import load_checkpoint
     from hyperset.config import preset_config
-    from hyperset.models import HyperSETModel
+    from hyperset.models import HyperSETModel, load_checkpoint
     from hyperset.solve import bundled_checkpoint
 
     shipped = bundled_checkpoint()

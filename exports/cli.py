@@ -96,9 +96,10 @@ def main(checkpoint: str, iters: int | None, out: str, loop: bool, opset: int, c
     Exit code 0 on success, 1 when --parity finds a mismatch, 2 on bad input (missing or corrupted checkpoint,
     unwritable output).
     """
-    from hyperset.checkpoint import CheckpointError, check_finite, load_checkpoint
+    from hyperset.checkpoint import CheckpointError, check_finite
     from hyperset.contracts import check_contract
     from hyperset.extras import MissingExtra, require
+    from hyperset.models import load_checkpoint
 
     try:
         require("onnx", "onnx", "onnxruntime", what="hyperset-export")

@@ -14,11 +14,11 @@ import importlib
 import importlib.util
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from .version import __version__
 
 # public name -> the module that defines it
 _EXPORTS = {
-    "CheckpointError": "checkpoint", "load_checkpoint": "checkpoint", "save_checkpoint": "checkpoint",
+    "CheckpointError": "checkpoint", "load_checkpoint": "models", "save_checkpoint": "models",
     "ModelConfig": "config", "get_preset": "config", "list_presets": "config", "preset_config": "config",
     "RecurrentCore": "core", "Trace": "core",
     "HyperSETModel": "models", "build_model": "models", "create_model": "models",
@@ -32,10 +32,10 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+    from .checkpoint import CheckpointError
     from .config import ModelConfig, get_preset, list_presets, preset_config
     from .core import RecurrentCore, Trace
-    from .models import HyperSETModel, build_model, create_model
+    from .models import HyperSETModel, build_model, create_model, load_checkpoint, save_checkpoint
     from .pretrained import PRETRAINED, load_pretrained, push_to_hub
 
 

@@ -1,13 +1,15 @@
-"""Checkpoints: `model.safetensors` + `config.json` in one folder. Loading never unpickles."""
+"""Checkpoints: the format, `model.safetensors` + `config.json` in one folder, read and checked without ever
+unpickling; and where a checkpoint named by the user is (a shipped model's name, a folder, a Hub repository).
+A model is saved and loaded by :mod:`hyperset.models` (`save_checkpoint`, `load_checkpoint`, `load_pretrained`),
+beside the model's own `from_pretrained` and `save_pretrained`."""
 
 from __future__ import annotations
 
-import contextlib
-import itertools
 import json
 import os
 import re
 import struct
+from importlib import resources
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -16,7 +18,6 @@ from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save_file
 
-from .cli_options import json_safe
 from .config import ModelConfig, check_iterations
 from .files import (  # noqa: F401  (the writers every front end uses, importable from here too)
     NotReplacedError,
@@ -24,10 +25,10 @@ from .files import (  # noqa: F401  (the writers every front end uses, importabl
     _temp_beside,
     atomic_write_bytes,
     atomic_write_json,
+    json_safe,
     read_problem,
     replace_problem,
 )
-from .models import HyperSETModel
 
 FORMAT = "hyperset-checkpoint"
 # the iteration counts a checkpoint's config.json may hold (inference defaults and the trained depth), each checked
@@ -252,11 +253,6 @@ def load_weights_into(module: torch.nn.Module, directory: Path, what: str) -> No
     module.load_state_dict(load_tensors(directory / "model.safetensors", what))
 
 
-def save_checkpoint(directory: str | os.PathLike, model: HyperSETModel, info: dict[str, Any] | None = None) -> Path:
-    """Write model.safetensors + config.json. `info` (recipe, data, metrics, ...) goes into config.json."""
-    return save_module(directory, model, "hyperset", model.cfg.to_dict(), info)
-
-
 def checkpoint_dir(path: str | os.PathLike) -> Path:
     """The checkpoint folder of `path`: the folder itself or the folder of its config.json / model.safetensors."""
     path = Path(path)
@@ -339,16 +335,6 @@ def solve_iterations(cfg: ModelConfig, info: dict[str, Any] | None) -> int:
     return int(value) if value is not None else trained_iterations(cfg, info)
 
 
-# the largest model a checkpoint may describe, weights and buffers in float32 (the shipped ones are under 1 MiB,
-# the paper's largest about 0.1 GiB)
-MAX_MODEL_BYTES = 8 << 30
-
-
-def model_bytes(model: torch.nn.Module) -> int:
-    """The bytes of a model's parameters and buffers (a model built on the meta device allocates none)."""
-    return sum(t.numel() * t.element_size() for t in itertools.chain(model.parameters(), model.buffers()))
-
-
 def check_finite(module: torch.nn.Module, where: str | os.PathLike, expected: str) -> None:
     """A CheckpointError naming `where` if any floating weight of `module` is NaN or infinite (loaded weights that
     diverged: exporting, solving with or training on from them gives nothing that means anything)."""
@@ -358,61 +344,65 @@ def check_finite(module: torch.nn.Module, where: str | os.PathLike, expected: st
                               f"{expected}")
 
 
+def weights_root() -> Path:
+    """The folder of the models shipped in the package (hyperset/weights)."""
+    return Path(str(resources.files("hyperset") / "weights"))
+
+
 def is_shipped(directory: Path) -> bool:
     """Whether checkpoint folder `directory` is one of the models shipped in the package (hyperset/weights)."""
-    from .pretrained import weights_root
-
     return directory.resolve().is_relative_to(weights_root().resolve())
 
 
-def shapes_only(directory: Path) -> contextlib.AbstractContextManager:
-    """Where a loader builds the model of checkpoint `directory` to check its shapes and size before loading: on the
-    meta device, so that a config that disagrees with its weights allocates nothing. The package's own models (every
-    check still runs on them, and the tests load each) are built for real, once: building on the meta device imports
-    torch._dynamo for its Python meta kernels, about as long as importing torch."""
-    return contextlib.nullcontext() if is_shipped(directory) else torch.device("meta")
+# ---------------------------------------------------------------------------------------------------------------
+# the shipped models and the Hub: where a checkpoint named by the user is
 
 
-def load_checkpoint(directory: str | os.PathLike, task: str | None = None,
-                    map_location: str | torch.device = "cpu", dtype: torch.dtype | str | None = None
-                    ) -> tuple[HyperSETModel, dict[str, Any]]:
-    """Load a checkpoint folder (or its config.json / model.safetensors path). Returns (model in eval mode, info).
+# name -> folder under hyperset/weights; "mim-tokenizer" is the MIM model's VQ tokenizer
+# (hyperset.vision.reconstruct.load_tokenizer), the others load_pretrained's Hyper-SET models
+PRETRAINED = {"sudoku": "sudoku", "classifier": "classifier", "mim": "mim/model", "mim-tokenizer": "mim/tokenizer"}
 
-    The weights load in float32 (what every command runs), whatever they were saved in; ``dtype="saved"`` keeps
-    the floating dtype they were saved in (a float64 or bfloat16 model stays one), a torch.dtype casts to it."""
-    if dtype is not None and dtype != "saved" and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
-        raise ValueError(f"dtype = {dtype!r}: expected None (float32), 'saved' or a floating torch.dtype")
-    directory = checkpoint_dir(directory)
-    meta = read_config(directory, kind="hyperset")
+
+def pretrained_dir(name: str) -> Path:
+    """The folder of a shipped model by name (see PRETRAINED); a CheckpointError if this installation lacks it."""
+    if name not in PRETRAINED:
+        raise CheckpointError(f"no shipped model named {name!r}; shipped: {', '.join(PRETRAINED)}")
+    folder = weights_root() / PRETRAINED[name]
+    if not (folder / "config.json").is_file() or not (folder / "model.safetensors").is_file():
+        raise CheckpointError(f"the shipped {name} model is not in this installation ({folder}); "
+                              "pass a checkpoint folder instead")
+    return folder
+
+
+MODELS = tuple(k for k in PRETRAINED if k != "mim-tokenizer")  # the names load_pretrained takes
+
+
+def resolve(name_or_path: str | os.PathLike, names: tuple[str, ...] = tuple(PRETRAINED)) -> Path:
+    """A checkpoint folder from a shipped model's name, a local path, or a Hub repository id (downloaded); an
+    unknown name's error lists `names`."""
+    text = str(name_or_path)
+    path = Path(text)
+    # a shipped name is the shipped model unless a checkpoint folder of that name is here (a data folder named
+    # "sudoku" in the working directory does not hide it)
+    if text in PRETRAINED and not (path / "config.json").is_file():
+        return pretrained_dir(text)
+    if path.exists():
+        return path
+    # "owner/name" is a Hub id unless its first part is a local folder: then it names a folder that is missing
+    if text.count("/") == 1 and not text.startswith((".", "/", "~")) and not Path(text.split("/")[0]).is_dir():
+        return _from_hub(text)
+    raise CheckpointError(f"{text}: no such checkpoint folder, and not a shipped model ({', '.join(names)})")
+
+
+def _from_hub(repo_id: str) -> Path:
     try:
-        cfg = ModelConfig.from_dict(meta["model"])
-        with shapes_only(directory):
-            shapes = HyperSETModel(cfg)
-    except (TypeError, ValueError, OverflowError, RuntimeError) as e:
-        reason = (str(e) or type(e).__name__).splitlines()[0]  # torch's errors carry C++ frames after the first line
-        raise CheckpointError(f"{directory / 'config.json'}: invalid model config ({reason})") from None
-    size = model_bytes(shapes)
-    if size > MAX_MODEL_BYTES:  # the position tables are buffers no weight file holds: the header cannot tell
-        raise CheckpointError(f"{directory / 'config.json'}: describes a model of {size / 2**30:.1f} GiB (weights and "
-                              f"position tables); a checkpoint is at most {MAX_MODEL_BYTES / 2**30:.0f} GiB")
-    if task is not None and cfg.task != task:
-        raise CheckpointError(f"{directory}: this is a {cfg.task!r} model, expected a {task!r} model")
-    what = f"weights of a {cfg.layer} {cfg.task} model"
+        from huggingface_hub import snapshot_download
+    except ImportError:
+        raise CheckpointError(f"{repo_id}: no such folder; to load it from the Hugging Face Hub install "
+                              "huggingface_hub (pip install 'hyperset[hub]')") from None
     try:
-        check_weights_fit(shapes, directory, what)
-    except CheckpointError as e:
-        absent = sorted(set(cfg.to_dict()) - set(meta["model"]))
-        if not absent:
-            raise
-        raise CheckpointError(f"{e}; config.json lacks the model keys {', '.join(absent)} (defaults were "
-                              "assumed)") from None
-    model = shapes if is_shipped(directory) else HyperSETModel(cfg)
-    cast = stored_float_dtype(directory) if dtype == "saved" else dtype
-    if cast is not None:
-        model.to(cast)
-    load_weights_into(model, directory, what)
-    model.to(map_location).eval()
-    # what save_pretrained keeps: the inference defaults (solve_iterations, ...) and the provenance
-    model.checkpoint_info = {k: v for k, v in meta.items() if k not in RESERVED_INFO}
-    model.checkpoint_source = str(directory)
-    return model, meta
+        return Path(snapshot_download(repo_id, allow_patterns=["config.json", "model.safetensors", "README.md"]))
+    except Exception as e:  # network, authentication or a missing repository: one line for the user
+        reason = next((line.strip() for line in str(e).splitlines() if line.strip()), "")
+        raise CheckpointError(f"{repo_id}: no such checkpoint folder, and the Hugging Face Hub could not give it "
+                              f"({type(e).__name__}{': ' + reason if reason else ''})") from None

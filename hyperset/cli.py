@@ -26,7 +26,8 @@ from .config import MAX_ITERS
 from .defaults import CPU_BATCH_SIZE, DEFAULT_NODES, DEFAULT_PASSES, DEFAULT_STRATEGY, GPU_BATCH_SIZE, STRATEGY_NAMES
 from .extras import require
 from .stops import Stops as _Stops
-from .sudoku.board import Puzzle, PuzzleError, cell_name, format_grid, iter_file
+from .sudoku.board import PuzzleError, cell_name, format_grid
+from .sudoku.parse import Puzzle, iter_file
 
 # exit codes (docs/cli.md); 130 is the shell's code for a process stopped by Ctrl-C (128 + SIGINT)
 EXIT_SOLVED, EXIT_UNSOLVED, EXIT_BAD_INPUT = 0, 1, 2

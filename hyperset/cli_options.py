@@ -24,6 +24,8 @@ from typing import Any, NoReturn
 
 import click
 
+from .files import atomic_write_json, json_safe, package_version  # noqa: F401  (the commands' names for them)
+
 
 class FiniteFloat(click.FloatRange):
     """A float option that is a number: click's FloatRange lets nan through (every comparison with it is false)
@@ -197,18 +199,6 @@ class LazyGroup(OneLineGroup):
 DEVICE_HELP = "auto | cpu | cuda (or cuda:N) | mps"
 
 
-def package_version() -> str:
-    """The installed distribution's version; the source tree's ``hyperset.__version__`` when not installed."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("hyperset")
-    except PackageNotFoundError:
-        from . import __version__
-
-        return __version__
-
-
 def version_option(prog: str) -> Callable[[Any], Any]:
     """--version, -V: prints "PROG VERSION" and exits 0."""
     return click.version_option(package_version(), "--version", "-V", prog_name=prog, message="%(prog)s %(version)s")
@@ -227,17 +217,6 @@ def threads_option(help: str | None = None) -> Callable[[Any], Any]:
 
 def json_option(help: str = "print one JSON document") -> Callable[[Any], Any]:
     return click.option("--json", "as_json", is_flag=True, help=help)
-
-
-def json_safe(obj: Any) -> Any:
-    """``obj`` with every NaN or infinite float replaced by None (JSON has neither)."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [json_safe(v) for v in obj]
-    return obj
 
 
 def out_option() -> Callable[[Any], Any]:
@@ -273,8 +252,6 @@ def checkpoint_input(default: str | None, shown_default: str | None = None) -> C
 
 def write_json_out(prog: str, out: str, obj: Any) -> None:
     """The --out file: strict JSON (as `echo_json` prints), written atomically; a failure is one line, exit 2."""
-    from .checkpoint import atomic_write_json
-
     try:
         atomic_write_json(out, json_safe(obj))
     except OSError as e:

@@ -2,7 +2,7 @@
 
 DEFAULT_STRATEGY = "search"  # answers every valid puzzle; measured in bench/search_bench.py (docs/sudoku.md)
 DEFAULT_NODES = 2000  # most nodes (model calls) of the search per board
-# hyperset.strategies.REGISTRY's names, for --help without torch
+# hyperset.strategy_registry.REGISTRY's names, for --help without torch
 STRATEGY_NAMES = ("search", "commit", "single", "views", "auto")
 DEFAULT_PASSES = 16  # most passes of the commit strategy
 # Boards per forward pass. Boards leave the batch as soon as they are valid, so a batch shrinks as it runs and the

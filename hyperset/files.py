@@ -1,10 +1,11 @@
-"""Files written whole or not at all, and never over what is not a regular file (importable without torch: the
-puzzle generator writes with it)."""
+"""The ground floor, importable without torch: files written whole or not at all and never over what is not a
+regular file (the puzzle generator writes with them), bounded JSON, and the package's version."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import stat
 import tempfile
@@ -121,3 +122,26 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
 
 def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
     atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=False) + "\n").encode())
+
+
+def json_safe(obj: Any) -> Any:
+    """``obj`` with every NaN or infinite float replaced by None (JSON has neither)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    return obj
+
+
+def package_version() -> str:
+    """The installed distribution's version; the source tree's ``hyperset.__version__`` when not installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("hyperset")
+    except PackageNotFoundError:
+        from .version import __version__
+
+        return __version__

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
+import os
+import tempfile
 from collections.abc import Generator
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,9 +15,25 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from .checkpoint import (
+    MODELS,
+    RESERVED_INFO,
+    CheckpointError,
+    atomic_write_bytes,
+    check_weights_fit,
+    checkpoint_dir,
+    is_shipped,
+    load_weights_into,
+    read_config,
+    resolve,
+    save_module,
+    stored_float_dtype,
+)
 from .config import CHOICES, ModelConfig, choice_error, get_preset, list_presets
 from .core import RecurrentCore, Trace, relay, traced_energy
-from .device import in_onnx_export
+from .device import in_onnx_export, pick_device
+from .extras import require
+from .files import package_version
 from .layers import RMSNorm
 
 
@@ -263,8 +282,6 @@ class HyperSETModel(nn.Module):
     def from_pretrained(cls, name_or_path: str, device: Any = "cpu", dtype: Any = None) -> HyperSETModel:
         """A shipped model by name ("sudoku", "classifier", "mim"), a checkpoint folder, or a Hub repository id;
         ``dtype`` as for :func:`hyperset.load_pretrained` (float32 unless "saved" or a torch.dtype)."""
-        from .pretrained import load_pretrained
-
         return load_pretrained(name_or_path, device, dtype)
 
     def save_pretrained(self, directory: str, info: dict[str, Any] | None = None, card: bool = True) -> None:
@@ -272,8 +289,6 @@ class HyperSETModel(nn.Module):
         model card (README.md with a Hugging Face Hub metadata header). A model loaded from a checkpoint keeps
         what its config.json said (the inference defaults such as solve_iterations, the metrics, the recipe)
         and records where it came from (`derived_from`); `info` goes on top."""
-        from .checkpoint import atomic_write_bytes, save_checkpoint
-
         kept = dict(getattr(self, "checkpoint_info", None) or {})
         source = getattr(self, "checkpoint_source", None)
         if source is not None:
@@ -287,8 +302,6 @@ class HyperSETModel(nn.Module):
                     commit_message: str = "Upload Hyper-SET model") -> Any:
         """save_pretrained's files, uploaded to the Hugging Face Hub repository `repo_id`: see
         :func:`hyperset.pretrained.push_to_hub` (the [hub] extra)."""
-        from .pretrained import push_to_hub
-
         return push_to_hub(self, repo_id, token=token, private=private, commit_message=commit_message)
 
 
@@ -344,7 +357,112 @@ def create_model(name: str, pretrained: bool = False, **overrides: Any) -> Hyper
             with_weights = ", ".join(list_presets(pretrained=True))
             raise ValueError(f"preset {name!r} has no shipped weights; presets with them: {with_weights} "
                              "(or hyperset.load_pretrained(folder) for a checkpoint of your own)")
-        from .pretrained import load_pretrained
-
         return load_pretrained(preset.pretrained)
     return HyperSETModel(preset.config.replace(**overrides))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# checkpoints: a model saved and loaded (the format and the folders are hyperset.checkpoint's)
+
+
+def save_checkpoint(directory: str | os.PathLike, model: HyperSETModel, info: dict[str, Any] | None = None) -> Path:
+    """Write model.safetensors + config.json. `info` (recipe, data, metrics, ...) goes into config.json."""
+    return save_module(directory, model, "hyperset", model.cfg.to_dict(), info)
+
+
+# the largest model a checkpoint may describe, weights and buffers in float32 (the shipped ones are under 1 MiB,
+# the paper's largest about 0.1 GiB)
+MAX_MODEL_BYTES = 8 << 30
+
+
+def model_bytes(model: torch.nn.Module) -> int:
+    """The bytes of a model's parameters and buffers (a model built on the meta device allocates none)."""
+    return sum(t.numel() * t.element_size() for t in itertools.chain(model.parameters(), model.buffers()))
+
+
+def shapes_only(directory: Path) -> contextlib.AbstractContextManager:
+    """Where a loader builds the model of checkpoint `directory` to check its shapes and size before loading: on the
+    meta device, so that a config that disagrees with its weights allocates nothing. The package's own models (every
+    check still runs on them, and the tests load each) are built for real, once: building on the meta device imports
+    torch._dynamo for its Python meta kernels, about as long as importing torch."""
+    return contextlib.nullcontext() if is_shipped(directory) else torch.device("meta")
+
+
+def load_checkpoint(directory: str | os.PathLike, task: str | None = None,
+                    map_location: str | torch.device = "cpu", dtype: torch.dtype | str | None = None
+                    ) -> tuple[HyperSETModel, dict[str, Any]]:
+    """Load a checkpoint folder (or its config.json / model.safetensors path). Returns (model in eval mode, info).
+
+    The weights load in float32 (what every command runs), whatever they were saved in; ``dtype="saved"`` keeps
+    the floating dtype they were saved in (a float64 or bfloat16 model stays one), a torch.dtype casts to it."""
+    if dtype is not None and dtype != "saved" and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise ValueError(f"dtype = {dtype!r}: expected None (float32), 'saved' or a floating torch.dtype")
+    directory = checkpoint_dir(directory)
+    meta = read_config(directory, kind="hyperset")
+    try:
+        cfg = ModelConfig.from_dict(meta["model"])
+        with shapes_only(directory):
+            shapes = HyperSETModel(cfg)
+    except (TypeError, ValueError, OverflowError, RuntimeError) as e:
+        reason = (str(e) or type(e).__name__).splitlines()[0]  # torch's errors carry C++ frames after the first line
+        raise CheckpointError(f"{directory / 'config.json'}: invalid model config ({reason})") from None
+    size = model_bytes(shapes)
+    if size > MAX_MODEL_BYTES:  # the position tables are buffers no weight file holds: the header cannot tell
+        raise CheckpointError(f"{directory / 'config.json'}: describes a model of {size / 2**30:.1f} GiB (weights and "
+                              f"position tables); a checkpoint is at most {MAX_MODEL_BYTES / 2**30:.0f} GiB")
+    if task is not None and cfg.task != task:
+        raise CheckpointError(f"{directory}: this is a {cfg.task!r} model, expected a {task!r} model")
+    what = f"weights of a {cfg.layer} {cfg.task} model"
+    try:
+        check_weights_fit(shapes, directory, what)
+    except CheckpointError as e:
+        absent = sorted(set(cfg.to_dict()) - set(meta["model"]))
+        if not absent:
+            raise
+        raise CheckpointError(f"{e}; config.json lacks the model keys {', '.join(absent)} (defaults were "
+                              "assumed)") from None
+    model = shapes if is_shipped(directory) else HyperSETModel(cfg)
+    cast = stored_float_dtype(directory) if dtype == "saved" else dtype
+    if cast is not None:
+        model.to(cast)
+    load_weights_into(model, directory, what)
+    model.to(map_location).eval()
+    # what save_pretrained keeps: the inference defaults (solve_iterations, ...) and the provenance
+    model.checkpoint_info = {k: v for k, v in meta.items() if k not in RESERVED_INFO}
+    model.checkpoint_source = str(directory)
+    return model, meta
+
+
+def load_pretrained(name_or_path: str | os.PathLike, device: Any = "cpu", dtype: torch.dtype | str | None = None
+                    ) -> Any:
+    """A Hyper-SET model (eval mode) by shipped name ("sudoku", "classifier", "mim"), folder or Hub id, on `device`
+    ("auto", "cpu", "cuda", "cuda:N", "mps" or a torch.device; one that cannot be had is a ValueError), in float32
+    (``dtype="saved"``: the dtype its weights were saved in; a torch.dtype: that one)."""
+    if name_or_path == "mim-tokenizer":
+        raise CheckpointError("'mim-tokenizer' is the MIM model's VQ tokenizer, not a Hyper-SET model: load it with "
+                              "hyperset.vision.reconstruct.load_tokenizer()")
+    device = pick_device(str(device)) if isinstance(device, (str, torch.device)) else device
+    model, _ = load_checkpoint(resolve(name_or_path, MODELS), map_location=device, dtype=dtype)
+    if str(name_or_path) in MODELS and not (Path(str(name_or_path)) / "config.json").is_file():
+            model.checkpoint_source = f"hyperset {package_version()}, shipped model {str(name_or_path)!r}"
+    return model
+
+
+def push_to_hub(model_or_folder: Any, repo_id: str, token: str | None = None, private: bool = False,
+                commit_message: str = "Upload Hyper-SET model") -> Any:
+    """Upload a model, or what load_pretrained takes (a shipped name, a checkpoint folder, a Hub id), to the Hugging
+    Face Hub repository `repo_id` ("owner/name"; created if missing, `private` then) as save_pretrained writes it:
+    model.safetensors, config.json with the inference defaults and provenance, the model card. `token`: a Hub
+    token (default: the one huggingface_hub finds, `hf auth login`). Returns huggingface_hub's CommitInfo (a str:
+    the commit's URL). Needs huggingface_hub, the [hub] extra."""
+    require("hub", "huggingface_hub", what="push_to_hub")
+    from huggingface_hub import HfApi
+
+
+    model = model_or_folder if hasattr(model_or_folder, "save_pretrained") else load_pretrained(model_or_folder)
+    api = HfApi(token=token, library_name="hyperset", library_version=package_version())
+    with tempfile.TemporaryDirectory(prefix="hyperset-push-") as folder:
+        model.save_pretrained(folder)  # checked and written in full before anything is sent
+        api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
+        return api.upload_folder(repo_id=repo_id, folder_path=folder, commit_message=commit_message,
+                                 repo_type="model")

@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 
 from .backends import SolverBackend
-from .strategies import BoardResult, SolveFrame, _leave_valid, _pass, _valid_mask
+from .strategies import BoardResult, SearchInfo, SolveFrame, _leave_valid, _pass, _valid_mask
 from .sudoku.exact import _ALL, _propagate
 
 __all__ = ["ORDERS", "PRIORS", "SearchInfo", "search"]
@@ -46,33 +46,6 @@ ORDERS = ("depth", "best")
 
 _BIT_DIGIT = {1 << d: d + 1 for d in range(9)}
 _DIGIT_BITS = np.array([1 << d for d in range(9)], dtype=np.int64)
-
-
-@dataclass
-class SearchInfo:
-    """How a board's search went: `status` "solved", "no solution" or "budget"; `nodes` (model calls, or
-    expansions with the uniform prior), `backtracks` (decisions taken back), `decisions` (cells fixed by a choice
-    on the way to the answer), `propagated` (cells the exact checks placed), `depth` (decisions of the node
-    reached); with views, which view answered."""
-
-    status: str = "running"
-    nodes: int = 0
-    backtracks: int = 0
-    decisions: int = 0
-    propagated: int = 0
-    depth: int = 0
-    by_model: bool = False  # the answer was the model's own prediction at a node
-    views: int = 0  # views of the first look (the puzzle and its transforms; 0: the puzzle alone)
-    view: int | None = None  # the view whose answer was taken (0: the puzzle as given)
-    model_iterations: int = 0  # iterations the model ran for this board, every view and node counted
-
-    def to_json(self) -> dict[str, object]:
-        out: dict[str, object] = {"status": self.status, "nodes": self.nodes, "backtracks": self.backtracks,
-                                  "decisions": self.decisions, "propagated": self.propagated,
-                                  "model_iterations": self.model_iterations}
-        if self.views:
-            out["views"], out["view"] = self.views, self.view
-        return out
 
 
 @dataclass(order=True)

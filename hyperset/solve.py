@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from .backends import CallableBackend, SolverBackend, TorchBackend
-from .checkpoint import check_finite, load_checkpoint, solve_iterations, trained_iterations
+from .checkpoint import check_finite, solve_iterations, trained_iterations
 from .config import whole_number
 from .contracts import check_contract
 from .defaults import (
@@ -37,10 +37,12 @@ from .defaults import (
     GPU_BATCH_SIZE,
 )
 from .device import pick_device
-from .models import HyperSETModel
+from .models import HyperSETModel, load_checkpoint
 from .pretrained import PRETRAINED, weights_root
-from .strategies import REGISTRY, STRATEGIES, BoardResult, SolveFrame, commit_cells, single, stream
-from .sudoku.board import Puzzle, PuzzleError, parse_puzzles, validate
+from .strategies import BoardResult, SolveFrame, commit_cells, single
+from .strategy_registry import REGISTRY, STRATEGIES, stream
+from .sudoku.board import PuzzleError, validate
+from .sudoku.parse import Puzzle, parse_puzzles
 
 __all__ = ["DEFAULT_PASSES", "DEFAULT_STRATEGY", "STRATEGIES", "SolveResult", "SolveSummary", "Solver",
            "commit_cells", "json_number", "result_of", "summarize", "timed_solve"]
@@ -123,7 +125,7 @@ def checked_puzzles(puzzles: Sequence[str]) -> list[str]:
 
 
 def parsed_puzzles(puzzles: Sequence[str | Puzzle], search: bool = True, first: int = 0) -> list[Puzzle]:
-    """`checked_puzzles` as :class:`~hyperset.sudoku.board.Puzzle` objects: with the parser's warnings, and the
+    """`checked_puzzles` as :class:`~hyperset.sudoku.parse.Puzzle` objects: with the parser's warnings, and the
     solution of a ``puzzle,solution`` line. Puzzles already parsed are taken as they are; ``search``: see
     ``parse_puzzles``; errors name ``puzzles[first + i]``."""
     if isinstance(puzzles, str):
@@ -335,7 +337,7 @@ class Solver:
                    max_iters: int | None = None, patience: int = 4, passes: int = DEFAULT_PASSES, **search: Any
                    ) -> Iterator[SolveResult]:
         """`solve` one result at a time, in the order of `puzzles`, as each batch of boards is done. A list is
-        checked whole before the first batch; any other iterable (``hyperset.sudoku.board.iter_file``) is read a
+        checked whole before the first batch; any other iterable (``hyperset.sudoku.parse.iter_file``) is read a
         batch at a time, so memory stays flat however many puzzles it yields, and a bad puzzle stops it after
         the results before it. A stream's batches start at `FIRST_STREAM_BATCH` boards and double up to
         `batch_size`, so its first results come after a small batch, not a whole one."""

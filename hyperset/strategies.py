@@ -18,8 +18,8 @@ the boards, iteration counts and energies are the same.
     views   one pass on the puzzle and K of its symmetry transforms in one batch, each answer mapped back, the
             exact check picks (:mod:`hyperset.views`).
 
-The strategies live in `REGISTRY` (name, description, run); `register_strategy` adds one, which the solver, the
-commands and the app then offer.
+The strategies are offered by name through :mod:`hyperset.strategy_registry` (name, description, run), which
+the solver, the commands and the app read.
 
 A board's energy covers every iteration it reports: for ``commit`` the passes one after the other
 (``pass_lengths`` says where each starts).
@@ -38,8 +38,7 @@ from torch import Tensor
 from .backends import SolverBackend
 from .sudoku.board import UNITS
 
-__all__ = ["REGISTRY", "STRATEGIES", "BoardResult", "SolveFrame", "Strategy", "StrategySettings", "auto", "commit",
-           "commit_cells", "register_strategy", "single", "stream", "strategy_names"]
+__all__ = ["BoardResult", "SearchInfo", "SolveFrame", "auto", "commit", "commit_cells", "single"]
 
 
 
@@ -55,7 +54,34 @@ class BoardResult:
     passes: int
     energy: dict[str, list[float]]
     pass_lengths: list[int]
-    search: Any = None  # the search strategy's SearchInfo (nodes, backtracks, status, ...)
+    search: Any = None  # a SearchInfo (nodes, backtracks, status, ...) where the strategy tells how it went
+
+
+@dataclass
+class SearchInfo:
+    """How a board's search went: `status` "solved", "no solution" or "budget"; `nodes` (model calls, or
+    expansions with the uniform prior), `backtracks` (decisions taken back), `decisions` (cells fixed by a choice
+    on the way to the answer), `propagated` (cells the exact checks placed), `depth` (decisions of the node
+    reached); with views, which view answered."""
+
+    status: str = "running"
+    nodes: int = 0
+    backtracks: int = 0
+    decisions: int = 0
+    propagated: int = 0
+    depth: int = 0
+    by_model: bool = False  # the answer was the model's own prediction at a node
+    views: int = 0  # views of the first look (the puzzle and its transforms; 0: the puzzle alone)
+    view: int | None = None  # the view whose answer was taken (0: the puzzle as given)
+    model_iterations: int = 0  # iterations the model ran for this board, every view and node counted
+
+    def to_json(self) -> dict[str, object]:
+        out: dict[str, object] = {"status": self.status, "nodes": self.nodes, "backtracks": self.backtracks,
+                                  "decisions": self.decisions, "propagated": self.propagated,
+                                  "model_iterations": self.model_iterations}
+        if self.views:
+            out["views"], out["view"] = self.views, self.view
+        return out
 
 
 @dataclass
@@ -256,89 +282,6 @@ def _leave_valid(t: int, live: Tensor, digits: Tensor, valid: Tensor) -> Tensor:
     return valid
 
 
-@dataclass(frozen=True)
-class StrategySettings:
-    """What a strategy reads: iterations per pass (`iters`; the root pass of ``search``), most passes of
-    ``commit``, most iterations and patience of ``auto``, iteration frames, the search's knobs (iterations per
-    node, most nodes per board, most seconds, prior, order, first look) and the symmetry views (of the views
-    strategy, default 8; of the search's first look, default none)."""
-
-    iters: int
-    passes: int = 16
-    max_iters: int | None = None
-    patience: int = 4
-    per_iteration: bool = False
-    node_iters: int | None = None
-    nodes: int = 1000
-    seconds: float | None = None
-    prior: str = "model"
-    order: str = "depth"
-    first_look: bool = True
-    views: int | None = None
-
-
-@dataclass(frozen=True)
-class Strategy:
-    """A registered strategy: its name, a one-line description (CLI help and the app read it), and
-    ``run(backend, boards, settings)`` giving its frames."""
-
-    name: str
-    description: str
-    run: Callable[[SolverBackend, Tensor, StrategySettings], Iterator[SolveFrame]]
-
-
-REGISTRY: dict[str, Strategy] = {}
-
-
-def register_strategy(strategy: Strategy) -> None:
-    """Make `strategy` known by its name to the solver, the commands and the app."""
-    REGISTRY[strategy.name] = strategy
-
-
-def _search(backend: SolverBackend, boards: Tensor, s: StrategySettings) -> Iterator[SolveFrame]:
-    from .search import search
-
-    return search(backend, boards, s.iters, node_iters=s.node_iters, nodes=s.nodes, seconds=s.seconds,
-                  prior=s.prior, order=s.order, first_look=s.first_look, views=s.views or 0,
-                  per_iteration=s.per_iteration)
-
-
-def _views(backend: SolverBackend, boards: Tensor, s: StrategySettings) -> Iterator[SolveFrame]:
-    from .views import DEFAULT_VIEWS, views
-
-    return views(backend, boards, s.iters, DEFAULT_VIEWS if s.views is None else s.views, s.per_iteration)
-
-
-register_strategy(Strategy(
-    "search", "one pass, then search on the model's beliefs: every partial board checked exactly, a wrong guess "
-    "taken back; answers every valid puzzle within its budget", _search))
-register_strategy(Strategy(
-    "commit", "run, fix the most confident clash-free cells as givens, run again until the board is valid or "
-    "full (never takes a digit back)", lambda be, b, s: commit(be, b, s.iters, s.passes, s.per_iteration)))
-register_strategy(Strategy(
-    "single", "one pass of N iterations", lambda be, b, s: single(be, b, s.iters, s.per_iteration)))
-register_strategy(Strategy(
-    "views", "one pass on the puzzle and K symmetry transforms of it in one batch; the exact check picks a valid "
-    "answer among them", _views))
-register_strategy(Strategy(
-    "auto", "iterate until the prediction is valid or settles, at most 4x the trained depth",
-    lambda be, b, s: auto(be, b, s.max_iters or s.iters, s.patience, s.per_iteration)))
-
-
-def strategy_names() -> tuple[str, ...]:
-    """The registered strategies' names, the default first."""
-    return tuple(REGISTRY)
-
-
-def stream(backend: SolverBackend, boards: Tensor, strategy: str, iters: int, **settings: Any
-           ) -> Iterator[SolveFrame]:
-    """The frames of `strategy` on `boards` (B, 81) int64; `settings` as :class:`StrategySettings` names them
-    (`max_iters` bounds auto, default `iters`)."""
-    if strategy not in REGISTRY:
-        raise ValueError(f"unknown strategy {strategy!r}; choose from {', '.join(REGISTRY)}")
-    return REGISTRY[strategy].run(backend, boards, StrategySettings(iters, **settings))
-
-
 def commit_cells(board: Tensor, digit: Tensor, conf: Tensor, pass_index: int, passes: int) -> list[Tensor]:
     """The cells the commit strategy fixes after pass `pass_index` (0-based) of at most `passes`: per board, the
     most confident predictions for blank cells whose digit does not already stand in a peer cell, nor in a peer
@@ -379,9 +322,6 @@ def _peer_mask() -> Tensor:
 
 _PEERS = _peer_mask()
 _CELL_UNITS = [[u for u, unit in enumerate(UNITS) if cell in unit] for cell in range(81)]  # row, column, box
-
-
-STRATEGIES = strategy_names()  # the built-in ones; REGISTRY holds any registered later too
 
 
 def _clashes(board: Tensor, digit: Tensor) -> Tensor:

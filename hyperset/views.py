@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from .backends import SolverBackend
-from .strategies import BoardResult, SolveFrame, _leave_valid, _pass, _PassEnd, _valid_mask
+from .strategies import BoardResult, SearchInfo, SolveFrame, _leave_valid, _pass, _PassEnd, _valid_mask
 
 __all__ = ["DEFAULT_VIEWS", "MAX_VIEWS", "Look", "check_views", "look", "view_maps", "views"]
 
@@ -134,8 +134,6 @@ def look(backend: SolverBackend, boards: Tensor, iters: int, views: int, pass_in
 def views(backend: SolverBackend, boards: Tensor, iters: int, n_views: int = DEFAULT_VIEWS,
           per_iteration: bool = False) -> Iterator[SolveFrame]:
     """The views strategy: one pass on the puzzle and `n_views` transforms, the exact check picks the answer."""
-    from .search import SearchInfo
-
     n = len(boards)
     rows = list(range(n))
     got = yield from look(backend, boards, iters, n_views, per_iteration=per_iteration)

@@ -36,9 +36,8 @@ def write_sudoku_csvs(root: Path, n_train: int, n_valid: int, seed: int) -> Path
 def write_tiny_sudoku_checkpoint(path: Path, *, dim: int = 32, heads: int = 2, ff_hidden: int = 64,
                                  time_dim: int = 16, iters: int = 3) -> Path:
     """A small untrained Sudoku checkpoint (seed 0) of the sudoku-cpu preset at `path`."""
-    from hyperset.checkpoint import save_checkpoint
     from hyperset.config import preset_config
-    from hyperset.models import HyperSETModel
+    from hyperset.models import HyperSETModel, save_checkpoint
 
     torch.manual_seed(0)
     cfg = preset_config("sudoku-cpu", dim=dim, heads=heads, ff_hidden=ff_hidden, time_dim=time_dim, iters=iters)

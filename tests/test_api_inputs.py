@@ -61,7 +61,8 @@ def test_model_iterations_are_whole_numbers_in_range(sudoku, iters, error, messa
 
 def test_token_ids_of_any_integer_dtype_are_read_as_long(sudoku) -> None:
     # the board helpers (to_array, load_csv) give uint8 boards; the embedding wants int64
-    from hyperset.sudoku.board import parse_puzzles, to_array
+    from hyperset.sudoku.board import to_array
+    from hyperset.sudoku.parse import parse_puzzles
     board = torch.from_numpy(to_array(parse_puzzles(EASY)[0].givens))[None]
     assert board.dtype == torch.uint8
     with torch.no_grad():

@@ -33,9 +33,8 @@ from hyperset.apps.app import (
     puzzle_to_grid,
     render_board,
 )
-from hyperset.checkpoint import save_checkpoint
 from hyperset.config import MAX_ITERS, preset_config
-from hyperset.models import HyperSETModel
+from hyperset.models import HyperSETModel, save_checkpoint
 from hyperset.solve import Solver
 from hyperset.vision.reconstruct import MIMPipeline, Tokenizer, default_model_dir
 from hyperset.vision.vq import VQConfig, VQTokenizer
@@ -278,7 +277,7 @@ def test_iterations_reach_the_clis_limit_and_out_of_range_values_get_a_note(app:
 def test_givens_without_a_solution_are_reported_as_the_cli_does(app: HyperSETApp):
     """No digit repeats, but r1c9 can hold none: the preview, the streamed solve and /solve say so, with the
     parser's warning that hyperset-solve prints."""
-    from hyperset.sudoku.board import parse_puzzles
+    from hyperset.sudoku.parse import parse_puzzles
 
     warning = parse_puzzles(NO_SOLUTION)[0].warnings[0]
     assert warning.startswith("no solution: r1c9 can hold no digit")

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 import hyperset.checkpoint as checkpoint
-from hyperset.checkpoint import CheckpointError, load_checkpoint, read_config, save_checkpoint
+from hyperset.checkpoint import CheckpointError, read_config
 from hyperset.config import ModelConfig
-from hyperset.models import HyperSETModel, build_model
+from hyperset.models import HyperSETModel, build_model, load_checkpoint, save_checkpoint
 
 
 def _cfg(task: str = "sudoku", **kw) -> ModelConfig:

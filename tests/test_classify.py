@@ -19,9 +19,8 @@ import torch
 from click.testing import CliRunner
 from PIL import Image
 
-from hyperset.checkpoint import load_checkpoint, save_checkpoint
 from hyperset.config import preset_config
-from hyperset.models import HyperSETModel
+from hyperset.models import HyperSETModel, load_checkpoint, save_checkpoint
 from hyperset.training import eval_classify
 from hyperset.training.classify_task import ImageSplit, build_classify_task, epochs_to_steps, load_split, top1
 from hyperset.training.eval_classify import classify_command

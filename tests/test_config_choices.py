@@ -103,7 +103,7 @@ def test_every_shipped_config_validates(path):
     meta = json.loads(path.read_text())
     if meta.get("kind", "hyperset") != "hyperset":
         pytest.skip(f"a {meta.get('kind')} checkpoint has no model config")
-    from hyperset.checkpoint import load_checkpoint
+    from hyperset.models import load_checkpoint
 
     model, _ = load_checkpoint(path.parent)
     assert model.cfg == ModelConfig.from_dict(model.cfg.to_dict())

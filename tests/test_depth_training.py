@@ -11,9 +11,8 @@ import pytest
 import torch
 from conftest import write_sudoku_csvs
 
-from hyperset.checkpoint import load_checkpoint, save_checkpoint
 from hyperset.config import preset_config
-from hyperset.models import HyperSETModel
+from hyperset.models import HyperSETModel, load_checkpoint, save_checkpoint
 from hyperset.solve import bundled_checkpoint
 from hyperset.training.sudoku_task import SudokuData, SudokuTask
 from hyperset.training.trainer import TrainConfig, Trainer

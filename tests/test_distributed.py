@@ -13,8 +13,8 @@ import torch
 from conftest import write_sudoku_csvs
 from safetensors.torch import load_file
 
-from hyperset.checkpoint import load_checkpoint
 from hyperset.config import preset_config
+from hyperset.models import load_checkpoint
 from hyperset.training.sudoku_task import SudokuData, SudokuTask
 from hyperset.training.trainer import TrainConfig, Trainer
 

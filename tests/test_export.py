@@ -17,12 +17,11 @@ import torch
 from click.testing import CliRunner
 from onnx import numpy_helper
 
-from hyperset.checkpoint import load_checkpoint, save_checkpoint
 from hyperset.config import ModelConfig
 from hyperset.exports import export as E
 from hyperset.exports.runtime import OnnxModelError, OrtSession
 from hyperset.exports.solver_backend import OnnxSolverBackend, attach_onnx_backend  # also registers the "onnx" backend
-from hyperset.models import HyperSETModel
+from hyperset.models import HyperSETModel, load_checkpoint, save_checkpoint
 from hyperset.solve import Solver
 
 T = 2  # trained depth of every tiny model
@@ -681,7 +680,7 @@ def test_graphs_say_what_their_outputs_hold(exported: dict, name: str) -> None:
 
 
 def test_a_sudoku_graph_keeps_the_depth_its_solver_runs() -> None:
-    from hyperset.checkpoint import load_checkpoint
+    from hyperset.models import load_checkpoint
     from hyperset.pretrained import pretrained_dir
     model, info = load_checkpoint(pretrained_dir("sudoku"))
     meta = {p.key: p.value for p in E.head_proto(model, info=info).metadata_props}

@@ -13,9 +13,9 @@ import torch
 from click.testing import CliRunner
 from test_mim import TINY_MODEL, TINY_VQ, write_cifar
 
-from hyperset.checkpoint import save_checkpoint, save_module
+from hyperset.checkpoint import save_module
 from hyperset.config import preset_config
-from hyperset.models import HyperSETModel
+from hyperset.models import HyperSETModel, save_checkpoint
 from hyperset.training.eval_mim import evaluate_reconstruction, mim_command
 from hyperset.training.mim_task import load_images
 from hyperset.vision.reconstruct import (

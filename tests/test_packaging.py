@@ -1,6 +1,7 @@
 """Packaging: one top-level name. training/, exports/ and apps/ install as hyperset.training, hyperset.exports and
 hyperset.apps (pyproject's package-dir), in the wheel and in an editable install; each module exists once."""
 
+import ast
 import importlib
 import json
 import re
@@ -154,6 +155,72 @@ def test_library_imports_no_room_and_each_module_exists_once(tmp_path: Path) -> 
     for room, place in ROOMS.items():
         expected = ROOT / room if library == ROOT / "hyperset" else library.parent / place
         assert Path(seen["files"][f"hyperset.{room}"]).parent == expected
+
+
+def _library_imports() -> dict[str, set[str]]:
+    """Library module -> the library modules it imports, at the top or inside a function (a lazy import is an
+    arrow too), read from the source."""
+    files = {}
+    for f in (ROOT / "hyperset").rglob("*.py"):
+        parts = f.relative_to(ROOT).with_suffix("").parts
+        files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = f
+    edges: dict[str, set[str]] = {m: set() for m in files}
+    for module, f in files.items():
+        package = module if f.name == "__init__.py" else module.rpartition(".")[0]
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package
+                    for _ in range(node.level - 1):
+                        up = up.rpartition(".")[0]
+                    base = f"{up}.{base}" if base else up
+                targets = [f"{base}.{a.name}" for a in node.names]
+            else:
+                continue
+            for target in targets:
+                while target and target not in files:
+                    target = target.rpartition(".")[0]
+                if target and target != module:
+                    edges[module].add(target)
+    return edges
+
+
+def _circles(edges: dict[str, set[str]]) -> list[set[str]]:
+    """The groups of modules that reach each other (strongly connected components of two or more)."""
+    reach = {m: set() for m in edges}
+    for m in edges:
+        todo = list(edges[m])
+        while todo:
+            n = todo.pop()
+            if n not in reach[m]:
+                reach[m].add(n)
+                todo.extend(edges[n])
+    groups: list[set[str]] = []
+    for m in sorted(edges):
+        group = {m} | {n for n in reach[m] if m in reach[n]}
+        if len(group) > 1 and group not in groups:
+            groups.append(group)
+    return groups
+
+
+def test_the_library_modules_import_one_another_in_no_circle() -> None:
+    """The floors form a line: no module reaches back to itself through the modules it imports (lazily or not);
+    the package itself only looks names up in its modules (none imports it). The checkpoint format sits below the
+    model, which saves and loads itself through it; the names of the shipped models sit above both."""
+    edges = _library_imports()
+    assert _circles(edges) == []
+    assert "hyperset.models" not in edges["hyperset.checkpoint"] and "hyperset.models" in edges["hyperset.pretrained"]
+    assert [m for m, targets in edges.items() if "hyperset" in targets] == []
+    assert edges["hyperset.files"] <= {"hyperset.version"} and not edges["hyperset.version"]
+    assert {"hyperset.sudoku.board"} == edges["hyperset.sudoku.exact"] and not edges["hyperset.sudoku.board"]
+
+
+def test_the_circle_finder_finds_a_circle_through_a_lazy_import() -> None:
+    assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [{"a", "b", "c"}]
+    assert _circles({"a": {"b"}, "b": set()}) == []
 
 
 def test_recipes_resolve_through_the_installed_name() -> None:

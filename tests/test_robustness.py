@@ -22,10 +22,10 @@ from click.testing import CliRunner
 from conftest import write_sudoku_csvs, write_tiny_sudoku_checkpoint
 from PIL import Image
 
-from hyperset.checkpoint import load_checkpoint
 from hyperset.cli import solve_main
 from hyperset.config import preset_config
 from hyperset.exports.cli import main as export_main
+from hyperset.models import load_checkpoint
 from hyperset.training.cli import main as train_main
 from hyperset.training.evaluate import main as eval_main
 
@@ -93,10 +93,10 @@ CASES = [
     # puzzle input: bounded reads
     Case("solve-dev-zero", "solve", ["/dev/zero", "--checkpoint", "{ckpt}"], "looks like a binary file"),
     Case("solve-stdin-over-limit", "solve", ["-", "--checkpoint", "{ckpt}"], "larger than 1 KiB",
-         stdin=(PUZZLE + "\n").encode() * 30, patch={"hyperset.sudoku.board.MAX_INPUT_BYTES": 1024}),
+         stdin=(PUZZLE + "\n").encode() * 30, patch={"hyperset.sudoku.parse.MAX_INPUT_BYTES": 1024}),
     Case("solve-gzip-bomb", "solve", ["{tmp}/bomb.txt.gz", "--checkpoint", "{ckpt}"], "expands to more than 64 KiB",
          files={"bomb.txt.gz": gzip.compress(b"# a comment\n" * 100_000)},  # 1.2 MB in 4 KB
-         patch={"hyperset.sudoku.board.MAX_INPUT_BYTES": 64 * 1024}),
+         patch={"hyperset.sudoku.parse.MAX_INPUT_BYTES": 64 * 1024}),
     Case("solve-missing-file", "solve", ["{tmp}/nope.txt", "--checkpoint", "{ckpt}"], "file not found"),
     Case("solve-iters-0", "solve", ["-", "--checkpoint", "{ckpt}", "--iters", "0"], "between 1 and 10,000",
          stdin=PUZZLE.encode()),
@@ -138,7 +138,7 @@ CASES = [
     Case("eval-norm-eps-10**400", "eval", ["sudoku", "{ckpt}", "--data", "{data}/valid.csv"], "model.norm_eps",
          model={"norm_eps": 10**400}),
     Case("solve-model-over-the-size-budget", "solve", ["-", "--checkpoint", "{ckpt}"], "describes a model of",
-         stdin=PUZZLE.encode(), patch={"hyperset.checkpoint.MAX_MODEL_BYTES": 1000}),
+         stdin=PUZZLE.encode(), patch={"hyperset.models.MAX_MODEL_BYTES": 1000}),
     Case("solve-config-nested-deeply", "solve", ["-", "--checkpoint", "{ckpt}"], "config.json: not valid JSON",
          files={"ckpt/config.json": b"[" * 100_000}, stdin=PUZZLE.encode()),
     Case("solve-config-5000-digit-integer", "solve", ["-", "--checkpoint", "{ckpt}"], "config.json: not valid JSON",

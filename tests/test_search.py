@@ -16,7 +16,7 @@ from hyperset.backends import TorchBackend
 from hyperset.models import HyperSETModel
 from hyperset.search import search
 from hyperset.solve import Solver
-from hyperset.strategies import REGISTRY
+from hyperset.strategy_registry import REGISTRY
 from hyperset.sudoku.board import validate
 from hyperset.sudoku.exact import count_solutions, solve
 

@@ -7,7 +7,8 @@ import json
 
 import torch
 
-from hyperset.checkpoint import load_checkpoint, read_config
+from hyperset.checkpoint import read_config
+from hyperset.models import load_checkpoint
 from hyperset.solve import Solver, bundled_checkpoint
 from hyperset.training.eval_classify import resolve_checkpoint
 from hyperset.vision.reconstruct import load_mim

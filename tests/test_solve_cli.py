@@ -10,8 +10,8 @@ import torch
 from click.testing import CliRunner
 from conftest import write_tiny_sudoku_checkpoint
 
-from hyperset.checkpoint import save_checkpoint
 from hyperset.cli import solve_main
+from hyperset.models import save_checkpoint
 from hyperset.solve import Solver
 from hyperset.sudoku.exact import generate
 
@@ -154,7 +154,7 @@ class SteppingOracle:
 @pytest.mark.parametrize("per_iteration", [False, True])
 @pytest.mark.parametrize("at", [3, 8])  # mid-pass, and at the pass's last iteration
 def test_commit_strategy_lets_a_board_leave_at_the_iteration_it_is_valid(solver: Solver, per_iteration, at) -> None:
-    from hyperset.strategies import stream
+    from hyperset.strategy_registry import stream
 
     hard = generate(1, seed=3)[0][0]
     oracle = SteppingOracle({EASY: EASY_SOLUTION}, at=at)
@@ -387,8 +387,9 @@ def test_non_finite_weights_are_refused_and_non_finite_values_stay_valid_json(ti
     import math
     import shutil
 
-    from hyperset.checkpoint import CheckpointError, load_checkpoint, load_tensors, save_tensors
+    from hyperset.checkpoint import CheckpointError, load_tensors, save_tensors
     from hyperset.cli import _sparkline
+    from hyperset.models import load_checkpoint
     from hyperset.solve import SolveResult
 
     model, info = load_checkpoint(tiny_checkpoint)
@@ -561,8 +562,7 @@ def test_givens_without_a_solution_are_answered_at_once_and_several_solutions_ar
 
 
 def test_plot_is_refused_before_solving_for_a_layer_without_energies(tiny_checkpoint: Path, tmp_path: Path) -> None:
-    from hyperset.checkpoint import load_checkpoint, save_checkpoint
-    from hyperset.models import build_model
+    from hyperset.models import build_model, load_checkpoint, save_checkpoint
 
     model, info = load_checkpoint(tiny_checkpoint)
     transformer = build_model(model.cfg.replace(layer="transformer"))
@@ -580,13 +580,13 @@ def test_puzzles_are_searched_once_and_not_at_all_with_their_solutions(tiny_chec
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """The CLI hands the solver the puzzles it parsed (one search each), and the solver given the solutions
     (evaluations, benchmarks) runs none: its timing is the model's."""
-    import hyperset.sudoku.exact as exact
+    import hyperset.sudoku.parse as parse
     from hyperset.solve import Solver
-    from hyperset.sudoku.board import parse_puzzles
+    from hyperset.sudoku.parse import parse_puzzles
 
     calls = []
-    counting = exact.count_solutions_within
-    monkeypatch.setattr(exact, "count_solutions_within", lambda *a, **k: calls.append(1) or counting(*a, **k))
+    counting = parse.count_solutions_within
+    monkeypatch.setattr(parse, "count_solutions_within", lambda *a, **k: calls.append(1) or counting(*a, **k))
     medium = "000014200500070300000590004058400001000000006003080090870060000420805017009047000"
     answer = "987314265514672389362598174658429731291753846743186592875961423426835917139247658"
     solver = Solver.load(tiny_checkpoint, "cpu")

@@ -18,7 +18,8 @@ from click.testing import CliRunner
 from conftest import write_tiny_sudoku_checkpoint
 
 from hyperset.cli import solve_main
-from hyperset.sudoku.board import PuzzleError, iter_file, parse_puzzles
+from hyperset.sudoku.board import PuzzleError
+from hyperset.sudoku.parse import iter_file, parse_puzzles
 
 ROOT = Path(__file__).resolve().parents[1]
 PUZZLE = "530070000600195000098000060800060003400803001700020006060000280000419005000080079"
@@ -100,7 +101,7 @@ def test_the_puzzle_cap_is_enforced_while_reading(ckpt: Path, monkeypatch: pytes
 
 
 def test_line_caps_are_enforced_while_reading(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setattr("hyperset.sudoku.board.MAX_INPUT_LINES", 1000)
+    monkeypatch.setattr("hyperset.sudoku.parse.MAX_INPUT_LINES", 1000)
     path = tmp_path / "blank.txt"
     path.write_bytes(b"\n" * 5000)
     stream = iter_file(path)
@@ -220,8 +221,8 @@ def test_a_graph_of_other_weights_is_one_warning_line(ckpt: Path, tmp_path: Path
     pytest.importorskip("onnxruntime")
     import torch
 
-    from hyperset.checkpoint import load_checkpoint
     from hyperset.exports import export as E
+    from hyperset.models import load_checkpoint
 
     model = load_checkpoint(ckpt)[0]
     with torch.no_grad():

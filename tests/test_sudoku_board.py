@@ -481,8 +481,8 @@ def test_several_solutions_and_no_solution_found_only_by_search_are_warnings() -
 def test_the_parsers_search_is_bounded_and_an_untold_puzzle_gets_no_warning() -> None:
     """Norvig's 17-given puzzle with no solution takes a plain search minutes; the parser's search stops after
     SEARCH_NODES nodes and says nothing rather than hold the caller (the app parses on every edit)."""
-    from hyperset.sudoku.board import SEARCH_NODES
     from hyperset.sudoku.exact import count_solutions_within
+    from hyperset.sudoku.parse import SEARCH_NODES
 
     norvig = ".....5.8....6.1.43..........1.5........1.6...3.......553.....61........4........."
     assert count_solutions_within(norvig.replace(".", "0"), 2, SEARCH_NODES) is None

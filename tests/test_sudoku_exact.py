@@ -167,8 +167,9 @@ def test_contradiction_names_why_givens_without_a_clash_have_no_solution() -> No
     (the solver used to report only its own conflicting output). Never for a puzzle that has a solution."""
     import random
 
-    from hyperset.sudoku.board import conflicts, parse_puzzles
+    from hyperset.sudoku.board import conflicts
     from hyperset.sudoku.exact import contradiction
+    from hyperset.sudoku.parse import parse_puzzles
 
     row1_needs_9 = "12345678." + "........9" + "." * 63
     assert contradiction(row1_needs_9.replace(".", "0")) == (

@@ -75,8 +75,8 @@ def test_the_python_fallback_makes_the_same_puzzles_as_the_c_library(monkeypatch
 
 
 def test_the_command_writes_lines_the_solver_and_trainer_read(tmp_path, capsys) -> None:
-    from hyperset.sudoku.board import parse_file
     from hyperset.sudoku.data import load_csv
+    from hyperset.sudoku.parse import parse_file
 
     out = tmp_path / "hard.csv"
     rated.main(["-n", "3", "-b", "3-10", "-s", "2", "-o", str(out), "-q"])

@@ -269,7 +269,7 @@ def test_ctrl_c_stops_the_app_with_130(monkeypatch: pytest.MonkeyPatch, capsys: 
 
 def test_stdin_on_a_terminal_says_what_it_waits_for(monkeypatch: pytest.MonkeyPatch,
                                                    capsys: pytest.CaptureFixture) -> None:
-    from hyperset.sudoku.board import parse_file
+    from hyperset.sudoku.parse import parse_file
 
     class Tty(io.TextIOWrapper):
         def isatty(self) -> bool:

@@ -13,8 +13,9 @@ import torch
 from click.testing import CliRunner
 from conftest import write_sudoku_csvs
 
-from hyperset.checkpoint import CheckpointError, load_checkpoint
+from hyperset.checkpoint import CheckpointError
 from hyperset.config import preset_config
+from hyperset.models import load_checkpoint
 from hyperset.training import state
 from hyperset.training.cli import main as train_main
 from hyperset.training.sudoku_task import SudokuData, SudokuTask
@@ -475,7 +476,7 @@ def test_a_save_that_fails_names_the_folder_and_keeps_the_last_good_state(data_d
     import safetensors.torch
 
     from hyperset import checkpoint
-    from hyperset.checkpoint import load_checkpoint
+    from hyperset.models import load_checkpoint
 
     out = tmp_path / "run"
     assert CliRunner().invoke(train_main, [*TINY_CLI, "--data", str(data_dir), "--out", str(out),

@@ -160,8 +160,8 @@ def test_an_evaluation_that_fails_keeps_the_steps_trained_before_it_and_resume_g
     state of that step in last/; once the cause is fixed, --resume ends where an unbroken run ends."""
     from conftest import write_sudoku_csvs
 
-    from hyperset.checkpoint import load_checkpoint
     from hyperset.config import preset_config
+    from hyperset.models import load_checkpoint
     from hyperset.training.sudoku_task import SudokuData, SudokuTask
 
     (tmp_path / "data").mkdir()
@@ -208,8 +208,8 @@ def test_a_resumed_run_with_dropout_equals_an_unbroken_one_on_each_device(tmp_pa
     # dropout on a GPU draws from the device's generator, which last/ must hold beside the CPU's
     import gzip
 
-    from hyperset.checkpoint import load_checkpoint
     from hyperset.config import preset_config
+    from hyperset.models import load_checkpoint
     from hyperset.sudoku.exact import generate
     from hyperset.training.sudoku_task import SudokuData, SudokuTask
 

@@ -158,9 +158,8 @@ NOT_SUDOKU = {"seq-len-80": ({"seq_len": 80}, "seq_len 80 (expected 81)"),
 def not_sudoku(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     import torch
 
-    from hyperset.checkpoint import save_checkpoint
     from hyperset.config import ModelConfig
-    from hyperset.models import HyperSETModel
+    from hyperset.models import HyperSETModel, save_checkpoint
 
     root, out = tmp_path_factory.mktemp("not-sudoku"), {}
     for name, (sizes, _) in NOT_SUDOKU.items():
@@ -255,7 +254,8 @@ def test_weights_sparse_extended_to_4_gib_are_refused_before_they_are_mapped(tmp
 
 @pytest.mark.parametrize("change", [16, -16], ids=["padded", "truncated"])
 def test_weights_whose_size_is_not_what_their_header_declares_are_refused(tmp_path: Path, change: int) -> None:
-    from hyperset.checkpoint import CheckpointError, load_checkpoint, load_tensors
+    from hyperset.checkpoint import CheckpointError, load_tensors
+    from hyperset.models import load_checkpoint
 
     folder = _shipped_copy(tmp_path)
     path = folder / "model.safetensors"

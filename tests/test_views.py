@@ -14,7 +14,7 @@ from hyperset.backends import TorchBackend
 from hyperset.models import HyperSETModel
 from hyperset.search import search
 from hyperset.solve import Solver
-from hyperset.strategies import REGISTRY, stream
+from hyperset.strategy_registry import REGISTRY, stream
 from hyperset.sudoku.board import validate
 from hyperset.sudoku.exact import solve
 from hyperset.views import beliefs_back, to_views, view_maps

@@ -19,7 +19,7 @@ from typing import Any
 import click
 import torch
 
-from hyperset.checkpoint import CheckpointError, load_checkpoint
+from hyperset.checkpoint import CheckpointError
 from hyperset.cli_options import (
     checkpoint_input,
     device_option,
@@ -33,6 +33,7 @@ from hyperset.cli_options import (
 from hyperset.config import MAX_ITERS
 from hyperset.device import autocast_dtype, autocast_name, describe, pick_device, set_cpu_threads
 from hyperset.download import DownloadError
+from hyperset.models import load_checkpoint
 from hyperset.vision.data import download_cifar
 
 from .classify_task import ClassifyData, ImageSplit, check_class_ids, dataset_classes, load_split, sample, top1

@@ -20,9 +20,9 @@ from hyperset.checkpoint import (
     load_weights_into,
     read_config,
     read_json_file,
-    save_checkpoint,
     save_tensors,
 )
+from hyperset.models import save_checkpoint
 
 
 def optimizer_tensors(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:

@@ -16,8 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hyperset.checkpoint import save_checkpoint
-from hyperset.models import HyperSETModel
+from hyperset.models import HyperSETModel, save_checkpoint
 
 from .epochs import epoch_indices
 

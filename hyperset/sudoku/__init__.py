@@ -5,14 +5,11 @@ from .board import (
     MIN_UNIQUE_GIVENS,
     UNITS,
     Board,
-    Puzzle,
     PuzzleError,
     Verdict,
     cell_name,
     conflicts,
     format_grid,
-    parse_file,
-    parse_puzzles,
     to_array,
     to_string,
     validate,
@@ -30,6 +27,7 @@ from .data import (
     protocol_split,
 )
 from .exact import count_solutions, generate, propagate_singles, solve
+from .parse import Puzzle, parse_file, parse_puzzles
 
 __all__ = [
     "BLANK_CHARS",

@@ -19,7 +19,8 @@ from pathlib import Path
 import numpy as np
 
 from ..download import DownloadError, failure_reason, fetch, file_digest
-from .board import UNITS, PuzzleError, _check_solution
+from .board import UNITS, PuzzleError
+from .parse import _check_solution
 
 __all__ = [
     "RRN_URL",

@@ -32,8 +32,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..cli_options import json_safe
 from ..device import dtype_name
+from ..files import json_safe
 from ..solve import DEFAULT_PASSES, STRATEGIES, Solver, summarize
 from .data import find_split, givens_count, load_csv, protocol_indices
 from .rated import BUCKETS, bucket_range

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import random
 
-from .board import MIN_UNIQUE_GIVENS, UNITS, Board, to_string
+from .board import MIN_UNIQUE_GIVENS, UNITS, Board, _unit_label, cell_name, to_string
 
 __all__ = ["count_solutions", "generate", "propagate_singles", "solve"]
 
@@ -124,8 +124,6 @@ def contradiction(givens: Board) -> str | None:
     fixed point, no search): "r1c9 can hold no digit: ...", "row 3 has no place for 7", "r4c5 and r4c8 would both have
     to hold 2". None otherwise: the puzzle may still have no solution, which only a search would tell. Clashing
     givens are the parser's to report."""
-    from .board import _unit_label, cell_name
-
     text = to_string(givens)
     cands, queue = _initial(text)
     for i in queue:  # first what the givens alone rule out: the plainest reason

@@ -370,7 +370,7 @@ def main(argv: list[str] | None = None) -> None:
     import os
     import sys
 
-    from ..cli_options import package_version
+    from ..files import package_version
 
     class Parser(argparse.ArgumentParser):
         def error(self, message: str) -> NoReturn:  # one line, as every hyperset command's usage errors

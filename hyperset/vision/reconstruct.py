@@ -37,19 +37,9 @@ import torch.nn.functional as F
 from PIL import Image
 from torch import Tensor, nn
 
-from ..checkpoint import (
-    CheckpointError,
-    check_weights_fit,
-    checkpoint_dir,
-    is_shipped,
-    load_checkpoint,
-    load_weights_into,
-    model_bytes,
-    read_config,
-    shapes_only,
-)
+from ..checkpoint import CheckpointError, check_weights_fit, checkpoint_dir, is_shipped, load_weights_into, read_config
 from ..config import check_table, whole_number
-from ..models import HyperSETModel
+from ..models import HyperSETModel, load_checkpoint, model_bytes, shapes_only
 from ..pretrained import weights_root
 from .data import decode_image, resize_crop
 from .maskgit import decode as maskgit_decode
