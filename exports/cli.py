@@ -10,9 +10,9 @@ from typing import Any, NoReturn
 
 import click
 
-from hyperset.cli import check_output_file
 from hyperset.cli_options import (
     OneLineCommand,
+    check_output_file,
     device_option,
     echo_json,
     error_line,

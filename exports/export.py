@@ -516,8 +516,7 @@ def check_output_paths(paths: Sequence[str | Path]) -> None:
     """Refuse (OSError naming the file) any path that cannot be written: a folder, what is not a regular file
     (a link, a FIFO, a device: NotReplacedError), or a file whose folder is missing or not writable. Run on every
     file of an export before anything is traced or written."""
-    from hyperset.cli import folder_problem
-    from hyperset.files import NotReplacedError, replace_problem
+    from hyperset.files import NotReplacedError, folder_problem, replace_problem
 
     for p in map(Path, paths):
         if p.is_dir():

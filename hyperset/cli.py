@@ -17,6 +17,7 @@ import click
 from .cli_options import (
     FiniteFloat,
     OneLineCommand,
+    check_output_file,
     error_line,
     one_line,
     output_failed,
@@ -44,38 +45,6 @@ def _iters_option(value: str) -> int | str:
     if not 1 <= n <= MAX_ITERS:
         raise click.BadParameter(f"--iters: iterations must be between 1 and {MAX_ITERS:,}, got {n}")
     return n
-
-
-def folder_problem(path: str | os.PathLike) -> str | None:
-    """Why the folder of a file to write cannot take it (missing, a file, not writable; no folder is created for
-    it), or None."""
-    folder = Path(path).parent
-    if not folder.is_dir():
-        return f"{folder} is a file, not a folder" if folder.exists() else f"folder {folder} does not exist"
-    if not os.access(folder, os.W_OK):
-        return f"folder {folder} is not writable"
-    import tempfile
-
-    try:  # a folder that says it is writable may still refuse new files (/proc, a read-only mount seen as root)
-        fd, probe = tempfile.mkstemp(dir=folder, prefix=".hyperset-probe-")
-    except OSError as e:
-        return f"folder {folder} takes no new files ({e.strerror or e})"
-    os.close(fd)
-    os.unlink(probe)
-    return None
-
-
-def check_output_file(option: str, path: str) -> None:
-    """A file an option will write: its folder must exist and be writable (no folder is created for it), and what
-    stands at the path must be a regular file or nothing (never a link, a FIFO or a device, which the write would
-    replace)."""
-    from .checkpoint import replace_problem
-
-    if not str(path).strip():
-        raise click.UsageError(f"{option}: an empty path")
-    why = folder_problem(path) or replace_problem(path)
-    if why is not None:
-        raise click.UsageError(f"{option}: cannot write {path}: {why}")
 
 
 def _check_options(backend: str, onnx_model: str | None, plot: str | None, checkpoint: str | None = None) -> None:

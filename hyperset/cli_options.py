@@ -24,7 +24,13 @@ from typing import Any, NoReturn
 
 import click
 
-from .files import atomic_write_json, json_safe, package_version  # noqa: F401  (the commands' names for them)
+from .files import (  # noqa: F401  (the commands' names for them)
+    atomic_write_json,
+    folder_problem,
+    json_safe,
+    package_version,
+    replace_problem,
+)
 
 
 class FiniteFloat(click.FloatRange):
@@ -287,3 +293,14 @@ def renamed_option(*decls: str, old: str, **kw: Any) -> Callable[[Any], Any]:
                             default=None, hidden=True, expose_value=False, callback=take_old)(f)
 
     return decorator
+
+
+def check_output_file(option: str, path: str) -> None:
+    """A file an option will write: its folder must exist and be writable (no folder is created for it), and what
+    stands at the path must be a regular file or nothing (never a link, a FIFO or a device, which the write would
+    replace)."""
+    if not str(path).strip():
+        raise click.UsageError(f"{option}: an empty path")
+    why = folder_problem(path) or replace_problem(path)
+    if why is not None:
+        raise click.UsageError(f"{option}: cannot write {path}: {why}")

@@ -145,3 +145,20 @@ def package_version() -> str:
         from .version import __version__
 
         return __version__
+
+
+def folder_problem(path: str | os.PathLike) -> str | None:
+    """Why the folder of a file to write cannot take it (missing, a file, not writable; no folder is created for
+    it), or None."""
+    folder = Path(path).parent
+    if not folder.is_dir():
+        return f"{folder} is a file, not a folder" if folder.exists() else f"folder {folder} does not exist"
+    if not os.access(folder, os.W_OK):
+        return f"folder {folder} is not writable"
+    try:  # a folder that says it is writable may still refuse new files (/proc, a read-only mount seen as root)
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".hyperset-probe-")
+    except OSError as e:
+        return f"folder {folder} takes no new files ({e.strerror or e})"
+    os.close(fd)
+    os.unlink(probe)
+    return None

@@ -132,7 +132,7 @@ def test_a_wrong_kind_of_path_is_named_for_what_it_is(tmp_path) -> None:
     import click
 
     from hyperset.checkpoint import CheckpointError
-    from hyperset.cli import check_output_file
+    from hyperset.cli_options import check_output_file
     from hyperset.exports.cli import resolve_checkpoint
     from hyperset.sudoku.data import find_split
     from hyperset.training.trainer import parse_schedule

@@ -168,7 +168,7 @@ def classify_command(checkpoint: str | None, data_dir: str, download: bool, spli
                      batch_size: int, threads: int | None, device: str, dataset: str | None, precision: str,
                      limit: int, as_json: bool, out: str | None) -> None:
     """Top-1 accuracy of a classifier (default: the one shipped in the package) at N iterations."""
-    from hyperset.cli import check_output_file
+    from hyperset.cli_options import check_output_file
 
     if out is not None:
         check_output_file("--out", out)

@@ -249,7 +249,7 @@ def mim_command(checkpoint: str | None, data: Path, download: bool, split: str, 
                 lpips_weights: Path | None, fid_weights: Path | None, threads: int | None, device: str,
                 as_json: bool, out: str | None) -> None:
     """Masked image reconstruction of a token model (default: the shipped CIFAR-10 models)."""
-    from hyperset.cli import check_output_file
+    from hyperset.cli_options import check_output_file
 
     if out is not None:
         check_output_file("--out", out)

@@ -131,7 +131,7 @@ def sudoku_command(checkpoint: str, data: str, download: bool, split: str | None
 
     Exit code 0 when done, 2 on bad input (a malformed line is named by file and line).
     """
-    from hyperset.cli import check_output_file
+    from hyperset.cli_options import check_output_file
     from hyperset.device import set_cpu_threads
     from hyperset.pretrained import resolve
     from hyperset.solve import Solver
