@@ -23,7 +23,7 @@ from .cli_options import (
     output_failed,
     package_version,
 )
-from .config import MAX_ITERS
+from .config import check_iterations
 from .defaults import CPU_BATCH_SIZE, DEFAULT_NODES, DEFAULT_PASSES, DEFAULT_STRATEGY, GPU_BATCH_SIZE, STRATEGY_NAMES
 from .extras import require
 from .stops import Stops as _Stops
@@ -42,9 +42,10 @@ def _iters_option(value: str) -> int | str:
         n = int(value)
     except ValueError:
         raise click.BadParameter(f"--iters: expected a positive integer or 'auto', got {value!r}") from None
-    if not 1 <= n <= MAX_ITERS:
-        raise click.BadParameter(f"--iters: iterations must be between 1 and {MAX_ITERS:,}, got {n}")
-    return n
+    try:
+        return check_iterations(n, "--iters")
+    except ValueError as err:
+        raise click.BadParameter(str(err)) from None
 
 
 def _check_options(backend: str, onnx_model: str | None, plot: str | None, checkpoint: str | None = None) -> None:

@@ -26,7 +26,7 @@ import torch
 
 from .backends import CallableBackend, SolverBackend, TorchBackend
 from .checkpoint import check_finite, solve_iterations, trained_iterations
-from .config import whole_number
+from .config import check_iterations, whole_number
 from .contracts import check_contract
 from .defaults import (
     CPU_BATCH_SIZE,
@@ -247,11 +247,9 @@ class Solver:
         if iters is not None and (isinstance(iters, bool) or not isinstance(iters, numbers.Integral)):
             raise ValueError(f"iterations must be a whole number or 'auto', got {iters!r}")
         if iters is not None:
-            n_iters = int(iters)
+            n_iters = check_iterations(int(iters), "iterations")  # the one check of a count, as the CLI's and the app's
         else:  # the search's first pass: the trained depth (its nodes and backtracking do the rest)
             n_iters = self.trained_iters if strategy == "search" else self.default_iters
-        if n_iters < 1:
-            raise ValueError(f"iterations must be >= 1, got {n_iters}")
         whole_number("passes", passes, 1)
         return strategy, n_iters
 
