@@ -1,8 +1,9 @@
-"""The app's energy plot: E_ATTN and E_FF against the iteration, one panel each, as inline SVG.
+"""The app's energy plot against the iteration, as inline SVG: the total E_ATTN + E_FF, then E_ATTN and E_FF,
+one panel each.
 
-The plot is drawn by the browser from a few kilobytes of markup: building it costs well under a millisecond on
-the server (a Matplotlib figure of the same two panels took 10-30 ms, as long as a whole short solve), so the
-streamed solve can redraw it while it runs and the final update adds almost nothing to the solve's time.
+The plot is drawn by the browser from a few kilobytes of markup, far cheaper to build on the server than a
+Matplotlib figure of the same panels, so the streamed solve can redraw it while it runs and the final update adds
+almost nothing to the solve's time.
 
     energy_svg(passes, trained)  # -> "<div class='energy-plot'><svg ...>...</svg></div>"
 
