@@ -24,13 +24,7 @@ from typing import Any, NoReturn
 
 import click
 
-from .files import (  # noqa: F401  (the commands' names for them)
-    atomic_write_json,
-    folder_problem,
-    json_safe,
-    package_version,
-    replace_problem,
-)
+from .files import atomic_write_json, folder_problem, json_safe, package_version, replace_problem
 
 
 class FiniteFloat(click.FloatRange):
@@ -227,7 +221,7 @@ def json_option(help: str = "print one JSON document") -> Callable[[Any], Any]:
 
 def out_option() -> Callable[[Any], Any]:
     """--out FILE: the command's JSON document also written to a file, atomically (checked before any work with
-    `hyperset.cli.check_output_file`, written with `write_json_out`)."""
+    `check_output_file`, written with `write_json_out`)."""
     return click.option("--out", "-o", type=click.Path(dir_okay=False), default=None,
                         help="also write the JSON document to this file (atomically)")
 
