@@ -118,7 +118,7 @@ def test_reading_keeps_every_format_across_chunk_edges(monkeypatch: pytest.Monke
     """Line ends, gzip and UTF-16 read a few bytes at a time give what the whole text gives."""
     import gzip
 
-    monkeypatch.setattr("hyperset.sudoku.board._CHUNK", 7)
+    monkeypatch.setattr("hyperset.sudoku.parse._CHUNK", 7)
     grid = "\r\n".join(PUZZLE[i:i + 9] for i in range(0, 81, 9))
     text = f"# one\r{PUZZLE}\r\n\n{grid}\r\n{PUZZLE},{SOLUTION}\n"
     expected = [(p.givens, p.line) for p in parse_puzzles(text)]
