@@ -30,7 +30,7 @@ roofline. Writes bench/results/flops.json.
 
 That roofline is at PyTorch's own rates: ATen's matmul (MKL in the PyPI wheels for x86) and, for fp32 products of
 one matrix by another, oneDNN's GEMM, which the library's layer runs its main products on where it is chosen
-(`hyperset.fused.matmul`; on x86 CPUs not made by Intel): each such shape at the faster of the two (both rates are
+(`hyperset.accel.fused.matmul`; on x86 CPUs not made by Intel): each such shape at the faster of the two (both rates are
 in the JSON's shapes, `flops_per_s_by_library`). Whether it is also the CPU's limit depends on the CPU. With
 `--other-blas` the same fp32 shapes are timed with numpy's BLAS (OpenBLAS in the PyPI wheels) in a subprocess at the
 same thread count, and the JSON gets `roofline_other_blas`: the rooflines at those rates, and the library's name,
@@ -57,7 +57,7 @@ from typing import Any
 import bench_args
 import torch
 
-from hyperset import cpu_kernels, fused
+from hyperset.accel import cpu_kernels, fused
 from hyperset.checkpoint import atomic_write_json
 from hyperset.config import ModelConfig
 from hyperset.device import cpu_has_native_bf16, cpu_model
@@ -318,7 +318,7 @@ def _calls_for(call: Callable[[int], Any], min_seconds: float, at_least: int = 1
 
 
 def onednn_applies(mm: MatMul, dtype: torch.dtype) -> bool:
-    """Whether oneDNN's GEMM (`hyperset.fused.matmul`'s other library) can run mm in this PyTorch: an fp32 product
+    """Whether oneDNN's GEMM (`hyperset.accel.fused.matmul`'s other library) can run mm in this PyTorch: an fp32 product
     of one matrix by another, on x86 with oneDNN built in."""
     return dtype == torch.float32 and mm.count == 1 and fused.onednn_here()
 
@@ -326,7 +326,8 @@ def onednn_applies(mm: MatMul, dtype: torch.dtype) -> bool:
 def time_matmul(mm: MatMul, dtype: torch.dtype = torch.float32, min_seconds: float = 0.02,
                 repeats: int = 3, cold: bool = False, library: str = "aten") -> float:
     """FLOP/s of one matmul shape: best of `repeats` runs of enough calls to take `min_seconds`, with ATen's
-    ``torch.matmul`` or (`library` "onednn", warm only) oneDNN's GEMM as `hyperset.fused.matmul` calls it. Warm (the
+    ``torch.matmul`` or (`library` "onednn", warm only) oneDNN's GEMM as `hyperset.accel.fused.matmul` calls it.
+    Warm (the
     roofline's timing), every call takes the same operands, which stay in cache. With `cold` the calls go round
     copies of the operands and of the output that together fill twice the last-level cache (at least
     `COLD_MIN_BYTES`, at most `COLD_MAX_COPIES` copies), so each call reads its operands from memory and writes to
@@ -375,7 +376,7 @@ def rate(mm: MatMul, rates: dict[tuple, float], dtype: torch.dtype = torch.float
     """FLOP/s of mm's shape and layout (`time_matmul`, warm or `cold`), timed once per shape: `rates` caches them
     (filled in; one cache for warm rates, another for cold ones). Warm fp32 products of two matrices are timed with
     ATen's matmul and with oneDNN's GEMM (`onednn_applies`), and the rate is the faster: PyTorch offers both (the
-    library's operators take oneDNN's where `hyperset.fused.cpu_matmul_library` says so), so its roofline is the
+    library's operators take oneDNN's where `hyperset.accel.fused.cpu_matmul_library` says so), so its roofline is the
     better of the two at each shape (both kept in `LIBRARY_RATES`)."""
     key = _shape_key(mm)
     if key not in rates:
@@ -532,8 +533,8 @@ def machine(threads: int) -> dict[str, Any]:
     virtual machine's model name does not: AMD family 25 model 17 is Zen 4), cores, native bf16, its widest SIMD
     and matrix units (`simd_flags`), the SIMD level PyTorch's kernels use (`cpu_capability`) and any environment
     variables set to cap it (`isa_limits`: ATen's and torch.compile's, MKL's, oneDNN's), the library the model's
-    fp32 products of a state by a weight run on (`cpu_matmul_library`, see hyperset.fused.matmul), whether the
-    attention maps run in hyperset.cpu_kernels' kernel (`cpu_kernels`: "on", or why not), versions, the 1-minute
+    fp32 products of a state by a weight run on (`cpu_matmul_library`, see hyperset.accel.fused.matmul), whether the
+    attention maps run in hyperset.accel.cpu_kernels' kernel (`cpu_kernels`: "on", or why not), versions, the 1-minute
     load average now."""
     try:
         fields = cpuinfo_fields(Path("/proc/cpuinfo").read_text())

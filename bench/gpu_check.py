@@ -17,7 +17,7 @@ On a machine where PyTorch sees no CUDA device it says so and exits 0 without wr
   nccl       the trainer under torchrun with two processes, one GPU each (NCCL); skipped with one GPU, since NCCL
              refuses two ranks on one device
   fused      an fp32 training step of the peer configuration (bench/peer_bench.py, batch 8) through the fused
-             operators (hyperset.fused) and through the written-out layer: the same logits and gradients (1e-4
+             operators (hyperset.accel.fused) and through the written-out layer: the same logits and gradients (1e-4
              of each tensor's largest value); then boards/s at batch 64 of each and of the trainer's mixed
              precision (autocast, where the fused operators step aside), median of 5 interleaved steps
   solver     the shipped model solving examples/ on CUDA and on the CPU: the same boards, and the seconds of each
@@ -109,7 +109,8 @@ def amp_steps(preset: str, device: torch.device, steps: int = 5) -> dict[str, An
 def fused_check(device: torch.device, batch: int = 8, tol: float = 1e-4, speed_batch: int = 64,
                 rounds: int = 5, compiled: bool = True) -> dict[str, Any]:
     """One fp32 training step (last-iteration cross-entropy) of the peer configuration with random weights through
-    hyperset.fused, through fused.written_out() and (`compiled`) through hyperset.fused under torch.compile, as
+    hyperset.accel.fused, through fused.written_out() and (`compiled`) through hyperset.accel.fused under
+    torch.compile, as
     the trainer runs it with train.compile = true: logits and every gradient must agree with the written-out
     step's within `tol` of the reference tensor's largest magnitude. Then the boards/s at `speed_batch` of each and
     of the eager model under the trainer's autocast dtype (median of `rounds` interleaved steps after two warm-up
@@ -119,7 +120,7 @@ def fused_check(device: torch.device, batch: int = 8, tol: float = 1e-4, speed_b
 
     import peer_bench
 
-    from hyperset import fused
+    from hyperset.accel import fused
     from hyperset.device import autocast_dtype
 
     model = peer_bench.random_model(dead_time_network=True, device=device)

@@ -8,7 +8,7 @@ which makes each iteration's projections once for both (hyperset.exports.export.
 is timed too, for reference. Runners:
 
     pytorch, ort_loop, ort_unrolled     as the library runs on a CPU: slices of a few boards whose activations
-                                        stay in cache (hyperset.core.slice_rows, 12 Sudoku boards, each through all
+                                        stay in cache (hyperset.accel.rows, 12 Sudoku boards, each through all
                                         the iterations; the onnx solver backend's `rows`, 4 boards: ORT_SLICE_BYTES)
     *_whole_batch                       one call, every op on the whole batch
 
@@ -139,7 +139,7 @@ def machine_info(threads: int) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import flops as F
 
-    import hyperset.core as core
+    import hyperset.accel.rows as accel_rows
     from hyperset.exports import export as E
     from hyperset.exports.runtime import OrtSession
     from hyperset.exports.solver_backend import ORT_SLICE_BYTES, OnnxSolverBackend, by_rows
@@ -149,8 +149,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     cfg = model.cfg
     iters_list = args.iters or [cfg.iters, 4 * cfg.iters]
     batches = args.batches
-    rows = core.cache_rows(cfg)
-    ort_rows = core.cache_rows(cfg, ORT_SLICE_BYTES)
+    rows = accel_rows.cache_rows(cfg)
+    ort_rows = accel_rows.cache_rows(cfg, ORT_SLICE_BYTES)
     report: dict[str, Any] = {
         "quick": args.quick, "machine": machine_info(args.threads), "model_source": source,
         "model_config": cfg.to_dict(), "parameters": model.num_parameters(), "iters": iters_list, "batches": batches,
@@ -189,13 +189,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     def torch_run(whole: bool):
         def go(boards: torch.Tensor, k: int) -> None:
-            slice_bytes = core.SLICE_BYTES
-            core.SLICE_BYTES = 1 << 62 if whole else slice_bytes
+            slice_bytes = accel_rows.SLICE_BYTES
+            accel_rows.SLICE_BYTES = 1 << 62 if whole else slice_bytes
             try:
                 with torch.inference_mode():
                     model.run(boards, iters=k, trace=True)
             finally:
-                core.SLICE_BYTES = slice_bytes
+                accel_rows.SLICE_BYTES = slice_bytes
         return go
 
     def ort_runner(graph: str, whole: bool):
@@ -207,7 +207,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             by_rows(sess.run, feeds, {sess.input_names[0]}, 0 if whole else solver_backend.rows)
         return go
 
-    # "sliced": as the library runs on a CPU (hyperset.core.slice_rows; the onnx solver backend's `rows`);
+    # "sliced": as the library runs on a CPU (hyperset.accel.rows.slice_rows; the onnx solver backend's `rows`);
     # "whole batch": one call, every op on all the boards at once
     runners = {"pytorch": torch_run(False), "pytorch_whole_batch": torch_run(True),
                "ort_loop": ort_runner("loop", False), "ort_loop_whole_batch": ort_runner("loop", True),

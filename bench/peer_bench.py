@@ -33,10 +33,10 @@ less contention, is used; both are in the JSON with the load average):
                                    every iteration): the same yardstick for both codes
     share_of_least_work_roofline   the matmuls the function needs (step sizes once per pass): what no code can beat
 
-Runners: `ours` (the library as it trains in eager mode: hyperset.fused, step sizes once), `ours_written_out`
-(the same model inside hyperset.fused.written_out(): the layer written out under autograd, step sizes at every
+Runners: `ours` (the library as it trains in eager mode: hyperset.accel.fused, step sizes once), `ours_written_out`
+(the same model inside hyperset.accel.fused.written_out(): the layer written out under autograd, step sizes at every
 iteration; its inference is ours), `peer` (the authors' code), and with --compile `ours_compiled` (the model
-under torch.compile as the trainer runs it with train.compile = true: hyperset.fused traced and fused by the
+under torch.compile as the trainer runs it with train.compile = true: hyperset.accel.fused traced and fused by the
 compiler) and, in fp32, `ours_compiled_written_out` (the written-out path compiled: what the compiler makes of
 the layer without the hand-written backward passes; under bf16 autocast the two are the same code); with
 --compile --slices N, in fp32, also `ours_compiled_sliced` and `peer_sliced`: the same training step with the
@@ -47,9 +47,9 @@ Inductor settings (`torch.compile(model, options=...)`, e.g. {"max_autotune": tr
 timed beside `ours_compiled` in the same rounds, so a compiler setting is measured at the same work; with
 --cpu-matmul LIB (auto, onednn, aten), in fp32, also `ours_cpu_matmul` (and with --compile
 `ours_compiled_cpu_matmul`): ours with the layer's products of a state by a weight on LIB's GEMM
-(hyperset.fused.matmul; the default is `machine.cpu_matmul_library`), beside ours in the same rounds; with
+(hyperset.accel.fused.matmul; the default is `machine.cpu_matmul_library`), beside ours in the same rounds; with
 --cpu-kernels auto|on|off likewise `ours_cpu_kernels` (`ours_compiled_cpu_kernels`): ours with the attention maps'
-C kernel so (hyperset.cpu_kernels; the default is `machine.cpu_kernels`).
+C kernel so (hyperset.accel.cpu_kernels; the default is `machine.cpu_kernels`).
 `goal` in the JSON (and the summary's last line) holds fp32 training on a CPU against the speed goal this
 benchmark was built for: at least 1.3x the authors' boards/s and 85% of the roofline, for `ours` and `ours_compiled`.
 The roofline above is PyTorch's: each plain fp32 shape at the faster of ATen's matmul and oneDNN's GEMM
@@ -84,8 +84,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hyperset import cpu_kernels as hyperset_cpu_kernels
-from hyperset import fused
+from hyperset.accel import cpu_kernels as hyperset_cpu_kernels
+from hyperset.accel import fused
 from hyperset.checkpoint import atomic_write_json
 from hyperset.models import HyperSETModel
 
@@ -196,12 +196,13 @@ class Runner:
     """A model with the authors' optimizer; `train` is one training step, `infer` one forward pass. With
     ``compiled`` the model runs through ``torch.compile`` as the trainer runs it (``train.compile = true``): the
     optimizer holds the same parameters, only the forward and backward passes are compiled. With ``written_out``
-    the steps run inside ``hyperset.fused.written_out()``; `compile_options` are Inductor settings for the compiler
+    the steps run inside ``hyperset.accel.written_out()``; `compile_options` are Inductor settings for the
+    compiler
     (``torch.compile(model, options=...)``). With `slices` > 1 a training step runs the batch's forward
     and backward passes slice by slice (`in_slices`), gradients accumulated (the trainer's ``train.accum_steps``):
     the same update, with a smaller working set. With `cpu_matmul` (auto, onednn, aten) its steps run inside
-    ``hyperset.fused.using_cpu_matmul(cpu_matmul)``, with `cpu_kernels` (auto, on, off) inside
-    ``hyperset.cpu_kernels.using_cpu_kernels(cpu_kernels)``."""
+    ``hyperset.accel.fused.using_cpu_matmul(cpu_matmul)``, with `cpu_kernels` (auto, on, off) inside
+    ``hyperset.accel.cpu_kernels.using_cpu_kernels(cpu_kernels)``."""
 
     def __init__(self, kind: str, model: nn.Module, bf16: bool, compiled: bool = False, written_out: bool = False,
                  device: torch.device = torch.device("cpu"), slices: int = 1,
@@ -537,10 +538,10 @@ def main(argv: list[str] | None = None) -> None:
                          "(torch.compile(..., options=JSON)), beside ours compiled in the same rounds")
     ap.add_argument("--cpu-matmul", choices=fused.CPU_MATMULS, default=None,
                     help="also fp32 rows of ours (and ours compiled, with --compile) with the layer's products on "
-                         "this library's GEMM (hyperset.fused.matmul), beside ours in the same rounds")
+                         "this library's GEMM (hyperset.accel.fused.matmul), beside ours in the same rounds")
     ap.add_argument("--cpu-kernels", choices=hyperset_cpu_kernels.CHOICES, default=None,
                     help="also fp32 rows of ours (and ours compiled, with --compile) with the attention maps' C "
-                         "kernel on, off or auto (hyperset.cpu_kernels), beside ours in the same rounds")
+                         "kernel on, off or auto (hyperset.accel.cpu_kernels), beside ours in the same rounds")
     ap.add_argument("--device", type=bench_args.device, default="cpu",
                     help="cpu (default) or cuda: where both models run")
     ap.add_argument("--out", type=bench_args.output_file, default=None,

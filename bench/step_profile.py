@@ -5,7 +5,7 @@
 
 The configuration and runners of bench/peer_bench.py: the authors' Sudoku model at d=128 (4 heads, M=4d, 24
 iterations, batch 64, loss on the last iteration, fp32) and their training step (AdamW, clipping at 1.0); `ours`
-is the library in eager mode (hyperset.fused, step sizes once), with --compile `ours_compiled` is the same under
+is the library in eager mode (hyperset.accel.fused, step sizes once), with --compile `ours_compiled` is the same under
 torch.compile (as the trainer runs it with train.compile = true) and, with --peer DIR (a checkout of
 huyunzhe/hyper-set, see peer_bench's docstring), `peer` is the authors' code. Every round runs, for each runner
 in turn (the order reversed every round), a timed training step and then one under torch.profiler; medians of
@@ -13,9 +13,9 @@ in turn (the order reversed every round), a timed training step and then one und
 
   step_s       wall seconds of a training step, not profiled
   matmul_s     self time of the matmul ops (mm, bmm, baddbmm, addmm, and mkldnn::_linear_pointwise where the
-               library's products run on oneDNN's GEMM, see hyperset.fused.matmul) in the profiled step: on a CPU
+               library's products run on oneDNN's GEMM, see hyperset.accel.fused.matmul) in the profiled step: on a CPU
                the time the products ran
-  maps_kernel_s   self time of the attention maps' kernel (hyperset.cpu_kernels: their products, softmax and
+  maps_kernel_s   self time of the attention maps' kernel (hyperset.accel.cpu_kernels: their products, softmax and
                transposed adds together, where it runs; not in matmul_s)
   other_s      step_s - matmul_s: elementwise work, softmax, reductions, copies, the optimizer, Python (and the
                maps' kernel)
@@ -75,9 +75,9 @@ from torch.profiler import ProfilerActivity, profile  # noqa: E402
 from hyperset.checkpoint import atomic_write_json  # noqa: E402
 from hyperset.models import HyperSETModel  # noqa: E402
 
-ONEDNN_MM = "mkldnn::_linear_pointwise"  # hyperset.fused.matmul's products on oneDNN's GEMM
+ONEDNN_MM = "mkldnn::_linear_pointwise"  # hyperset.accel.fused.matmul's products on oneDNN's GEMM
 MATMUL_OPS = ("aten::mm", "aten::bmm", "aten::baddbmm", "aten::addmm", ONEDNN_MM)
-# the attention maps fused per (board, head), products and softmax together (hyperset.cpu_kernels)
+# the attention maps fused per (board, head), products and softmax together (hyperset.accel.cpu_kernels)
 MAPS_KERNEL_OPS = ("hyperset::bisoftmax_maps", "hyperset::bisoftmax_maps_backward")
 TOP = 12
 COMPILED = "## Call CompiledFxGraph"  # the profiler's name for a call of code torch.compile generated

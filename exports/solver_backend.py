@@ -123,7 +123,8 @@ def cached_step_models(model: Any, info: dict[str, Any] | None = None, directory
     return names
 
 
-# ONNX Runtime runs a solver batch on a CPU in slices a third the size of the torch path's (hyperset.core.SLICE_BYTES):
+# ONNX Runtime runs a solver batch on a CPU in slices a third the size of the torch path's
+# (hyperset.accel.rows.SLICE_BYTES):
 # each ORT call has little fixed cost, and its kernels are faster while a slice's intermediates stay in the core's
 # L2. For the shipped Sudoku model that is 4 boards per call (bench/onnx_bench.py measures the choice).
 ORT_SLICE_BYTES = (2 << 20) // 3
@@ -132,7 +133,7 @@ ORT_SLICE_BYTES = (2 << 20) // 3
 def by_rows(run: Any, feeds: dict[str, np.ndarray], batched: set[str], rows: int) -> dict[str, np.ndarray]:
     """``run(feeds)``, ``rows`` boards at a time when ``rows`` > 0 (the feeds named in ``batched`` sliced on their
     first axis), the outputs joined again: on axis 1 for the (T, B) energies of a pass, else on axis 0. On a CPU
-    each slice's activations stay in cache (as ``hyperset.core.slice_rows`` does for the torch path)."""
+    each slice's activations stay in cache (as ``hyperset.accel.rows.slice_rows`` does for the torch path)."""
     n = len(next(feeds[k] for k in batched))
     if not rows or n <= rows:
         return run(feeds)
@@ -275,7 +276,7 @@ class OnnxSolverBackend:
         self.device = session.device  # "cpu" or "cuda": the solver sizes its batches by it
         self.rows = 0  # boards per ONNX Runtime call on a CPU (see `by_rows`); 0: the whole batch
         if session.device == "cpu" and self.config is not None:
-            from hyperset.core import cache_rows
+            from hyperset.accel.rows import cache_rows
 
             self.rows = cache_rows(self.config, ORT_SLICE_BYTES)
         threads = session.session.get_session_options().intra_op_num_threads

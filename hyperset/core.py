@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 import torch
 from torch import Tensor, nn
 
-from . import fused
+from .accel import policy
 from .baselines import CRATELayer, EnergyTransformerLayer, TransformerLayer
 from .config import MAX_ITERS, ModelConfig
 from .energies import average_angle, effective_rank
@@ -32,19 +32,6 @@ def relay(source: Generator[_In, Any, Any], fn: Callable[[_In], _Out]) -> Genera
         sent = yield fn(item)
 
 
-# At inference on a CPU the batch runs through each update in slices of rows whose largest intermediate (the
-# feedforward's hidden U, or the attention maps) stays near this many bytes: a core's L2 cache holds a slice's
-# working set, where the whole batch of 128 Sudoku boards (21 MB of U) goes through memory at every op. The
-# arithmetic is the same row by row, and the solver runs faster (bench/onnx_bench.py measures it).
-SLICE_BYTES = 2 << 20
-
-
-def cache_rows(cfg: ModelConfig, nbytes: int | None = None) -> int:
-    """Rows of a batch whose widest per-update intermediate (fp32) takes about `nbytes` (default SLICE_BYTES)."""
-    widest = max(cfg.dim, cfg.ff_hidden, cfg.heads * cfg.seq_len, 1)
-    return max(1, (SLICE_BYTES if nbytes is None else nbytes) // (4 * cfg.seq_len * widest))
-
-
 def _whole(name: str, value: Any) -> int:
     """An iteration count given to the core: a whole number (a Python or NumPy integer, or a 0-d integer tensor),
     not a bool, a float or a string, which would be truncated or refused far from the call."""
@@ -53,29 +40,6 @@ def _whole(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be a whole number of iterations, got {value!r}")
     return int(value)
-
-
-def slice_rows(cfg: ModelConfig, batch: int, device: torch.device) -> int:
-    """Rows per slice for an inference update of `batch` rows on `device`: 0 (the whole batch at once) on an
-    accelerator, with gradients, while tracing or compiling, or when the batch fits in one slice."""
-    if device.type != "cpu" or torch.is_grad_enabled() or torch.jit.is_tracing() or torch.compiler.is_compiling():
-        return 0
-    rows = cache_rows(cfg)
-    return rows if batch > rows else 0
-
-
-def by_rows(fn: Callable[..., Any], rows: int, *tensors: Tensor) -> Any:
-    """fn(*tensors), computed `rows` rows at a time (all the tensors sliced alike; 0-dim ones passed whole) and
-    joined again: a tensor, a tuple of tensors or a {name: tensor} dict, as fn returns it."""
-    if not rows:
-        return fn(*tensors)
-    parts = [fn(*(v[i:i + rows] if v.dim() else v for v in tensors)) for i in range(0, len(tensors[0]), rows)]
-    first = parts[0]
-    if isinstance(first, dict):
-        return {k: torch.cat([p[k] for p in parts]) for k in first}
-    if isinstance(first, tuple):
-        return tuple(torch.cat([p[j] for p in parts]) for j in range(len(first)))
-    return torch.cat(parts)
 
 
 LAYER_TYPES = {
@@ -126,9 +90,10 @@ class Trace:
 
 
 def layer_energy(layer: nn.Module, x: Tensor, t: int | None, cfg: ModelConfig | None) -> dict[str, Tensor]:
-    """layer.energy(x, t); with the model's config, by slices of rows at inference on a CPU (see `slice_rows`)."""
-    rows = slice_rows(cfg, len(x), x.device) if cfg is not None else 0
-    return by_rows(lambda v: layer.energy(v, t), rows, x)
+    """layer.energy(x, t); with the model's config, by slices of rows at inference on a CPU (``Ops.slice_rows``)."""
+    ops = policy(x)
+    rows = ops.slice_rows(cfg, len(x), x.device) if cfg is not None else 0
+    return ops.by_rows(lambda v: layer.energy(v, t), rows, x)
 
 
 def traced_energy(layer: nn.Module, x: Tensor, t: int | None, cfg: ModelConfig | None) -> dict[str, Tensor]:
@@ -179,11 +144,11 @@ class RecurrentCore(nn.Module):
         gradient of computing them at every t (the network's per-token L3 is ~15% of a training step's matmuls at
         the authors' configuration). Under torch.compile the weight check runs in eager mode (`constant_in_t` is
         not traced; the compiled code is specialised on its answer). In a trace with gradients, and inside
-        `hyperset.fused.written_out()`, they are made at every t."""
+        `hyperset.accel.written_out()`, they are made at every t."""
         sizes = self.step_sizes
         if sizes is None or self.cfg.step_cond != "x0":
             return None
-        if torch.is_grad_enabled() and (torch.jit.is_tracing() or not fused.enabled()):
+        if torch.is_grad_enabled() and (torch.jit.is_tracing() or not policy(x0).steps_once):
             return None
         if not sizes.constant_in_t():
             return None
@@ -198,10 +163,11 @@ class RecurrentCore(nn.Module):
                 fixed: tuple[Tensor, Tensor] | None, shared: object = None) -> Tensor:
         """`step`, or the layer's step with step sizes computed once; by slices of rows at inference on a CPU.
         `shared`: what the layer's steps share in this pass (its `pass_weights`)."""
-        rows = slice_rows(self.cfg, len(x), x.device)
+        ops = policy(x)
+        rows = ops.slice_rows(self.cfg, len(x), x.device)
         if fixed is None:
-            return by_rows(lambda v, v0: self.step(v, v0, t, layer, shared), rows, x, x0)
-        return by_rows(lambda v, a, g: layer.step(v, t, (a, g), shared), rows, x, *fixed)
+            return ops.by_rows(lambda v, v0: self.step(v, v0, t, layer, shared), rows, x, x0)
+        return ops.by_rows(lambda v, a, g: layer.step(v, t, (a, g), shared), rows, x, *fixed)
 
     def iterate(self, x0: Tensor, iters: int | None = None, skip: int = 0,
                 detach_every: int = 0) -> Generator[tuple[nn.Module, int, Tensor], Tensor | None, None]:
@@ -252,10 +218,10 @@ class RecurrentCore(nn.Module):
     def run(self, x0: Tensor, iters: int | None = None, trace: bool = False, geometry: bool = False,
             keep_states: bool = False, skip: int = 0, detach_every: int = 0) -> CoreOutput:
         """Every update of `iterate`, keeping the last state (and the trace, and every state, when asked). At
-        inference on a CPU a batch larger than a slice (`slice_rows`) runs one slice of rows through all the
+        inference on a CPU a batch larger than a slice (``Ops.slice_rows``) runs one slice of rows through all the
         iterations at a time: its activations stay in cache from one update to the next (5-8% faster than slicing
         each update for the shipped Sudoku model, batch 128, one thread)."""
-        rows = slice_rows(self.cfg, len(x0), x0.device)
+        rows = policy(x0).slice_rows(self.cfg, len(x0), x0.device)
         if rows:
             parts = [self._run(x0[i:i + rows], iters, trace, geometry, keep_states, skip, detach_every)
                      for i in range(0, len(x0), rows)]

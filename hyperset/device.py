@@ -105,8 +105,8 @@ def cpu_vendor() -> str | None:
 
 def made_by_intel_or_unknown() -> bool:
     """Whether the CPU's vendor is Intel or not known: where the library keeps PyTorch's own CPU paths by default
-    (MKL's fast paths are Intel's; `hyperset.fused.matmul`'s oneDNN products and `hyperset.cpu_kernels` were measured
-    on others)."""
+    (MKL's fast paths are Intel's; `hyperset.accel.fused.matmul`'s oneDNN products and
+    `hyperset.accel.cpu_kernels` were measured on others)."""
     return cpu_vendor() in (None, "GenuineIntel")
 
 

@@ -18,7 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import config, cpu_kernels, device
+from . import config
+from .accel import policy
 
 PHI = {
     "sigmoid": (torch.sigmoid, lambda u: torch.sigmoid(u) * (1 - torch.sigmoid(u))),
@@ -29,11 +30,10 @@ PHI = {
 
 
 def sq_norm(x: Tensor) -> Tensor:
-    """|x|^2 of each row, (..., 1), without materialising x^2 (a norm). In an ONNX export written as
-    ReduceSum(x * x): ONNX Runtime's CPU ReduceL2 and ReduceSumSquare over the last axis take about twice as long
-    as the two ops on a solver slice (4 boards x 81 tokens x 512)."""
-    if device.in_onnx_export():
-        return (x * x).sum(-1, keepdim=True)
+    """|x|^2 of each row, (..., 1), without materialising x^2 (a norm)."""
+    onnx = policy(x).onnx
+    if onnx is not None:
+        return onnx.sq_norm(x)
     return torch.linalg.vector_norm(x, dim=-1, keepdim=True).square()
 
 
@@ -43,22 +43,18 @@ def inv_rms(x: Tensor, eps: float = 1e-6) -> Tensor:
 
 
 def logsumexp(x: Tensor, dim: int = -1, bound: float | None = None) -> Tensor:
-    """torch.logsumexp; in an ONNX export written out as max + log(sum(exp(x - max))), which ONNX Runtime's CPU
-    kernels run about 5x faster than its ReduceLogSumExp (the E_ATTN trace of every iteration; same value). With
-    `bound` >= |x| and small enough that exp cannot overflow, the export skips the max: log(sum(exp(x)))."""
-    if not device.in_onnx_export():
-        return torch.logsumexp(x, dim=dim)
-    if bound is not None and bound <= 60.0:
-        return torch.log(torch.exp(x).sum(dim=dim))
-    m = x.amax(dim=dim, keepdim=True)
-    return m.squeeze(dim) + torch.log(torch.exp(x - m).sum(dim=dim))
+    """torch.logsumexp (`bound` >= |x|, where known, lets an export's form skip the max)."""
+    onnx = policy(x).onnx
+    if onnx is not None:
+        return onnx.logsumexp(x, dim, bound)
+    return torch.logsumexp(x, dim=dim)
 
 
 def rms_normalize(x: Tensor, eps: float = 1e-6) -> Tensor:
-    """Put each row on the sphere of radius sqrt(dim): the constraint of eq. (4)/(5). In an ONNX export written as
-    x / sqrt(mean(x^2) + eps): Sqrt and Div, one node fewer than the Sqrt, Div(1, .) and Mul of x * rsqrt(...)."""
-    if device.in_onnx_export():
-        return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    """Put each row on the sphere of radius sqrt(dim): the constraint of eq. (4)/(5)."""
+    onnx = policy(x).onnx
+    if onnx is not None:
+        return onnx.rms_normalize(x, eps)
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
 
 
@@ -143,8 +139,9 @@ def _bisoftmax(Z: Tensor, beta: float, phi: str, normalized: bool) -> Tensor:
 
 
 def _bisoftmax_grad(Z: Tensor, beta: float, phi: str) -> Tensor:
-    if not (torch.is_grad_enabled() and Z.requires_grad) and cpu_kernels.usable(Z):
-        return cpu_kernels.bisoftmax_attention(Z, beta)  # fused per (board, head), no gradient through it
+    maps = policy(Z).attention_maps  # fused per (board, head) at inference
+    if maps is not None:
+        return maps(Z, beta)
     P = torch.softmax(_scores(Z, beta), dim=-1)  # A is symmetric, so the column softmax is P^T
     return (P + P.transpose(-1, -2)) @ Z
 

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from . import fused
+from .accel import policy
 from .config import ModelConfig
 from .energies import (
     attn_energy,
@@ -192,52 +192,49 @@ class HyperSETLayer(nn.Module):
 
     def attn_grad(self, X: Tensor, W: Tensor, normalize: bool = True) -> Tensor:
         """dE_ATTN/dX with the projections put on their spheres first (eq. 9; exact gradient if normalize=False)."""
-        if normalize and self.cfg.attention == "bisoftmax" and fused.usable(X):
-            return fused.bisoftmax_grad(X, W, self.norm_attn.weight, self.cfg.heads, self.norm_attn.eps)
-        Z = split_heads(fused.matmul(X, W), self.cfg.heads)  # (B, H, N, p)
+        ops = policy(X)
+        if normalize and self.cfg.attention == "bisoftmax" and ops.bisoftmax_grad is not None:
+            return ops.bisoftmax_grad(X, W, self.norm_attn.weight, self.cfg.heads, self.norm_attn.eps)
+        Z = split_heads(ops.matmul(X, W), self.cfg.heads)  # (B, H, N, p)
         if normalize:
             return self.attn_grad_from_projections(rms_normalize(Z, self.norm_attn.eps), W)
         G = attn_energy_grad_heads(Z, self.cfg.attention, self.cfg.phi)
-        return fused.matmul(merge_heads(G), W.transpose(0, 1))  # back-projection through the same W
+        return ops.matmul(merge_heads(G), W.transpose(0, 1))  # back-projection through the same W
 
     def attn_grad_from_projections(self, Z: Tensor, W: Tensor) -> Tensor:
         """`attn_grad` from the head projections already on their spheres, `projections(X)` (B, H, N, p): their
         gain, the attention operator, the back-projection through W."""
         G = attn_energy_grad_heads(Z * self.norm_attn.weight, self.cfg.attention, self.cfg.phi)
-        return fused.matmul(merge_heads(G), W.transpose(0, 1))
+        return policy(G).matmul(merge_heads(G), W.transpose(0, 1))
 
     def ff_descent(self, X: Tensor, D: Tensor, normalize: bool = True,
                    folded: tuple[Tensor, Tensor] | None = None) -> Tensor:
         """-dE_FF/dX with the hidden activations on their sphere first (eq. 11; exact if normalize=False).
 
-        At inference, for the ReLU energy, the normalisation is folded into the weights, the same value in fewer
-        passes over the (B, N, M) hidden tensor: with g the RMSNorm gain, s = sign(g) (+1 at 0) and r = 1/rms(X D)
-        per token, ReLU(r (X D) g) D^T = r ReLU(X (D s)) (D |g|)^T, because r > 0, |g| >= 0 and
-        rms(X D s) = rms(X D). With gradients the folded form runs too, with its own backward pass
-        (`hyperset.fused.relu_descent`), eager or compiled; under autocast the written-out form runs.
+        The acceleration policy may run the normalised ReLU step with the normalisation folded into the weights,
+        the same value in fewer passes over the (B, N, M) hidden tensor: with g the RMSNorm gain, s = sign(g)
+        (+1 at 0) and r = 1/rms(X D) per token, ReLU(r (X D) g) D^T = r ReLU(X (D s)) (D |g|)^T, because r > 0,
+        |g| >= 0 and rms(X D s) = rms(X D); with gradients, with its own backward pass.
         `folded`: (D s, D |g|) made once for the pass (`pass_weights`), else they are made here."""
-        if normalize and self._folds(X):
-            Ds, Dg = folded if folded is not None else fused.fold_ff(D, self.norm_ff.weight)
-            if torch.is_grad_enabled():
-                return fused.relu_descent(X, Ds, Dg, self.norm_ff.eps)
-            return fused.folded_relu(X, Ds, Dg, self.norm_ff.eps)[0]
-        U = fused.matmul(X, D)  # (B, N, M)
+        ops = policy(X)
+        if normalize and self.cfg.feedforward == "relu" and ops.folded_relu is not None:
+            Ds, Dg = folded if folded is not None else ops.fold_ff(D, self.norm_ff.weight)
+            if ops.relu_descent is not None:
+                return ops.relu_descent(X, Ds, Dg, self.norm_ff.eps)
+            return ops.folded_relu(X, Ds, Dg, self.norm_ff.eps)[0]
+        U = ops.matmul(X, D)  # (B, N, M)
         if normalize:
             U = self.norm_ff(U)
-        return fused.matmul(ff_energy_grad_hidden(U, self.cfg.feedforward, self.cfg.phi), D.transpose(0, 1))
-
-    def _folds(self, x: Tensor) -> bool:
-        """Whether the normalised feedforward step at x runs folded (`ff_descent`): the ReLU energy, and either no
-        gradient or the fused operator's conditions (``fused.usable``)."""
-        return self.cfg.feedforward == "relu" and (fused.usable(x) or not torch.is_grad_enabled())
+        return ops.matmul(ff_energy_grad_hidden(U, self.cfg.feedforward, self.cfg.phi), D.transpose(0, 1))
 
     def pass_weights(self) -> tuple[Tensor, Tensor] | None:
-        """What every step of a pass can share: the feedforward's folded weights (``fused.fold_ff``) where the
-        weights are the same at every t (no depth LoRA) and the folded form runs; else None and each step makes
-        its own. A training step launches about 16 kernels fewer per iteration with them."""
-        if self.lora is not None or not self._folds(self.D):
+        """What every step of a pass can share: the feedforward's folded weights (`ff_descent`) where the weights
+        are the same at every t (no depth LoRA) and the folded form runs; else None and each step makes its own.
+        A training step launches about 16 kernels fewer per iteration with them."""
+        ops = policy(self.D)
+        if self.lora is not None or self.cfg.feedforward != "relu" or ops.folded_relu is None:
             return None
-        return fused.fold_ff(self.D, self.norm_ff.weight)
+        return ops.fold_ff(self.D, self.norm_ff.weight)
 
     def step(self, x: Tensor, t: int, steps: tuple[Tensor, Tensor], shared: object = None) -> Tensor:
         """Attention step (eq. 9), then feedforward step (eq. 11) on the updated tokens. `shared`: the
@@ -249,7 +246,7 @@ class HyperSETLayer(nn.Module):
 
     def projections(self, x: Tensor, t: int | None = None) -> Tensor:
         W, _ = self.weights(t)
-        return rms_normalize(split_heads(fused.matmul(x, W), self.cfg.heads), self.cfg.norm_eps)
+        return rms_normalize(split_heads(policy(x).matmul(x, W), self.cfg.heads), self.cfg.norm_eps)
 
     def energy(self, x: Tensor, t: int | None = None) -> dict[str, Tensor]:
         """E_ATTN and E_FF "normalization first" (no learnable gains), per sample."""

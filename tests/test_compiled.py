@@ -1,6 +1,6 @@
 """torch.compile, as the trainer uses it (``train.compile = true``) and bench/peer_bench.py times it: the compiled
-model, which runs the fused operators (hyperset.fused) through the compiler, computes the same logits and the same
-gradients as the unoptimised eager path (``hyperset.fused.written_out()``), within 1e-5."""
+model, which runs the fused operators (hyperset.accel.fused) through the compiler, computes the same logits and the same
+gradients as the unoptimised eager path (``hyperset.accel.fused.written_out()``), within 1e-5."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hyperset import fused
+from hyperset.accel import fused
 from hyperset.config import ModelConfig
 from hyperset.models import build_model
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hyperset import core
+from hyperset.accel import rows as accel_rows
 from hyperset.config import ModelConfig
 from hyperset.core import RecurrentCore
 from hyperset.models import build_model
@@ -311,17 +311,17 @@ def test_cpu_inference_runs_slices_of_rows_with_the_numbers_of_the_whole_batch(m
     step = layer.step
     monkeypatch.setattr(layer, "step", lambda v, t, s, shared=None: calls.append(len(v)) or step(v, t, s, shared))
     widest = max(cfg.dim, cfg.ff_hidden, cfg.heads * cfg.seq_len)
-    monkeypatch.setattr(core, "SLICE_BYTES", 3 * 4 * cfg.seq_len * widest)  # 3 rows per slice
-    assert core.slice_rows(cfg, 8, torch.device("cpu")) == 0  # gradients on: the whole batch
+    monkeypatch.setattr(accel_rows, "SLICE_BYTES", 3 * 4 * cfg.seq_len * widest)  # 3 rows per slice
+    assert accel_rows.slice_rows(cfg, 8, torch.device("cpu")) == 0  # gradients on: the whole batch
     with torch.no_grad():
-        assert core.slice_rows(cfg, 8, torch.device("cpu")) == 3
-        assert core.slice_rows(cfg, 3, torch.device("cpu")) == 0  # one slice is the batch
+        assert accel_rows.slice_rows(cfg, 8, torch.device("cpu")) == 3
+        assert accel_rows.slice_rows(cfg, 3, torch.device("cpu")) == 0  # one slice is the batch
         sliced = model.run(x, 5, trace=True, geometry=True, all_logits=True)
         frames = [f.energies for f in model.frames(x, 5, energies=True)]
         assert calls[:15] == [3] * 10 + [2] * 5  # run: slice by slice, each through the 5 iterations
         assert calls[15:30] == [3, 3, 2] * 5  # frames: every update in slices
         backend = TorchBackend(model, "cpu").run(x, 5)
-        monkeypatch.setattr(core, "SLICE_BYTES", 1 << 40)
+        monkeypatch.setattr(accel_rows, "SLICE_BYTES", 1 << 40)
         whole = model.run(x, 5, trace=True, geometry=True, all_logits=True)
         whole_backend = TorchBackend(model, "cpu").run(x, 5)
     assert len(calls) == 3 * 15 + 2 * 5  # run, frames and the backend in 3 slices; run and the backend whole

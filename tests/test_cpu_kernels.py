@@ -1,4 +1,4 @@
-"""The attention maps fused per (board, head) in C (hyperset.cpu_kernels): the values of PyTorch's batched calls
+"""The attention maps fused per (board, head) in C (hyperset.accel.cpu_kernels): the values of PyTorch's batched calls
 within fp32 rounding, through the fused attention operator too, on one thread and on several; and where the kernel
 cannot run, the operator on PyTorch's calls with the reason stated."""
 
@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from hyperset import cpu_kernels, fused
+from hyperset.accel import cpu_kernels, fused
 from hyperset.energies import attn_energy_grad_heads, merge_heads, rms_normalize, split_heads
 
 with cpu_kernels.using_cpu_kernels("on"):
@@ -125,7 +125,7 @@ def test_without_a_compiler_the_operator_runs_on_pytorchs_calls_and_says_why() -
     """A fresh process whose C compiler does not exist: status names it, and the attention operator still trains."""
     code = (
         "import torch\n"
-        "from hyperset import cpu_kernels, fused\n"
+        "from hyperset.accel import cpu_kernels, fused\n"
         "with cpu_kernels.using_cpu_kernels('on'):\n"
         "    X = torch.randn(2, 9, 16, requires_grad=True)\n"
         "    fused.bisoftmax_grad(X, torch.randn(16, 16), torch.ones(4), 4, 1e-6).sum().backward()\n"
@@ -145,7 +145,7 @@ def test_without_a_compiler_the_operator_runs_on_pytorchs_calls_and_says_why() -
 def test_a_cache_folder_that_anyone_can_write_to_is_not_loaded_from(tmp_path) -> None:
     (tmp_path / "kernels").mkdir()
     (tmp_path / "kernels").chmod(0o777)
-    code = ("from hyperset import cpu_kernels\n"
+    code = ("from hyperset.accel import cpu_kernels\n"
             "with cpu_kernels.using_cpu_kernels('on'):\n"
             "    print(cpu_kernels.status())\n")
     done = _fresh_process(code, HYPERSET_CACHE_DIR=str(tmp_path))
@@ -156,7 +156,7 @@ def test_a_cache_folder_that_anyone_can_write_to_is_not_loaded_from(tmp_path) ->
 
 
 def test_a_bad_environment_value_warns_and_uses_auto() -> None:
-    code = "from hyperset import cpu_kernels; print(cpu_kernels._wanted == cpu_kernels._resolve('auto'))"
+    code = "from hyperset.accel import cpu_kernels; print(cpu_kernels._wanted == cpu_kernels._resolve('auto'))"
     done = _fresh_process(code, "-W", "always", HYPERSET_CPU_KERNELS="sometimes")
     assert done.returncode == 0 and done.stdout.strip() == "True"
     assert "HYPERSET_CPU_KERNELS='sometimes' is not one of auto, on, off: using auto" in done.stderr

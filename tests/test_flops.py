@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from hyperset import cpu_kernels
+from hyperset.accel import cpu_kernels
 from hyperset.config import ModelConfig, preset_config
 from hyperset.models import HyperSETModel
 
@@ -49,7 +49,7 @@ def test_flop_model_equals_pytorch_flop_counter_forward_and_training(name: str) 
     trace = cfg.layer == "hyperset"
     with torch.no_grad():
         forward = _counted(lambda: model.run(x, trace=trace))
-    # the attention maps' kernel (hyperset.cpu_kernels) runs one product fewer backward than autograd's count
+    # the attention maps' kernel (hyperset.accel.cpu_kernels) runs one product fewer backward than autograd's count
     with cpu_kernels.using_cpu_kernels("off"):
         training = _counted(lambda: model(x).float().square().mean().backward())
     assert flops.count(cfg, batch, energies=trace)["forward_flops"] * batch == forward
@@ -86,9 +86,9 @@ def test_components_of_the_authors_configuration_match_the_hand_count() -> None:
 
 
 def test_the_written_out_path_counts_step_sizes_at_every_iteration() -> None:
-    """Inside hyperset.fused.written_out() a training step makes the step sizes at every t, as the authors' code:
+    """Inside hyperset.accel.fused.written_out() a training step makes the step sizes at every t, as the authors' code:
     torch's counter then equals the model's steps_every_t count."""
-    from hyperset import fused
+    from hyperset.accel import fused
 
     cfg, batch = CONFIGS["authors-sudoku"], 3
     torch.manual_seed(0)

@@ -1,4 +1,4 @@
-"""The optimised training path (hyperset.fused, step sizes once per pass) against the written-out one: the same
+"""The optimised training path (hyperset.accel.fused, step sizes once per pass) against the written-out one: the same
 outputs and gradients, within 1e-5 in fp32 at the shared configuration of bench/peer_bench.py."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hyperset import cpu_kernels, fused
+from hyperset.accel import cpu_kernels, fused
 from hyperset.config import ModelConfig
 from hyperset.energies import attn_energy_grad_heads, merge_heads, rms_normalize, split_heads
 from hyperset.models import build_model
@@ -132,7 +132,7 @@ def test_training_step_equals_the_written_out_path_within_1e_5(dead_time_network
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """Logits and every parameter's gradient of one fp32 training step (last-iteration cross-entropy, as the peer
     benchmark trains), optimised against `fused.written_out()`, with the operators' products on ATen's GEMM and on
-    oneDNN's, and the attention maps in PyTorch's calls and in hyperset.cpu_kernels' kernel. The optimised pass
+    oneDNN's, and the attention maps in PyTorch's calls and in hyperset.accel.cpu_kernels' kernel. The optimised pass
     folds the feedforward's weights once for its 24 iterations.
 
     A gradient through a ReLU changes by O(1), not by rounding, where rounding moves a unit across 0, so any two

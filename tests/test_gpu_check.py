@@ -32,14 +32,14 @@ def test_a_failing_check_is_recorded_and_named_not_raised() -> None:
 
 
 def test_the_fused_check_passes_on_the_cpu_and_names_a_difference() -> None:
-    """The check the GPU run makes of hyperset.fused, eager and compiled, run here on the CPU: the paths agree."""
+    """The check the GPU run makes of hyperset.accel.fused, eager and compiled, run here on the CPU: the paths agree."""
     out = gpu_check.fused_check(torch.device("cpu"), batch=2, speed_batch=2, rounds=1)
     assert out["max_relative_difference"] <= 1e-4 and out["compiled_max_relative_difference"] <= 1e-4
     assert min(out[f"{k}_boards_per_s"] for k in ("fused", "written_out", "autocast", "compiled")) > 0
 
 
 def test_the_fused_check_fails_when_the_paths_disagree(monkeypatch: pytest.MonkeyPatch) -> None:
-    from hyperset import fused
+    from hyperset.accel import fused
 
     relu_descent = fused.relu_descent
     monkeypatch.setattr(fused, "relu_descent", lambda *a: relu_descent(*a) * 1.001)

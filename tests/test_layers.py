@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from conftest import energy_cases, energy_combos
 
 import hyperset.baselines as baselines
-from hyperset import fused
+from hyperset.accel import fused
 from hyperset.baselines import CRATELayer, EnergyTransformerLayer
 from hyperset.config import ModelConfig
 from hyperset.core import RecurrentCore
@@ -122,7 +122,7 @@ def test_normalization_first_feedforward_is_D_act_RMSNorm_of_XD_eq_10():
 def test_folded_feedforward_equals_the_written_out_one_with_gains_of_either_sign():
     """At inference the ReLU step folds the RMSNorm (and its gain) into the weights; the paper's form, written out
     here, gives the same update, also where gains are negative or zero. With gradients the layer runs the folded
-    form with its own backward (hyperset.fused), and inside fused.written_out() the written-out form itself."""
+    form with its own backward (hyperset.accel.fused), and inside fused.written_out() the written-out form itself."""
     layer = _layer(w_scale=0.3)
     with torch.no_grad():
         layer.norm_ff.weight.copy_(_randn(24, seed=9))

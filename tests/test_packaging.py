@@ -93,7 +93,8 @@ def test_wheel_holds_every_source_file_recipes_and_weights(wheel: zipfile.ZipFil
     assert weights and not [w for w in weights if w not in names]
     assert {"sudoku", "classifier", "mim"} <= {w.split("/")[2] for w in weights}
     assert "hyperset/py.typed" in names
-    assert "hyperset/kernels/bisoftmax.c" in names  # compiled on first use (hyperset.cpu_kernels)
+    assert "hyperset/accel/kernels/bisoftmax.c" in names  # compiled on first use (hyperset.accel.cpu_kernels)
+    assert "hyperset/sudoku/rated.c" in names  # the rated-puzzle generator, compiled on first use
 
 
 def test_wheel_entry_points_name_the_installed_modules(wheel: zipfile.ZipFile) -> None:
@@ -218,6 +219,30 @@ def test_the_library_modules_import_one_another_in_no_circle() -> None:
     assert {"hyperset.sudoku.board"} == edges["hyperset.sudoku.exact"] and not edges["hyperset.sudoku.board"]
 
 
+REFERENCE_MATH = ("energies", "layers", "core")
+
+
+def test_the_reference_math_reaches_the_speed_code_through_the_policy_alone() -> None:
+    """energies, layers and core import one name from hyperset.accel, `policy`, and nothing from its modules; the
+    acceleration package sits below them (it imports none of the math, only the device helpers and the C loader);
+    the C loader needs no torch, so the puzzle generator builds on it without the speed code."""
+    for name in REFERENCE_MATH:
+        for node in ast.walk(ast.parse((ROOT / "hyperset" / f"{name}.py").read_text())):
+            if isinstance(node, ast.Import):
+                assert not [a.name for a in node.names if a.name.startswith("hyperset.accel")], name
+            elif isinstance(node, ast.ImportFrom):
+                module = ("hyperset." if node.level else "") + (node.module or "")
+                if module == "hyperset" or module.startswith("hyperset.accel"):
+                    assert module != "hyperset" or "accel" not in [a.name for a in node.names], name
+                    if module.startswith("hyperset.accel"):
+                        assert module == "hyperset.accel" and [a.name for a in node.names] == ["policy"], name
+    edges = _library_imports()
+    accel = {m for m in edges if m == "hyperset.accel" or m.startswith("hyperset.accel.")}
+    assert set().union(*(edges[m] for m in accel)) <= accel | {"hyperset.device", "hyperset.cbuild"}
+    assert not edges["hyperset.cbuild"] and not [m for m in edges["hyperset.sudoku.rated"] if m in accel]
+    assert {"hyperset.accel"} == {t for m in REFERENCE_MATH for t in edges[f"hyperset.{m}"] if t in accel}
+
+
 def test_the_circle_finder_finds_a_circle_through_a_lazy_import() -> None:
     assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [{"a", "b", "c"}]
     assert _circles({"a": {"b"}, "b": set()}) == []
@@ -249,4 +274,5 @@ def test_every_package_data_pattern_ships_a_file() -> None:
     folders = {"hyperset": ROOT / "hyperset", **{k: ROOT / v for k, v in setup["package-dir"].items()}}
     for package, patterns in setup["package-data"].items():
         for pattern in patterns:
-            assert any((folders[package]).glob(pattern)), f"{package}: {pattern} matches no file"
+            folder = folders.get(package, ROOT.joinpath(*package.split(".")))  # a subpackage in its own folder
+            assert any(folder.glob(pattern)), f"{package}: {pattern} matches no file"

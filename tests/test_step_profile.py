@@ -13,7 +13,7 @@ from torch.profiler import ProfilerActivity, profile
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import step_profile  # noqa: E402
 
-from hyperset import fused  # noqa: E402
+from hyperset.accel import fused  # noqa: E402
 
 
 def test_a_cpu_profile_splits_the_step_and_states_the_budget(tmp_path: Path) -> None:

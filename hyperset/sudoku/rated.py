@@ -16,7 +16,7 @@ range a puzzle is written out; the climb then goes on (every kept move staying i
 puzzle after SPACING more kept moves, CHUNK puzzles per climb, unless reaching the range took no more moves than
 that (then each puzzle gets a grid of its own). A new grid also after PATIENCE moves without progress. Puzzles
 of one climb share their solution grid and differ in a few givens each; chunk ``k`` of a collection depends on
-``(seed, range, propagation, k)`` alone, so any slice can be made again. It runs in C (``kernels/sudoku.c``,
+``(seed, range, propagation, k)`` alone, so any slice can be made again. It runs in C (``sudoku/rated.c``,
 compiled on first use as :mod:`hyperset.cbuild` says); without a compiler the same algorithm runs in Python with
 the same puzzles, tens of times slower.
 """
@@ -38,7 +38,7 @@ __all__ = ["BUCKETS", "RatedPuzzle", "bucket_of", "bucket_range", "generate_rate
 
 BUCKETS = ("0", "1-2", "3-10", "11-50", "51+")
 PROPAGATIONS = ("naked", "singles")
-SOURCE = Path(__file__).resolve().parent.parent / "kernels" / "sudoku.c"
+SOURCE = Path(__file__).resolve().parent / "rated.c"
 FLAGS = ("-O2", "-std=c11", "-shared", "-fPIC")
 RATE_NODES = 10_000_000  # a rating's search is bounded; no minimal puzzle seen came near it
 # the lowest rating hyperset-generate takes: reaching a range gets steeply slower with its lowest rating (measured

@@ -1,6 +1,6 @@
 """The bi-softmax attention maps fused per (board, head) in a C kernel, for fp32 on x86 CPUs with AVX-512.
 
-The fused attention operator (`hyperset.fused.bisoftmax_grad`) spends most of its time outside the feedforward on
+The fused attention operator (`hyperset.accel.fused.bisoftmax_grad`) spends most of its time outside the feedforward on
 the attention maps: per iteration a batch of B*H maps of N x N (256 of 81 x 81 at the Sudoku configuration,
 6.6 MB) goes through two batched products, a softmax and a transposed add forward, and three products, two
 transposed adds and the softmax's derivative backward, each a pass over memory. ``kernels/bisoftmax.c`` does the
@@ -44,7 +44,7 @@ import torch
 from torch import Tensor
 from torch.utils.flop_counter import register_flop_formula
 
-from . import cbuild, device
+from .. import cbuild, device
 
 CHOICES = ("auto", "on", "off")
 SOURCE = Path(__file__).with_name("kernels") / "bisoftmax.c"
@@ -160,7 +160,7 @@ def define_op(name: str, schema: str, kernel: Callable[..., Any], fake: Callable
     """The operator torch.ops.hyperset.NAME: `kernel` on CPU tensors, `fake` its outputs' shapes for torch.compile.
     Not torch.library.custom_op, whose kernels import torch._dynamo at their first call: about as long as importing
     torch, paid by every command at its first forward pass. The operators take no gradient (the autograd Functions
-    of hyperset.fused call them forward and backward)."""
+    of hyperset.accel.fused call them forward and backward)."""
     qualname = f"hyperset::{name}"
     torch.library.define(qualname, schema)
     torch.library.impl(qualname, "CPU", kernel)

@@ -16,8 +16,8 @@ two backward:
   beta (dG Zn^T + Zn dG^T), from the saved P and S.
 
 On x86 CPUs with AVX-512 the attention maps of `bisoftmax_grad` (Zn Zn^T, the softmax, (P + P^T) Zn, and their
-backward pass) run fused per (board, head) in a C kernel where `hyperset.cpu_kernels` says so; it saves P alone and
-makes S again from it backward.
+backward pass) run fused per (board, head) in a C kernel where `hyperset.accel.cpu_kernels` says so; it saves P
+alone and makes S again from it backward.
 
 Their products of a state by a weight (X D, ReLU(U) D^T, X W, G W^T and the backward passes' dY D, dU D^T, ...), and
 the layer's at inference, run through `matmul`: on an x86 CPU in fp32 it can take oneDNN's GEMM instead of ATen's
@@ -48,9 +48,9 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 from torch.utils.flop_counter import register_flop_formula
 
-from . import cpu_kernels, device
+from .. import device
+from . import cpu_kernels
 from .cpu_kernels import define_op, eager_or_compiled, env_choice
-from .energies import inv_rms
 
 CPU_MATMULS = ("auto", "onednn", "aten")
 
@@ -59,7 +59,7 @@ _state = threading.local()
 
 def enabled() -> bool:
     """Whether training may take the optimised paths (off inside `written_out`)."""
-    return getattr(_state, "enabled", True)
+    return _state.__dict__.get("enabled", True)
 
 
 @contextlib.contextmanager
@@ -134,16 +134,29 @@ def _onednn_mm_flops(a_shape: torch.Size, b_shape: torch.Size, *args, out_shape=
     return 2 * math.prod(a_shape) * b_shape[-1]
 
 
+def onednn_matmul(a: Tensor, b: Tensor) -> Tensor:
+    """a @ b on oneDNN's GEMM for a state a (..., k) and a weight-like b (k, n) where it can run there: fp32
+    operands, b a matrix, no gradient to take through it; else ``a @ b``. For CPU tensors outside autocast, a
+    trace, an export and torch.func's transforms (`matmul` checks those; ``hyperset.accel.policy`` too)."""
+    if (a.dtype == torch.float32 and b.dtype == torch.float32 and b.dim() == 2 and a.dim() >= 2
+            and not (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad))):
+        return _onednn_mm(a, b)
+    return a @ b
+
+
 def matmul(a: Tensor, b: Tensor) -> Tensor:
     """a @ b for a state a (..., k) and a weight-like b (k, n). fp32 on a CPU, with no gradient to take through it,
     it runs on `cpu_matmul_library`'s GEMM; otherwise (autocast, a trace or an export, torch.func's transforms,
     other devices and dtypes) it is ``a @ b``."""
-    if (_cpu_matmul == "onednn" and a.device.type == "cpu" and a.dtype == torch.float32
-            and b.dtype == torch.float32 and b.dim() == 2 and a.dim() >= 2
-            and not (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad))
-            and not torch.is_autocast_enabled("cpu") and not torch.compiler.is_exporting() and eager_or_compiled()):
-        return _onednn_mm(a, b)
+    if (_cpu_matmul == "onednn" and a.device.type == "cpu" and not torch.is_autocast_enabled("cpu")
+            and not torch.compiler.is_exporting() and eager_or_compiled()):
+        return onednn_matmul(a, b)
     return a @ b
+
+
+def _inv_rms(x: Tensor, eps: float) -> Tensor:
+    """1 / rms of each row, (..., 1), as hyperset.energies.inv_rms computes it."""
+    return torch.rsqrt(torch.linalg.vector_norm(x, dim=-1, keepdim=True).square() / x.shape[-1] + eps)
 
 
 def _rows(t: Tensor) -> Tensor:
@@ -163,7 +176,7 @@ def folded_relu(X: Tensor, Ds: Tensor, Dg: Tensor, eps: float) -> tuple[Tensor, 
     with U = X (D s), r = 1/rms(U) = 1/rms(X D) per token and Y0 = ReLU(U) (D |g|)^T; the result is r Y0. The
     inference path (``HyperSETLayer.ff_descent``) and `relu_descent`'s forward both run this."""
     U = matmul(X, Ds)  # (B, N, M): X D with the columns of negative gain flipped
-    r = inv_rms(U, eps)  # (B, N, 1)
+    r = _inv_rms(U, eps)  # (B, N, 1)
     V = torch.relu(U)
     Y0 = matmul(V, Dg.transpose(0, 1))
     return Y0 * r, U, V, r, Y0
@@ -223,7 +236,7 @@ class _BiSoftmaxGrad(torch.autograd.Function):
         B = X.shape[0]
         Z = _split(matmul(X, W), heads)  # (B*H, N, p)
         beta = 1.0 / math.sqrt(Z.shape[-1])
-        r = inv_rms(Z, eps)
+        r = _inv_rms(Z, eps)
         Zn = Z * r * g
         if cpu_kernels.usable(Zn):  # the maps fused per (board, head); S is made again from P backward
             P, G = cpu_kernels.bisoftmax_maps(Zn, beta)

@@ -1,0 +1,113 @@
+"""The speed code, apart from the paper's math: faster implementations of the reference operators and the one
+policy function that chooses among them.
+
+The reference math (:mod:`hyperset.energies`, :mod:`hyperset.layers`, :mod:`hyperset.core`) is written once, as
+the paper writes it, and asks `policy` (the only name it imports from here) which implementations to run for an
+update of a tensor; where an entry is None, the written-out form runs. What the choices are:
+
+- `fused`: the layer's two operators with hand-written backward passes (training without a compiler, and the
+  compiled training step), the feedforward's RMSNorm folded into its weights, and products of a state by a weight
+  on oneDNN's GEMM on x86 CPUs not made by Intel (``$HYPERSET_CPU_MATMUL``).
+- `cpu_kernels`: the bi-softmax attention maps fused per (board, head) in a C kernel on x86 CPUs with AVX-512
+  (``$HYPERSET_CPU_KERNELS``), built by `hyperset.cbuild` (the C loader the rated-puzzle generator shares).
+- `rows`: inference on a CPU in slices of rows that stay in cache.
+- `onnx_forms`: the forms an ONNX export writes so that ONNX Runtime runs them fast (the same values).
+
+``with written_out():`` turns the optimised training paths off (the unoptimised path the tests compare with).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .. import device
+from . import cpu_kernels, fused, onnx_forms, rows
+from .fused import written_out
+
+__all__ = ["Ops", "policy", "written_out"]
+
+
+@dataclass(frozen=True)
+class Ops:
+    """The implementations `policy` chose for an update (read from their modules at each use); None: the reference
+    math's written-out form.
+
+    matmul          a state (..., k) times a weight (k, n)
+    bisoftmax_grad  dE_ATTN/dX of the normalised bi-softmax energy with its own backward pass (training)
+    relu_descent    the normalised ReLU feedforward's step from folded weights, with its own backward (training)
+    folded_relu     the same at inference (returns the step first)
+    fold_ff         (D, g) -> the folded feedforward weights those two take
+    attention_maps  (P + P^T) Z of the bi-softmax at inference, per (board, head) in C
+    steps_once      whether step sizes that do not depend on t may be made once per pass under gradients
+    onnx            the export's forms (`onnx_forms`) while an ONNX export traces the model
+    """
+
+    train: bool = False  # the operators with their own backward passes
+    fold: bool = False  # the feedforward on folded weights
+    onednn: bool = False  # products of a state by a weight on oneDNN's GEMM
+    maps: bool = False  # the attention maps' C kernel
+    steps_once: bool = True
+    export: bool = False
+
+    @property
+    def matmul(self) -> Callable[[Tensor, Tensor], Tensor]:
+        return fused.onednn_matmul if self.onednn else torch.matmul
+
+    @property
+    def bisoftmax_grad(self) -> Callable[..., Tensor] | None:
+        return fused.bisoftmax_grad if self.train else None
+
+    @property
+    def relu_descent(self) -> Callable[..., Tensor] | None:
+        return fused.relu_descent if self.train else None
+
+    @property
+    def folded_relu(self) -> Callable[..., tuple[Tensor, ...]] | None:
+        return fused.folded_relu if self.fold else None
+
+    @property
+    def fold_ff(self) -> Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]:
+        return fused.fold_ff
+
+    @property
+    def attention_maps(self) -> Callable[[Tensor, float], Tensor] | None:
+        return cpu_kernels.bisoftmax_attention if self.maps else None
+
+    @property
+    def onnx(self) -> Any:
+        return onnx_forms if self.export else None
+
+    def slice_rows(self, cfg: Any, batch: int, where: torch.device) -> int:
+        """Rows per slice for an inference update of `batch` rows (0: the whole batch at once); see `rows`."""
+        return rows.slice_rows(cfg, batch, where)
+
+    by_rows = staticmethod(rows.by_rows)
+
+
+_OPS = {key: Ops(*key) for key in itertools.product((False, True), repeat=5)}
+_EXPORT = Ops(export=True)
+
+
+def policy(x: Tensor) -> Ops:
+    """The implementations for an update of `x` (a state (B, N, d) or its head projections (B, H, N, p)), from the
+    context: gradients on or off, autocast, a trace, an ONNX export or torch.func's transforms, torch.compile, the
+    device and dtype, and the process's choices (``written_out``, ``$HYPERSET_CPU_MATMUL``,
+    ``$HYPERSET_CPU_KERNELS``). The fast paths compute the reference's values (the tests compare them)."""
+    if device.in_onnx_export():
+        return _EXPORT
+    cpu = x.is_cpu
+    on = fused.enabled()
+    grad = torch.is_grad_enabled()
+    plain = (not torch.is_autocast_enabled("cpu" if cpu else x.device.type) and not torch.jit.is_tracing()
+             and (torch.compiler.is_compiling() or not torch._C._are_functorch_transforms_active()))
+    train = on and grad and plain  # eager or compiled, not a trace or a transform
+    cpu32 = cpu and plain and x.dtype is torch.float32
+    onednn = cpu32 and fused.cpu_matmul_library() == "onednn" and not torch.compiler.is_exporting()
+    maps = cpu32 and not (grad and x.requires_grad) and cpu_kernels.usable(x)
+    return _OPS[train, train or not grad, onednn, maps, on]
