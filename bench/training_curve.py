@@ -1,7 +1,10 @@
-"""Validation accuracy against CPU-hours of training, read from run folders' metrics.jsonl.
+"""Validation accuracy against CPU-hours of training, read from run folders' metrics.jsonl or compact logs.
 
     python bench/training_curve.py                  # the Sudoku runs -> bench/results/sudoku_training_curve.*
     python bench/training_curve.py --run NAME=DIR[@START] ...
+
+DIR is a run folder or its compact log (`bench/training_logs.py`; the shipped runs' are under
+bench/results/training_logs/).
 
 Each run's evaluations (`{"step", "time", "eval": {...}}` lines) are placed on a CPU-hours axis: `time` is the
 trainer's elapsed seconds, multiplied by the run's thread count. A run started from another run's weights
@@ -22,21 +25,25 @@ from hyperset.checkpoint import atomic_write_json
 
 ROOT = Path(__file__).resolve().parent
 REPO = ROOT.parent
+LOGS = "bench/results/training_logs"
 DEFAULT_RUNS = [
-    "old recipe (sudoku-cpu)=runs/sudoku-cpu",
-    "new recipe (sudoku-cpu-deep, from the old model)=runs/sudoku-cpu-deep@old recipe (sudoku-cpu)",
-    "new recipe, second cycle (lr 3e-4, 3,000 steps)=runs/sudoku-cpu-deep2@new recipe (sudoku-cpu-deep, from the old "
-    "model)",
-    "new recipe, third cycle (lr 2e-4)=runs/sudoku-cpu-deep3@new recipe, second cycle (lr 3e-4, 3,000 steps)",
-    "new recipe, fourth cycle (lr 1.5e-4)=runs/sudoku-cpu-deep4@new recipe, third cycle (lr 2e-4)",
-    "new recipe, fifth cycle (lr 1e-4)=runs/sudoku-cpu-deep5@new recipe, fourth cycle (lr 1.5e-4)",
-    "Transformer baseline (sudoku-cpu-transformer)=runs/sudoku-cpu-transformer",
+    f"old recipe (sudoku-cpu)={LOGS}/sudoku-cpu.json",
+    f"new recipe (sudoku-cpu-deep, from the old model)={LOGS}/sudoku-cpu-deep.json@old recipe (sudoku-cpu)",
+    f"new recipe, second cycle (lr 3e-4, 3,000 steps)={LOGS}/sudoku-cpu-deep2.json@new recipe (sudoku-cpu-deep, "
+    "from the old model)",
+    f"new recipe, third cycle (lr 2e-4)={LOGS}/sudoku-cpu-deep3.json@new recipe, second cycle (lr 3e-4, 3,000 steps)",
+    f"new recipe, fourth cycle (lr 1.5e-4)={LOGS}/sudoku-cpu-deep4.json@new recipe, third cycle (lr 2e-4)",
+    f"new recipe, fifth cycle (lr 1e-4)={LOGS}/sudoku-cpu-deep5.json@new recipe, fourth cycle (lr 1.5e-4)",
+    f"Transformer baseline (sudoku-cpu-transformer)={LOGS}/sudoku-cpu-transformer.json",
 ]
 THRESHOLDS = (0.6, 0.9)
 
 
 def read_run(folder: Path) -> tuple[list[dict[str, Any]], int]:
     """The run's evaluation lines (last one per step: a resumed run may repeat a step) and its thread count."""
+    if folder.suffix == ".json":
+        log = json.loads(folder.read_text())
+        return log["evals"], int(log["threads"])
     evals: dict[int, dict[str, Any]] = {}
     for line in (folder / "metrics.jsonl").read_text().splitlines():
         rec = json.loads(line)
