@@ -3,6 +3,7 @@
     python bench/hard_model.py data --rrn DIR --out data/sudoku-hard --rated-share 0.5   # the training mix
     python bench/hard_model.py run --arm hard-deep4 --data data/sudoku-hard --budget 1500
     python bench/hard_model.py measure --checkpoint runs/ablations/hard-deep4/best --name hard-deep4 --rrn DIR
+    python bench/hard_model.py tune --checkpoint runs/sudoku-cpu-hard/best --name hard-cpu [--write]
     python bench/hard_model.py table                                               # every arm: JSON + PNG
 
 `data` writes `train.csv.gz` (the RRN-style training puzzles and rated minimal puzzles of hyperset.sudoku.rated,
@@ -16,7 +17,12 @@ budget, resumable with the same command). `measure` scores a checkpoint on held-
 default) per bucket: one pass at T, 2T, 4T, ... up to --max-depth (16T by default; board accuracy, and the share
 of boards whose E_ATTN + E_FF never rises), commit decoding, and the search's model calls on the hardest bucket;
 and on the RRN validation file's seeded draw: one pass to 8T and the default strategy, all and 17 givens. Results go to
-bench/results/hard_model/NAME.json; `table` gathers them into bench/results/hard_model.json and .png.
+bench/results/hard_model/NAME.json. `tune` chooses a checkpoint's inference defaults on the selection split's rated
+puzzles (the seeds of `data`'s valid.csv.gz, never the measurements'): the commit strategy's iterations per pass
+(the most puzzles solved over all buckets, the fewest iterations among ties) and the search's iterations per node
+(the fewest model calls in all); bench/results/hard_model/tune-NAME.json, and with `--write` the checkpoint's
+config.json `solve_iterations` / `search_iterations` with a note saying how. `table` gathers them into
+bench/results/hard_model.json and .png.
 """
 
 from __future__ import annotations
@@ -147,6 +153,50 @@ def measure(checkpoint: str, rrn: str, n: int, seed: int, n_rrn: int, n17: int, 
     return out
 
 
+def tune(checkpoint: str, n: int, commit_iters: list[int], node_iters: list[int], threads: int
+         ) -> dict[str, Any]:
+    """Commit at each iteration count and the search at each node depth on the selection split's rated puzzles."""
+    torch.set_num_threads(threads)
+    solver = Solver.load(checkpoint, "cpu")
+    sets = {b: puzzles_of(b, n, seed, threads) for b, (seed, _) in SELECT_SETS.items()}
+    out: dict[str, Any] = {"checkpoint": str(checkpoint), "puzzles_per_bucket": n,
+                           "seeds": {b: s for b, (s, _) in SELECT_SETS.items()}, "commit": {}, "search": {}}
+    for k in commit_iters:
+        r = {b: _solve(solver, ps, strategy="commit", iters=k) for b, ps in sets.items()}
+        out["commit"][str(k)] = r
+        print(f"  commit @{k}: " + " ".join(f"{b} {100 * v['solved']:.1f}" for b, v in r.items()), file=sys.stderr)
+    for k in node_iters:
+        r = {b: _solve(solver, ps, node_iters=k) for b, ps in sets.items()}
+        out["search"][str(k)] = r
+        print(f"  search @{k}: nodes " + " ".join(f"{b} {v['nodes_mean']:.2f}" for b, v in r.items()),
+              file=sys.stderr)
+    solved = {k: sum(v["solved"] for v in r.values()) for k, r in out["commit"].items()}
+    nodes = {k: sum(v["nodes_mean"] for v in r.values()) for k, r in out["search"].items()}
+    out["solve_iterations"] = int(max(solved, key=lambda k: (round(solved[k], 6), -int(k))))
+    out["search_iterations"] = int(min(nodes, key=lambda k: (round(nodes[k], 6), int(k))))
+    return out
+
+
+def write_choice(checkpoint: Path, choice: dict[str, Any], command: str) -> None:
+    """The tuned defaults into the checkpoint's config.json, each with a note saying how they were chosen."""
+    path = checkpoint / "config.json"
+    config = json.loads(path.read_text())
+    n, seeds = choice["puzzles_per_bucket"], choice["seeds"]
+    where = f"{n} rated puzzles of each bucket at the selection seeds {sorted(seeds.values())} (`{command}`)"
+    k, m = choice["solve_iterations"], choice["search_iterations"]
+    commit = choice["commit"][str(k)]
+    config["solve_iterations"] = k
+    config["solve_iterations_note"] = (
+        f"iterations per pass the solver runs by default: the commit strategy solved the most puzzles at {k} of "
+        + ", ".join(choice["commit"]) + " on " + where + ": "
+        + ", ".join(f"{b} {100 * v['solved']:.1f}%" for b, v in commit.items()))
+    config["search_iterations"] = m
+    config["search_iterations_note"] = (
+        f"iterations per node of the search strategy: the fewest model calls at {m} of "
+        + ", ".join(choice["search"]) + " on " + where)
+    atomic_write_json(path, config)
+
+
 def table(path: Path) -> dict[str, Any]:
     rows = sorted((json.loads(f.read_text()) for f in RESULTS.glob("*.json")),
                   key=lambda r: (r["name"] != "shipped", r["name"]))  # the shipped model first: the reference
@@ -238,6 +288,14 @@ def main(argv: list[str] | None = None) -> None:
     m.add_argument("--threads", type=bench_args.count, default=1)
     m.add_argument("--cpu-seconds", type=float, default=None, help="training CPU-seconds to record beside it")
     m.add_argument("--max-depth", type=int, choices=DEPTHS, default=16, help="the deepest one-pass read-out, in T")
+    t = sub.add_parser("tune", help="choose a checkpoint's solve and search iterations on the selection split")
+    t.add_argument("--checkpoint", required=True, help="checkpoint folder")
+    t.add_argument("--name", required=True)
+    t.add_argument("--n", type=bench_args.count, default=200, help="rated puzzles per bucket (at most 200)")
+    t.add_argument("--commit-iters", type=bench_args.count, nargs="+", default=[16, 32, 64])
+    t.add_argument("--node-iters", type=bench_args.count, nargs="+", default=[4, 8, 16])
+    t.add_argument("--threads", type=bench_args.count, default=1)
+    t.add_argument("--write", action="store_true", help="write the choice into the checkpoint's config.json")
     tab = sub.add_parser("table")
     tab.add_argument("--markdown", action="store_true", help="also print the docs' table")
     args = ap.parse_args(argv)
@@ -259,6 +317,17 @@ def main(argv: list[str] | None = None) -> None:
             plan = da.RUNS / args.name / "arm.json"
             result.update(note=arm["note"], arm=json.loads(plan.read_text()) if plan.is_file() else None)
         atomic_write_json(RESULTS / f"{args.name}.json", result)
+    elif args.cmd == "tune":
+        if args.n > 200:
+            raise bench_args.BenchInputError(f"--n: the selection split holds 200 puzzles a bucket, got {args.n}")
+        command = "python bench/hard_model.py " + " ".join(sys.argv[1:] if argv is None else argv)
+        choice = tune(resolve(args.checkpoint), args.n, args.commit_iters, args.node_iters, args.threads)
+        choice.update(device=f"{cpu_model()}, {args.threads} thread(s)", command=command)
+        atomic_write_json(RESULTS / f"tune-{args.name}.json", choice)
+        print(f"{args.name}: solve_iterations {choice['solve_iterations']}, "
+              f"search_iterations {choice['search_iterations']}")
+        if args.write:
+            write_choice(Path(resolve(args.checkpoint)), choice, command)
     else:
         rows = table(da.RESULTS / "hard_model.json")["rows"]
         if args.markdown:
