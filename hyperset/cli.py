@@ -24,9 +24,10 @@ from .cli_options import (
     package_version,
 )
 from .config import check_iterations
-from .defaults import CPU_BATCH_SIZE, DEFAULT_NODES, DEFAULT_PASSES, DEFAULT_STRATEGY, GPU_BATCH_SIZE, STRATEGY_NAMES
+from .defaults import CPU_BATCH_SIZE, DEFAULT_NODES, DEFAULT_PASSES, DEFAULT_STRATEGY, GPU_BATCH_SIZE
 from .extras import require
 from .stops import Stops as _Stops
+from .strategy_registry import strategy_help, strategy_names
 from .sudoku.board import PuzzleError, cell_name, format_grid
 from .sudoku.parse import Puzzle, iter_file
 
@@ -216,11 +217,8 @@ def _read_puzzles(files: tuple[str, ...]) -> Iterator[Puzzle]:
 @click.option("--iters", default=None,
               help="iterations per pass (may exceed the trained depth) or 'auto' [default: the model's measured "
                    "choice, its config.json solve_iterations, else the trained depth]")
-@click.option("--strategy", type=click.Choice(STRATEGY_NAMES), default=DEFAULT_STRATEGY, show_default=True,
-              help="search: one pass, then search on the model's beliefs with exact checks, taking wrong guesses "
-                   "back (answers every valid puzzle within its budget); commit: fix the most confident cells, run "
-                   "again; single: one pass; views: one pass on the puzzle and --views symmetry transforms of it, "
-                   "the exact check picks; auto: iterate until the prediction settles")
+@click.option("--strategy", type=click.Choice(strategy_names()), default=DEFAULT_STRATEGY, show_default=True,
+              help=strategy_help())
 @click.option("--passes", type=click.IntRange(1, 81), default=DEFAULT_PASSES, show_default=True,
               help="most passes of the commit strategy")
 @click.option("--nodes", type=click.IntRange(1, 10_000_000), default=DEFAULT_NODES, show_default=True,

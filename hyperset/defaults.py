@@ -2,8 +2,6 @@
 
 DEFAULT_STRATEGY = "search"  # answers every valid puzzle; measured in bench/search_bench.py (docs/sudoku.md)
 DEFAULT_NODES = 2000  # most nodes (model calls) of the search per board
-# hyperset.strategy_registry.REGISTRY's names, for --help without torch
-STRATEGY_NAMES = ("search", "commit", "single", "views", "auto")
 DEFAULT_PASSES = 16  # most passes of the commit strategy
 # Boards per forward pass. Boards leave the batch as soon as they are valid, so a batch shrinks as it runs and the
 # hard boards that remain run in small batches: a larger starting batch keeps more of them together, and 128 still

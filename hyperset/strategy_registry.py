@@ -2,25 +2,27 @@
 the app read) and the function that runs it on a batch of boards.
 
 A new strategy is one file (a generator of :class:`~hyperset.strategies.SolveFrame`, written on the parts of
-:mod:`hyperset.strategies`) and one `register_strategy` entry below; the solver, the commands and the app then
-offer it. The default is the first entry (``hyperset.defaults.STRATEGY_NAMES`` repeats the names for --help
-without torch; a test keeps the two the same).
+:mod:`hyperset.strategies`, taking ``(backend, boards, settings)``) and one `register_strategy` entry below, naming
+its function as ``"module:function"``; the solver, the commands and the app then offer it. Nothing here imports
+torch or a strategy until one runs, so the commands' --help lists the strategies without torch. The default is
+``hyperset.defaults.DEFAULT_STRATEGY``, the first entry.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from torch import Tensor
+if TYPE_CHECKING:
+    from torch import Tensor
 
-from .backends import SolverBackend
-from .search import search
-from .strategies import SolveFrame, auto, commit, single
-from .views import DEFAULT_VIEWS, views
+    from .backends import SolverBackend
+    from .strategies import SolveFrame
 
-__all__ = ["REGISTRY", "STRATEGIES", "Strategy", "StrategySettings", "register_strategy", "stream", "strategy_names"]
+__all__ = ["REGISTRY", "STRATEGIES", "Strategy", "StrategySettings", "register_strategy", "stream", "strategy_help",
+           "strategy_names"]
 
 
 @dataclass(frozen=True)
@@ -44,32 +46,69 @@ class StrategySettings:
     views: int | None = None
 
 
+Runner = Callable[["SolverBackend", "Tensor", StrategySettings], Iterator["SolveFrame"]]
+
+
 @dataclass(frozen=True)
 class Strategy:
     """A registered strategy: its name, a one-line description (CLI help and the app read it), and
-    ``run(backend, boards, settings)`` giving its frames."""
+    ``run(backend, boards, settings)`` giving its frames, or its ``"module:function"`` name (imported on first
+    use)."""
 
     name: str
     description: str
-    run: Callable[[SolverBackend, Tensor, StrategySettings], Iterator[SolveFrame]]
+    run: Runner | str
+
+    def runner(self) -> Runner:
+        """The function that runs the strategy (imported now where `run` names it)."""
+        if callable(self.run):
+            return self.run
+        module, _, name = self.run.partition(":")
+        return getattr(importlib.import_module(module), name)
 
 
 REGISTRY: dict[str, Strategy] = {}
 
 
 def register_strategy(strategy: Strategy) -> None:
-    """Make `strategy` known by its name to the solver, the commands and the app."""
+    """Make `strategy` known by its name to the solver, the commands and the app (the commands read the names
+    when they are imported: register before)."""
+    if not callable(strategy.run) and not (isinstance(strategy.run, str) and ":" in strategy.run):
+        raise TypeError(f"strategy {strategy.name!r}: run must be a function or 'module:function', "
+                        f"got {strategy.run!r}")
     REGISTRY[strategy.name] = strategy
 
 
 def _search(backend: SolverBackend, boards: Tensor, s: StrategySettings) -> Iterator[SolveFrame]:
+    from .search import search
+
     return search(backend, boards, s.iters, node_iters=s.node_iters, nodes=s.nodes, seconds=s.seconds,
                   prior=s.prior, order=s.order, first_look=s.first_look, views=s.views or 0,
                   per_iteration=s.per_iteration)
 
 
+def _commit(backend: SolverBackend, boards: Tensor, s: StrategySettings) -> Iterator[SolveFrame]:
+    from .strategies import commit
+
+    return commit(backend, boards, s.iters, s.passes, s.per_iteration)
+
+
+def _single(backend: SolverBackend, boards: Tensor, s: StrategySettings) -> Iterator[SolveFrame]:
+    from .strategies import single
+
+    return single(backend, boards, s.iters, s.per_iteration)
+
+
 def _views(backend: SolverBackend, boards: Tensor, s: StrategySettings) -> Iterator[SolveFrame]:
+    from .views import DEFAULT_VIEWS, views
+
     return views(backend, boards, s.iters, DEFAULT_VIEWS if s.views is None else s.views, s.per_iteration)
+
+
+def _auto(backend: SolverBackend, boards: Tensor, s: StrategySettings) -> Iterator[SolveFrame]:
+    from .strategies import auto
+
+    return auto(backend, boards, s.max_iters or s.iters, s.patience, s.per_iteration)
 
 
 register_strategy(Strategy(
@@ -77,15 +116,13 @@ register_strategy(Strategy(
     "taken back; answers every valid puzzle within its budget", _search))
 register_strategy(Strategy(
     "commit", "run, fix the most confident clash-free cells as givens, run again until the board is valid or "
-    "full (never takes a digit back)", lambda be, b, s: commit(be, b, s.iters, s.passes, s.per_iteration)))
-register_strategy(Strategy(
-    "single", "one pass of N iterations", lambda be, b, s: single(be, b, s.iters, s.per_iteration)))
+    "full (never takes a digit back)", _commit))
+register_strategy(Strategy("single", "one pass of N iterations", _single))
 register_strategy(Strategy(
     "views", "one pass on the puzzle and K symmetry transforms of it in one batch; the exact check picks a valid "
     "answer among them", _views))
 register_strategy(Strategy(
-    "auto", "iterate until the prediction is valid or settles, at most 4x the trained depth",
-    lambda be, b, s: auto(be, b, s.max_iters or s.iters, s.patience, s.per_iteration)))
+    "auto", "iterate until the prediction is valid or settles, at most 4x the trained depth", _auto))
 
 
 def strategy_names() -> tuple[str, ...]:
@@ -99,7 +136,12 @@ def stream(backend: SolverBackend, boards: Tensor, strategy: str, iters: int, **
     (`max_iters` bounds auto, default `iters`)."""
     if strategy not in REGISTRY:
         raise ValueError(f"unknown strategy {strategy!r}; choose from {', '.join(REGISTRY)}")
-    return REGISTRY[strategy].run(backend, boards, StrategySettings(iters, **settings))
+    return REGISTRY[strategy].runner()(backend, boards, StrategySettings(iters, **settings))
 
 
-STRATEGIES = strategy_names()  # the built-in ones; REGISTRY holds any registered later too
+STRATEGIES = strategy_names()  # the built-in ones; REGISTRY (and strategy_names()) hold any registered later too
+
+
+def strategy_help() -> str:
+    """The registered strategies with their descriptions, for a command's --help."""
+    return "; ".join(f"{s.name}: {s.description}" for s in REGISTRY.values())

@@ -149,9 +149,9 @@ def test_the_solver_reports_nodes_backtracks_and_how_per_board(tmp_path: Path) -
 
 
 def test_the_search_is_registered_and_offered_by_the_commands() -> None:
-    from hyperset.defaults import DEFAULT_STRATEGY, STRATEGY_NAMES
+    from hyperset.defaults import DEFAULT_STRATEGY
 
-    assert tuple(REGISTRY) == STRATEGY_NAMES and DEFAULT_STRATEGY == "search"
+    assert next(iter(REGISTRY)) == DEFAULT_STRATEGY == "search"
     out = subprocess.run([sys.executable, "-m", "hyperset.cli", "--help"], capture_output=True, text=True).stdout
     assert "search" in out and "--prior" in out and "--nodes" in out
 

@@ -28,7 +28,8 @@ from hyperset.cli_options import (
 )
 from hyperset.config import MAX_ITERS
 from hyperset.download import DownloadError
-from hyperset.solve import CPU_BATCH_SIZE, DEFAULT_PASSES, GPU_BATCH_SIZE, STRATEGIES
+from hyperset.solve import CPU_BATCH_SIZE, DEFAULT_PASSES, GPU_BATCH_SIZE
+from hyperset.strategy_registry import strategy_names
 from hyperset.sudoku import extreme
 from hyperset.sudoku.board import PuzzleError
 from hyperset.sudoku.data import SPLITS
@@ -112,7 +113,7 @@ def print_rating_table(report: dict[str, Any]) -> None:
 @click.option("--iters", type=click.IntRange(1, MAX_ITERS), multiple=True,
               help="depths to read out and to run the strategies at (repeatable; may exceed the trained depth) "
                    "[default: trained depth]")
-@click.option("--strategy", "strategies", type=click.Choice(STRATEGIES), multiple=True,
+@click.option("--strategy", "strategies", type=click.Choice(strategy_names()), multiple=True,
               help="solver strategies to time (repeatable) [default: single]")
 @click.option("--passes", type=click.IntRange(1, 81), default=DEFAULT_PASSES, show_default=True,
               help="most passes of the commit strategy")

@@ -34,7 +34,8 @@ import torch
 
 from ..device import dtype_name
 from ..files import json_safe
-from ..solve import DEFAULT_PASSES, STRATEGIES, Solver, summarize
+from ..solve import DEFAULT_PASSES, Solver, summarize
+from ..strategy_registry import strategy_names
 from .data import find_split, givens_count, load_csv, protocol_indices
 from .rated import BUCKETS, bucket_range
 
@@ -234,8 +235,8 @@ def run_strategy(solver: Solver, boards: Boards, strategy: str, iters: int | Non
     """Solve ``boards`` with one strategy of :class:`Solver` (``iters``: its depth; ignored by auto, which
     settles per board within 4x the trained depth), timed: board and cell accuracy, share of valid boards,
     boards/s, mean iterations and passes per board."""
-    if strategy not in STRATEGIES:
-        raise ValueError(f"unknown strategy {strategy!r}; choose from {', '.join(STRATEGIES)}")
+    if strategy not in strategy_names():
+        raise ValueError(f"unknown strategy {strategy!r}; choose from {', '.join(strategy_names())}")
     puzzles, solutions = to_strings(boards.puzzles), to_strings(boards.solutions)
     kw: dict[str, Any] = {"iters": "auto"} if strategy == "auto" else {"iters": iters, "strategy": strategy}
     if strategy == "commit":
@@ -271,8 +272,8 @@ def evaluate(solver: Solver, boards: Boards, iters: Sequence[int] | None = None,
     if depths[0] < 1:
         raise ValueError(f"iterations must be >= 1, got {depths[0]}")
     for s in strategies:
-        if s not in STRATEGIES:
-            raise ValueError(f"unknown strategy {s!r}; choose from {', '.join(STRATEGIES)}")
+        if s not in strategy_names():
+            raise ValueError(f"unknown strategy {s!r}; choose from {', '.join(strategy_names())}")
     start = time.perf_counter()
     curve = iteration_curve(solver, boards, depths[-1], batch_size, geometry_boards, progress)
     givens = givens_count(boards.puzzles)
