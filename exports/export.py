@@ -20,7 +20,7 @@ Graphs (all self-contained single files, dynamic batch, opset 17 by default):
 zeros; their metadata says ``energies = ""`` (the ET layer exports its closed-form gradient and its energies).
 
 Exporter choice: the legacy TorchScript exporter (``dynamo=False``) at opset 17. The model's RMSNorm is written out
-by hand, so nothing needs opset 23; the legacy exporter exports 5-25x faster than dynamo (which matters for
+by hand, so nothing needs opset 23; the legacy exporter exports much faster than dynamo (which matters for
 unrolled graphs, whose export time grows with ``iters``), writes no per-node stack traces (the dynamo files are
 2-3x larger unless those are cleared) and never splits weights into a ``.data`` file. Its graphs match PyTorch
 within docs/onnx.md's parity rule (logits within 1e-4, or 4x torch fp32's own rounding error over many iterations).

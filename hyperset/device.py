@@ -129,7 +129,7 @@ def usable_cores() -> int:
 def cpu_threads(requested: int | None = None) -> int:
     """Threads for CPU inference: `requested`, else the usable cores that other work leaves idle (by the 1-minute
     load average), at least one. More threads than idle cores make OpenMP threads wait on each other, and a solve
-    beside other work then runs many times slower than on one thread."""
+    beside other work then runs many times slower than on one thread (measured in docs/sudoku.md, `hyperset-solve`)."""
     if requested is not None:
         if requested < 1:
             raise ValueError(f"threads must be at least 1, got {requested}")

@@ -1,6 +1,6 @@
 /* The bi-softmax attention maps of the Hyper-SET layer for one CPU thread, fused per (board, head): the maps stay
  * in the core's cache between the products and the softmax instead of making a round trip to memory between
- * batched library calls. fp32, AVX-512. Built and loaded by hyperset/cpu_kernels.py.
+ * batched library calls. fp32, AVX-512. Built and loaded by hyperset/accel/cpu_kernels.py.
  *
  * For each batch element b of [b0, b1), Zn (N x p), beta:
  *   forward:  P = softmax_rows(beta Zn Zn^T)             (N x N, saved for the backward pass; not written
