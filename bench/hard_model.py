@@ -20,7 +20,7 @@ and on the RRN validation file's seeded draw: one pass to 8T and the default str
 bench/results/hard_model/NAME.json. `tune` chooses a checkpoint's inference defaults on the selection split's rated
 puzzles (the seeds of `data`'s valid.csv.gz, never the measurements'): the commit strategy's iterations per pass
 (the most puzzles solved over all buckets, the fewest iterations among ties) and the search's iterations per node
-(the fewest model calls in all); bench/results/hard_model/tune-NAME.json, and with `--write` the checkpoint's
+(the fewest model iterations, nodes x iterations per node, in all); bench/results/hard_model/tune-NAME.json, and with `--write` the checkpoint's
 config.json `solve_iterations` / `search_iterations` with a note saying how. `table` gathers them into
 bench/results/hard_model.json and .png.
 """
@@ -126,7 +126,9 @@ def measure(checkpoint: str, rrn: str, n: int, seed: int, n_rrn: int, n17: int, 
     solver = Solver.load(checkpoint, "cpu")
     model, T = solver.model, solver.trained_iters
     depths = [k for k in DEPTHS if k <= max_depth]
-    out: dict[str, Any] = {"checkpoint": str(checkpoint), "trained_iterations": T, "seed": seed, "buckets": {}}
+    out: dict[str, Any] = {"checkpoint": str(checkpoint), "trained_iterations": T, "seed": seed,
+                           "solve_iterations": solver.default_iters, "search_iterations": solver.search_iters,
+                           "buckets": {}}
     for b in rated.BUCKETS:
         ps = puzzles_of(b, n, seed, threads)
         p, s = _arrays(ps)
@@ -171,9 +173,9 @@ def tune(checkpoint: str, n: int, commit_iters: list[int], node_iters: list[int]
         print(f"  search @{k}: nodes " + " ".join(f"{b} {v['nodes_mean']:.2f}" for b, v in r.items()),
               file=sys.stderr)
     solved = {k: sum(v["solved"] for v in r.values()) for k, r in out["commit"].items()}
-    nodes = {k: sum(v["nodes_mean"] for v in r.values()) for k, r in out["search"].items()}
+    work = {k: int(k) * sum(v["nodes_mean"] for v in r.values()) for k, r in out["search"].items()}
     out["solve_iterations"] = int(max(solved, key=lambda k: (round(solved[k], 6), -int(k))))
-    out["search_iterations"] = int(min(nodes, key=lambda k: (round(nodes[k], 6), int(k))))
+    out["search_iterations"] = int(min(work, key=lambda k: (round(work[k], 6), int(k))))
     return out
 
 
@@ -192,13 +194,14 @@ def write_choice(checkpoint: Path, choice: dict[str, Any], command: str) -> None
         + ", ".join(f"{b} {100 * v['solved']:.1f}%" for b, v in commit.items()))
     config["search_iterations"] = m
     config["search_iterations_note"] = (
-        f"iterations per node of the search strategy: the fewest model calls at {m} of "
+        f"iterations per node of the search strategy: the fewest model iterations (nodes x iterations per node, "
+        f"summed over the buckets' means) at {m} of "
         + ", ".join(choice["search"]) + " on " + where)
     atomic_write_json(path, config)
 
 
 def table(path: Path) -> dict[str, Any]:
-    rows = sorted((json.loads(f.read_text()) for f in RESULTS.glob("*.json")),
+    rows = sorted((json.loads(f.read_text()) for f in RESULTS.glob("*.json") if not f.name.startswith("tune-")),
                   key=lambda r: (r["name"] != "shipped", r["name"]))  # the shipped model first: the reference
     atomic_write_json(path, {"rows": rows})
     for r in rows:
@@ -217,14 +220,16 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return ""
     buckets = list(rows[0]["eval"]["buckets"])
-    head = ["arm", "training CPU-s", *(f"{b}: one pass T / 4T / 16T" for b in buckets),
+    head = ["arm", "training CPU-s", "iterations: commit / search node",
+            *(f"{b}: one pass T / 4T / 16T" for b in buckets),
             *(f"{b}: commit" for b in buckets), f"{buckets[-1]}: search nodes, median (uniform)",
             "RRN: one pass T / 4T / 8T", "RRN: default (17 givens)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         e = r["eval"]
         spent = r.get("cpu_seconds") or (r.get("arm") or {}).get("cpu_seconds")
-        cells = [r["name"], f"{spent:,.0f}" if spent else "-"]
+        cells = [r["name"], f"{spent:,.0f}" if spent else "-",
+                 f"{e.get('solve_iterations', '-')} / {e.get('search_iterations', '-')}"]
         for b in buckets:
             op = e["buckets"][b]["one_pass"]
             cells.append(" / ".join(f"{100 * op[k]:.1f}" for k in ("1T", "4T", "16T") if k in op))
