@@ -178,6 +178,7 @@ def test_solve_views_ends_with_the_solvers_board_and_which_view_answered(app: Hy
     assert ref.how in verdict and "per view (9 views)" in verdict
 
 
+@pytest.mark.slow
 def test_app_and_cli_give_the_same_frames(app: HyperSETApp, tmp_path: Path):
     """The app's streamed solve and hyperset-solve run the same strategy streams: the same boards after every
     pass, the same iteration counts and the same energy at every iteration."""
@@ -489,6 +490,7 @@ def served(app: HyperSETApp):
         demo.close()
 
 
+@pytest.mark.slow
 def test_client_solve_above_trained_depth(served):
     demo, client = served
     grid, board, message = client.predict(EASY, api_name="/load_puzzle")
@@ -552,6 +554,7 @@ def test_every_api_output_is_named_after_what_it_holds(served):
     assert not unnamed and not info["unnamed_endpoints"]
 
 
+@pytest.mark.slow
 def test_client_values_gradio_cannot_convert_get_the_apps_message(served, tmp_path: Path):
     """An API client's infinite, NaN or text iteration count, a null grid, an image whose body does not decode,
     an empty puzzle and a mistake after the first puzzle: each answer says what is wrong (Gradio's own
@@ -768,6 +771,7 @@ def test_onnx_graph_without_step_graphs_is_refused_and_its_limits_are_messages(
     assert "every frame comes from ONNX Runtime" in " ".join(app_module.__doc__.split())  # as docs/app.md says
 
 
+@pytest.mark.slow
 def test_the_app_does_not_report_usage_unless_asked() -> None:
     """Gradio's analytics made 8 connections at start-up; a local demo must not phone home by default."""
     import os

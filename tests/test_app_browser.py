@@ -128,6 +128,7 @@ def _chromium_page(url: str, failure: str = "failure.png", viewport: tuple[int, 
             browser.close()
 
 
+@pytest.mark.slow
 def test_solve_stop_and_reconstruct_in_chromium(url):
     url, counting = url
     with _chromium_page(url) as page:
@@ -214,6 +215,7 @@ def test_solve_stop_and_reconstruct_in_chromium(url):
         assert _save(page, "reconstruction.png").stat().st_size > 10_000
 
 
+@pytest.mark.slow
 def test_reconstruction_default_run_shows_four_columns_in_chromium(url):
     """The reconstruction tab as it opens: press Reconstruct with the defaults (the default sample, a 40% random
     mask, paste-back on) and the four image columns, the metrics, the energy plot and its note all render."""
@@ -241,6 +243,7 @@ def test_reconstruction_default_run_shows_four_columns_in_chromium(url):
         assert _save(page, "mim_tab.png").stat().st_size > 10_000
 
 
+@pytest.mark.slow
 def test_the_grid_is_a_board_that_fits_a_phone_and_solves_what_is_typed_in_chromium(url):
     """At a phone's 390 px: the grid is 81 cells in 9 equal columns, the ninth inside the viewport, with box lines
     thicker than the cell lines. A digit typed into a cell is solved with the board, the arrows move between cells,

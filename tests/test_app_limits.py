@@ -83,6 +83,7 @@ def _upload(client: httpx.Client, content: bytes) -> str:
 # ---- images: the size from the header, before any decoding -----------------------------------------------------
 
 
+@pytest.mark.slow
 def test_image_size_reads_the_header_only(huge_png: bytes):
     tracemalloc.start()
     assert image_size(huge_png) == (HUGE_SIDE, HUGE_SIDE)
@@ -232,6 +233,7 @@ def test_values_gradio_cannot_take_are_one_line_errors_naming_the_input(served, 
         assert event == "error" and words in answer["error"] and "\n" not in answer["error"], (api, answer)
 
 
+@pytest.mark.slow
 def test_abandoned_solve_stops_and_frees_the_slot(served):
     grid = {"headers": [str(i) for i in range(1, 10)], "data": puzzle_to_grid(EASY)}
     posted = served.client.post("/gradio_api/call/solve_stream", json={"data": [grid, 4 * TRAINED, "commit"]})
@@ -244,6 +246,7 @@ def test_abandoned_solve_stops_and_frees_the_slot(served):
     assert event == "complete" and details["iterations"] == 2
 
 
+@pytest.mark.slow
 def test_abandoned_api_solve_stops_and_frees_the_slot(served, monkeypatch: pytest.MonkeyPatch):
     """/solve stops as the streamed solve does when nobody asks for its result (it held the model slot until
     done)."""
@@ -259,6 +262,7 @@ def test_abandoned_api_solve_stops_and_frees_the_slot(served, monkeypatch: pytes
     assert event == "complete" and energies["iterations"] == 2 and "stopped" not in energies
 
 
+@pytest.mark.slow
 def test_solves_that_clients_listen_to_run_past_the_grace(served, monkeypatch: pytest.MonkeyPatch):
     """The page and gradio_client listen by session hash, the API by event id: neither is taken as abandoned."""
     gradio_client = pytest.importorskip("gradio_client")
@@ -271,6 +275,7 @@ def test_solves_that_clients_listen_to_run_past_the_grace(served, monkeypatch: p
     assert details["iterations"] == 4 * TRAINED
 
 
+@pytest.mark.slow
 def test_uploaded_files_are_deleted_after_their_age(served):
     path = Path(_upload(served.client, png(8, 8)))
     assert path.exists()
@@ -296,6 +301,7 @@ def test_editor_blob_uploads_are_bounded(served):
     assert len(editor.blob_storage) == limits.EDITOR_BLOB_SLOTS
 
 
+@pytest.mark.slow
 def test_api_calls_keep_a_bounded_number_of_session_states(served):
     """Gradio keeps a session state for every API call (each call is a session of its own) with the call's inputs
     in it, up to 1 MiB a call: the app keeps the newest SESSION_STATES, where Gradio's default is 10,000."""

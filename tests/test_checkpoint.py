@@ -345,6 +345,7 @@ def test_a_newer_or_malformed_format_version_is_refused_in_one_line(tmp_path):
     load_checkpoint(folder)  # written before the field existed: version 1
 
 
+@pytest.mark.slow
 def test_a_compiled_model_saves_under_its_own_weight_names(tmp_path):
     torch.manual_seed(0)
     model = build_model(_cfg())

@@ -165,6 +165,7 @@ def test_a_wrong_kind_of_path_is_named_for_what_it_is(tmp_path) -> None:
     (["hyperset-eval", "sudoku", "--data", "d", "--out", ""], "hyperset-eval sudoku: error: --out: an empty path"),
     (["hyperset-export", "sudoku", "--out", ""], "hyperset-export: error: --out: an empty path"),
 ])
+@pytest.mark.slow
 def test_a_usage_error_is_one_line_with_exit_2(args: list[str], line: str, tmp_path: Path,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """Every command, click's own checks included (ranges, unknown options), where click prints the usage, a hint
@@ -211,6 +212,7 @@ def test_what_the_eval_and_export_commands_take_is_checked_before_work(tmp_path:
         _ort_device("cuda:1")
 
 
+@pytest.mark.slow
 def test_the_package_imports_nothing_heavy_and_ctrl_c_while_torch_loads_is_one_line(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
     """`import hyperset` is instant (its names load on first use), so the console scripts can guard the import of

@@ -39,6 +39,7 @@ CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
 def test_compiled_outputs_and_gradients_match_eager(case: str) -> None:
     model_kw, call = CASES[case]
@@ -78,6 +79,7 @@ def _counting_backend() -> tuple[Callable[..., Any], dict[str, int]]:
     return backend, counts
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["peer", "et"])
 def test_the_compiler_traces_a_pass_into_graphs_that_do_not_grow_with_depth(case: str) -> None:
     """A pass compiles to a fixed number of graphs (the updates unrolled in one), not one graph call per update:
@@ -97,6 +99,7 @@ def test_the_compiler_traces_a_pass_into_graphs_that_do_not_grow_with_depth(case
     assert per_pass[2] == per_pass[6] < 6, per_pass  # one graph per update would make 6 or more at 6 updates
 
 
+@pytest.mark.slow
 def test_a_core_with_a_graph_per_update_compiles_once_for_every_depth() -> None:
     """With graph_per_update (set by an objective that draws the depth at every step) a new depth compiles
     nothing: the updates are graphs of their own. Without it the pass is one graph per depth."""

@@ -121,6 +121,7 @@ def _fresh_process(code: str, *flags: str, **env: str) -> subprocess.CompletedPr
                           env={**os.environ, **env}, timeout=120)
 
 
+@pytest.mark.slow
 def test_without_a_compiler_the_operator_runs_on_pytorchs_calls_and_says_why() -> None:
     """A fresh process whose C compiler does not exist: status names it, and the attention operator still trains."""
     code = (
@@ -155,6 +156,7 @@ def test_a_cache_folder_that_anyone_can_write_to_is_not_loaded_from(tmp_path) ->
     assert list((tmp_path / "kernels").iterdir()) == []
 
 
+@pytest.mark.slow
 def test_a_bad_environment_value_warns_and_uses_auto() -> None:
     code = "from hyperset.accel import cpu_kernels; print(cpu_kernels._wanted == cpu_kernels._resolve('auto'))"
     done = _fresh_process(code, "-W", "always", HYPERSET_CPU_KERNELS="sometimes")

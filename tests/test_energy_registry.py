@@ -66,6 +66,7 @@ def test_a_registered_energy_is_a_config_choice_and_a_model_runs_on_it(registry:
     assert logits.shape == (2, 81, 9) and torch.isfinite(logits).all()
 
 
+@pytest.mark.slow
 def test_a_toy_energy_registered_by_a_plugin_runs_through_every_registry_test() -> None:
     """The toy energies of tests/toy_energy.py are registered before collection; the registry-parametrized tests of
     the energies and of the layer's updates then take them (gradients against autograd, invariance on the sphere,

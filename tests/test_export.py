@@ -88,6 +88,7 @@ def _session(path: str | Path) -> OrtSession:
     return OrtSession(path, "cpu", intra_op_threads=1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_parity_unrolled_loop_torch(exported: dict, name: str) -> None:
     entry = exported[name]

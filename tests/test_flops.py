@@ -119,6 +119,7 @@ def test_backward_matmuls_transpose_the_right_operand() -> None:
         assert torch.matmul(a, b).shape == (m.m, m.n)
 
 
+@pytest.mark.slow
 def test_flops_script_writes_counts_and_a_measured_roofline(tmp_path: Path) -> None:
     out = tmp_path / "flops.json"
     flops.main(["--set", "dim=32", "--set", "heads=4", "--set", "ff_hidden=64", "--set", "time_dim=16",
@@ -165,6 +166,7 @@ def test_machine_facts_name_the_cpu_generation_where_the_model_name_does_not() -
             assert facts["cpu_family"] == int(mine["cpu family"])
 
 
+@pytest.mark.slow
 def test_the_other_blas_rooflines_time_the_same_shapes() -> None:
     cfg = bench_args.model_config("sudoku", ["dim=32", "heads=4", "ff_hidden=64", "time_dim=16"])
     other = flops.other_blas_rooflines(cfg, 2, 2, 1, min_seconds=0.001)

@@ -31,6 +31,7 @@ def test_a_failing_check_is_recorded_and_named_not_raised() -> None:
     assert gpu_check.failed(report) == ["onnx_cuda"]
 
 
+@pytest.mark.slow
 def test_the_fused_check_passes_on_the_cpu_and_names_a_difference() -> None:
     """The check the GPU run makes of hyperset.accel.fused, eager and compiled, run here on the CPU: the paths agree."""
     out = gpu_check.fused_check(torch.device("cpu"), batch=2, speed_batch=2, rounds=1)
@@ -68,6 +69,7 @@ def test_only_replaces_the_named_checks_and_keeps_the_others(tmp_path: Path,
     assert [r["gpu"] for r in json.loads(out.read_text())["runs"]] == ["Y"]  # every check of run X was replaced
 
 
+@pytest.mark.slow
 def test_the_solver_and_onnx_checks_run_with_the_cpu_in_both_places(tmp_path: Path) -> None:
     """The solver and ONNX checks, with the CPU standing in for CUDA: same boards, parity, a speed each."""
     solver = gpu_check.solver_check(("cpu", "cpu"))
@@ -80,12 +82,14 @@ def test_the_solver_and_onnx_checks_run_with_the_cpu_in_both_places(tmp_path: Pa
         assert onnx[row]["cpu"]["parity"]["max_abs_logits"] < 1e-3
 
 
+@pytest.mark.slow
 def test_the_solve_cli_check_compares_backends_and_names_the_provider() -> None:
     out = gpu_check.solve_cli_check(iters=20, runs=(("torch", "cpu"), ("onnx", "cpu")))
     assert out["torch_cpu"]["valid"] == out["torch_cpu"]["puzzles"] > 0
     assert out["onnx_cpu"]["backend"] == "onnxruntime (CPUExecutionProvider)"
 
 
+@pytest.mark.slow
 def test_the_compile_check_runs_the_trainer_both_ways_and_fails_when_losses_part(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The compiled-trainer check on the CPU with a small model: both runs log, their losses agree; a compiled run
@@ -112,6 +116,7 @@ def test_the_compile_check_runs_the_trainer_both_ways_and_fails_when_losses_part
     assert len(failed["eager"]["losses"]) == 2 and 0.49 < failed["loss_max_abs_difference"] < 0.51
 
 
+@pytest.mark.slow
 def test_the_cuda_graphs_depth_check_trains_a_drawn_depth_in_both_modes(tmp_path: Path) -> None:
     """On the CPU reduce-overhead compiles as the default mode does, so the two runs log the same losses; a graph
     per update is what the check's objective makes the trainer compile."""

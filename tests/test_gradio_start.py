@@ -30,6 +30,7 @@ class Box(gr.Textbox):
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("hooked", [True, False])
 def test_a_component_class_writes_no_stub_beside_its_source(tmp_path, hooked):
     """Plain Gradio writes `box.pyi` beside a file that defines a component class (its development aid); through
@@ -46,6 +47,7 @@ def test_a_component_class_writes_no_stub_beside_its_source(tmp_path, hooked):
     assert (tmp_path / "box.pyi").exists() is not hooked
 
 
+@pytest.mark.slow
 def test_pandas_is_imported_when_gradio_caching_first_uses_it(tmp_path):
     out = _run("""
         import json, sys
@@ -63,6 +65,7 @@ def test_pandas_is_imported_when_gradio_caching_first_uses_it(tmp_path):
     assert out == {"before": False, "same": True, "real": True, "styler": True}
 
 
+@pytest.mark.slow
 def test_pandas_imported_before_gradio_is_left_alone(tmp_path):
     out = _run("""
         import json, sys
@@ -75,6 +78,7 @@ def test_pandas_imported_before_gradio_is_left_alone(tmp_path):
     assert out == {"same": True}
 
 
+@pytest.mark.slow
 def test_the_app_builds_and_answers_through_the_hooked_import(tmp_path):
     """The shipped models' app, built after import_gradio(), answers /solve as the app does."""
     out = _run("""
@@ -113,6 +117,7 @@ def test_a_module_that_reads_pandas_while_it_runs_gets_the_real_one(tmp_path):
     assert out == {"same": True, "real": True}
 
 
+@pytest.mark.slow
 def test_a_blocks_built_without_interim_apps_serves_after_launch(tmp_path: Path) -> None:
     """`no_interim_apps`: no FastAPI app is made when the Blocks closes or queues; launch() makes the one it serves,
     and the page answers."""

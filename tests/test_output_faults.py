@@ -50,6 +50,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return ckpt, root / "valid.csv"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["full", "closed"])
 def test_results_to_unwritable_standard_output_are_one_line_and_exit_2(tiny: tuple[Path, Path], where: str,
                                                                         tmp_path: Path) -> None:
@@ -115,6 +116,7 @@ def test_generate_streams_its_puzzles(tmp_path: Path) -> None:
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
 def test_a_signal_while_the_solver_imports_still_ends_with_a_whole_json_document(tmp_path: Path, sig: str) -> None:
     """The first second of hyperset-solve is the import of torch and the solver: a signal there (`timeout 0.3
@@ -158,6 +160,7 @@ def _signalled_at(module: str, function: str, sig: str) -> str:
             f"m.{function} = hit\n")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not _has_onnx(), reason="the onnx extra")
 def test_an_interrupted_export_is_one_line_and_leaves_nothing_under_its_names(tiny: tuple[Path, Path],
                                                                               tmp_path: Path) -> None:
@@ -177,6 +180,7 @@ def test_an_interrupted_export_is_one_line_and_leaves_nothing_under_its_names(ti
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_an_interrupted_eval_is_one_line_with_the_shells_code(tiny: tuple[Path, Path]) -> None:
     import signal
 
@@ -190,6 +194,7 @@ def test_an_interrupted_eval_is_one_line_with_the_shells_code(tiny: tuple[Path, 
     assert proc.stderr == "hyperset-eval: interrupted\n"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not _has_onnx(), reason="the onnx extra")
 def test_an_export_refused_for_one_of_its_files_writes_none(tiny: tuple[Path, Path], tmp_path: Path) -> None:
     ckpt, _ = tiny

@@ -141,6 +141,7 @@ print(json.dumps({"library": library, "by_library": by_library, "onnx": f"{onnx.
 """
 
 
+@pytest.mark.slow
 def test_library_imports_no_room_and_each_module_exists_once(tmp_path: Path) -> None:
     """From outside the repository: importing every library module loads none of the rooms; the rooms load under
     their installed names only, from the folders beside hyperset/ when the library is this checkout (editable)."""

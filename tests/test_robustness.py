@@ -266,6 +266,7 @@ def test_export_to_a_missing_folder_creates_nothing(tmp_path: Path) -> None:
 # hyperset-solve: output errors and Ctrl-C
 
 
+@pytest.mark.slow
 def test_solve_to_a_full_disk_is_one_line(tmp_path: Path) -> None:
     ckpt = write_tiny_checkpoint(tmp_path / "ckpt")
     (tmp_path / "p.txt").write_text(PUZZLE + "\n")

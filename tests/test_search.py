@@ -156,6 +156,7 @@ def test_the_search_is_registered_and_offered_by_the_commands() -> None:
     assert "search" in out and "--prior" in out and "--nodes" in out
 
 
+@pytest.mark.slow
 def test_the_cli_answers_a_hard_puzzle_and_says_how(tmp_path: Path) -> None:
     ck = write_tiny_sudoku_checkpoint(tmp_path / "m")
     (tmp_path / "p.txt").write_text("\n".join(HARD) + "\n")

@@ -35,6 +35,7 @@ def solve(args: list[str], stdin: str | bytes = "") -> Any:
     return CliRunner().invoke(solve_main, args, input=stdin)
 
 
+@pytest.mark.slow
 def test_the_first_board_comes_before_the_input_ends(ckpt: Path) -> None:
     """A pipe that sends one puzzle and then waits: its board is printed while the pipe is still open."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
@@ -237,6 +238,7 @@ def test_a_graph_of_other_weights_is_one_warning_line(ckpt: Path, tmp_path: Path
     assert "UserWarning" not in result.stderr and "warnings.warn" not in result.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/wchan").exists(), reason="reads /proc/PID/wchan (Linux)")
 def test_ctrl_c_while_the_json_waits_on_a_full_pipe_leaves_a_whole_document(ckpt: Path) -> None:
     """The reader stops reading; the solver blocks writing; Ctrl-C then; the reader drains: one whole document."""

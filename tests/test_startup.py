@@ -57,6 +57,7 @@ def test_the_help_of_each_training_command_imports_no_torch(command: str) -> Non
     assert seen["code"] in (0, None) and seen["imported"] == [], seen
 
 
+@pytest.mark.slow
 def test_solving_a_puzzle_with_the_shipped_model_imports_no_compiler_machinery() -> None:
     """torch._dynamo (torch.compile's tracer, pulled in by torch.compiler.disable, torch.library.custom_op kernels
     and Python meta kernels) takes about as long to import as torch itself; a solve needs none of it, nor the ONNX

@@ -16,6 +16,7 @@ import step_profile  # noqa: E402
 from hyperset.accel import fused  # noqa: E402
 
 
+@pytest.mark.slow
 def test_a_cpu_profile_splits_the_step_and_states_the_budget(tmp_path: Path) -> None:
     out = tmp_path / "profile.json"
     step_profile.main(["--rounds", "1", "--batch", "2", "--out", str(out)])
@@ -68,6 +69,7 @@ def test_the_products_on_onednn_are_counted_with_their_shapes() -> None:
     assert got == [(step_profile.ONEDNN_MM, 36, 32, 16, 1, "nn"), (step_profile.ONEDNN_MM, 36, 32, 16, 1, "nt")]
 
 
+@pytest.mark.slow
 def test_a_profiler_that_records_no_strides_gives_no_shapes_and_still_a_report(tmp_path: Path,
                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     # torch 2.11's FunctionEvent has input_shapes but neither structured_input_shapes nor structured_input_strides
@@ -82,6 +84,7 @@ def test_a_profiler_that_records_no_strides_gives_no_shapes_and_still_a_report(t
     assert ours["matmul_shapes"] == [] and 0 < ours["matmul_s"] < ours["profiled_step_s"]
 
 
+@pytest.mark.slow
 def test_where_numpy_cannot_run_the_budget_is_against_pytorchs_roofline(tmp_path: Path,
                                                                          monkeypatch: pytest.MonkeyPatch,
                                                                          capsys: pytest.CaptureFixture[str]) -> None:
@@ -94,6 +97,7 @@ def test_where_numpy_cannot_run_the_budget_is_against_pytorchs_roofline(tmp_path
     assert "judged against PyTorch's roofline alone" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_the_compiled_step_gets_its_own_split_and_budget(tmp_path: Path) -> None:
     out = tmp_path / "profile.json"
     step_profile.main(["--rounds", "1", "--batch", "2", "--compile", "--out", str(out)])

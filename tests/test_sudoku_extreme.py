@@ -86,6 +86,7 @@ def one_line_error(result, code: int = 2) -> str:
 # reading the format
 
 
+@pytest.mark.slow
 def test_load_reads_questions_answers_and_ratings(mirror: Path, rows: list[Row]) -> None:
     data = extreme.load(mirror / "test.csv")
     assert len(data) == 20 and data.puzzles.shape == data.solutions.shape == (20, 81)

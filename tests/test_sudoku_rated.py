@@ -31,6 +31,7 @@ def test_generated_puzzles_are_minimal_unique_and_in_their_bucket(bucket: str) -
         assert p.rating == rated.rate(p.puzzle) and lo <= p.rating <= hi and p.bucket == bucket
 
 
+@pytest.mark.slow
 def test_the_same_seed_gives_the_same_puzzles_and_a_slice_is_made_again() -> None:
     whole = rated.generate_rated(5, "3-10", seed=11)
     assert rated.generate_rated(5, "3-10", seed=11) == whole
@@ -60,6 +61,7 @@ def test_bucket_names_and_ranges() -> None:
             rated.bucket_range(bad)
 
 
+@pytest.mark.slow
 def test_the_python_fallback_makes_the_same_puzzles_as_the_c_library(monkeypatch: pytest.MonkeyPatch) -> None:
     if rated._library() is None:
         pytest.skip(f"no C library here: {rated.engine()}")

@@ -63,6 +63,7 @@ def test_output_that_closes_mid_run_does_not_lose_the_trainers_state(data_dir: P
     assert (tmp_path / "run" / "best" / "model.safetensors").is_file()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("encoding", ["cp1252", "latin-1"])
 @pytest.mark.parametrize("quiet", [[], ["-q"]])
 def test_solve_prints_to_a_legacy_code_page_without_crashing(tiny_checkpoint: Path, tmp_path: Path, encoding: str,
@@ -85,6 +86,7 @@ def _closed_pipe_run(args: list[str]) -> subprocess.CompletedProcess:
         os.close(w)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["eval", "solve", "generate"])
 def test_a_closed_pipe_ends_the_command_silently_with_141_not_1(tiny_checkpoint: Path, tmp_path: Path,
                                                                  command: str) -> None:
@@ -128,6 +130,7 @@ def test_ctrl_c_in_a_bench_script_is_one_line_and_130(capsys: pytest.CaptureFixt
     assert code == 130 and capsys.readouterr().err.strip().endswith(": interrupted")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("closed, args", [(1, []), (2, []), (0, ["-"])])
 def test_solve_with_a_closed_standard_stream_has_no_traceback(tiny_checkpoint: Path, tmp_path: Path, closed: int,
                                                               args: list[str]) -> None:
@@ -186,6 +189,7 @@ def _training_in_the_background(data_dir: Path, run: Path, before: Any) -> subpr
     return p
 
 
+@pytest.mark.slow
 def test_a_hangup_stops_the_trainer_with_its_state_saved(data_dir: Path, tmp_path: Path) -> None:
     """An ssh connection that drops sends SIGHUP: save last/ as for SIGTERM, exit 128 + 1."""
 
@@ -200,6 +204,7 @@ def test_a_hangup_stops_the_trainer_with_its_state_saved(data_dir: Path, tmp_pat
     assert (tmp_path / "run" / "last" / "trainer.json").is_file()
 
 
+@pytest.mark.slow
 def test_a_hangup_under_nohup_is_still_ignored(data_dir: Path, tmp_path: Path) -> None:
     """`nohup hyperset-train ... &` ignores SIGHUP before the trainer starts: the run must outlive the session."""
     p = _training_in_the_background(data_dir, tmp_path / "run", lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
@@ -310,6 +315,7 @@ def test_every_command_takes_the_short_forms_of_its_long_options() -> None:
     assert done.returncode == 0 and done.stdout.startswith("hyperset-generate ")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP"])
 def test_a_signal_during_a_solve_prints_the_boards_so_far_and_a_complete_summary(tiny_checkpoint: Path,
                                                                                  tmp_path: Path, sig: str) -> None:

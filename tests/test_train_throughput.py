@@ -4,10 +4,13 @@ roofline shares like a whole-batch row."""
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import train_throughput  # noqa: E402
 
 
+@pytest.mark.slow
 def test_a_row_in_accumulated_parts_is_measured() -> None:
     row = dict(preset="sudoku-cpu", overrides=dict(dim=32, heads=4, ff_hidden=64, iters=2), batch=4,
                supervise="all", amp=False, accum=2)

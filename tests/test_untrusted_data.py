@@ -160,6 +160,7 @@ def _cifar10(root: Path, test_batch: dict, label_names: object = None) -> Path:
 ONE_IMAGE = np.zeros((1, 3072), np.uint8)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["data", "labels", "object labels", "names"])
 def test_cifar_files_of_shared_nested_lists_are_refused_quickly(tmp_path: Path, case: str) -> None:
     batch = {b"data": ONE_IMAGE, b"labels": [0]}
@@ -180,6 +181,7 @@ def test_cifar_files_of_shared_nested_lists_are_refused_quickly(tmp_path: Path, 
     assert ("batches.meta" if case == "names" else "test_batch") in proc.stdout, proc.stdout
 
 
+@pytest.mark.slow
 def test_the_eval_command_refuses_a_cifar_batch_of_shared_nested_lists(tmp_path: Path) -> None:
     _cifar10(tmp_path, {b"data": _shared_nested([0] * 3072), b"labels": [0]})
     proc = _limited([str(BIN / "hyperset-eval"), "classify", "--data", str(tmp_path), "--threads", "1"])
@@ -196,6 +198,7 @@ def test_real_cifar_batches_still_read(tmp_path: Path) -> None:
 # ---------------------------------------------------------------------------------------------------- class lists
 
 
+@pytest.mark.slow
 def test_a_class_list_that_is_not_a_regular_file_is_not_read() -> None:
     if not Path("/dev/zero").exists():
         pytest.skip("no /dev/zero")
@@ -246,6 +249,7 @@ def test_a_class_list_path_in_a_checkpoint_is_not_opened(tmp_path: Path, classes
     assert "root:" not in err  # no line of another file is shown
 
 
+@pytest.mark.slow
 def test_a_device_as_class_list_in_a_checkpoint_is_not_read(tmp_path: Path) -> None:
     if not Path("/dev/zero").exists():
         pytest.skip("no /dev/zero")

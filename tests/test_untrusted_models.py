@@ -59,6 +59,7 @@ def tokenizer_copy(tmp_path: Path, edit: Callable[[dict[str, Any]], None]) -> Pa
     (lambda m: m.update(data=[1]), "data = [1]: expected a table"),
     (lambda m: m["data"].update(image_size=10**9), "data.image_size"),
 ], ids=["hidden-60000", "res-blocks-1e7", "hidden-negative", "hidden-text", "data-list", "image-size-1e9"])
+@pytest.mark.slow
 def test_a_tokenizer_config_is_checked_before_the_model_is_built(tmp_path: Path, edit, message: str) -> None:
     folder = tokenizer_copy(tmp_path, edit)
     proc = limited([sys.executable, "-c", "import sys\nfrom hyperset.checkpoint import CheckpointError\n"
@@ -73,6 +74,7 @@ def test_the_shipped_tokenizer_still_loads() -> None:
     assert load_tokenizer(weights_root() / "mim" / "tokenizer").image_size == 32
 
 
+@pytest.mark.slow
 def test_vqgan_weights_are_checked_by_their_header_before_anything_is_read(tmp_path: Path) -> None:
     # a sparse file whose header claims one tensor of 8 GiB: the whole file used to be loaded before any check
     n = 8 * 2**28
@@ -121,6 +123,7 @@ def _reshape(shape: list[int]) -> list:
     ([-1, 81], "output logits is float32 of shape [1, 81]"),  # the solver read 133 cells from it
     ([-1, 7, 9], "ONNX Runtime failed to run the model"),  # 81 cells do not reshape to 7 x 9
 ], ids=["logits-2d", "reshape-fails"])
+@pytest.mark.slow
 def test_a_graph_that_runs_but_is_no_solvers_is_a_one_line_error(tmp_path: Path, shape: list[int],
                                                                   message: str) -> None:
     pytest.importorskip("onnxruntime")
@@ -136,6 +139,7 @@ def test_a_graph_that_runs_but_is_no_solvers_is_a_one_line_error(tmp_path: Path,
     ({"config": '{"dim": 12'}, "metadata config is not a valid model config"),
     ({"energies": "attn,bogus"}, "metadata energies"),
 ], ids=["n-layers-1e9", "config-not-json", "energies-unknown"])
+@pytest.mark.slow
 def test_graph_metadata_is_checked_when_the_graph_is_opened(tmp_path: Path, meta: dict[str, str],
                                                             message: str) -> None:
     pytest.importorskip("onnxruntime")
@@ -184,6 +188,7 @@ def test_a_checkpoint_of_no_9x9_sudoku_model_is_refused_by_the_solver_api(not_su
     assert str(refused.value) == _not_sudoku_message(name, not_sudoku[name])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NOT_SUDOKU)
 def test_a_checkpoint_of_no_9x9_sudoku_model_is_a_one_line_error_of_hyperset_solve(not_sudoku: dict[str, Path],
                                                                                    name: str) -> None:
@@ -241,6 +246,7 @@ def _shipped_copy(tmp_path: Path) -> Path:
     return folder
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(sys.platform != "linux", reason="RLIMIT_AS caps the address space on Linux only")
 def test_weights_sparse_extended_to_4_gib_are_refused_before_they_are_mapped(tmp_path: Path) -> None:
     # a valid header, its data region extended to 4 GiB without using the disk: safetensors mapped all of it, a
@@ -337,6 +343,7 @@ def test_a_graph_run_that_does_not_end_is_stopped_at_its_bound(tmp_path: Path) -
                                 "HYPERSET_GRAPH_SECONDS sets the bound")
 
 
+@pytest.mark.slow
 def test_a_graph_that_never_ends_is_a_one_line_error_of_hyperset_solve(tmp_path: Path,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     # the graph passes every check of the solver's (inputs, outputs, metadata): it is stopped when it runs

@@ -165,6 +165,7 @@ def test_torch_and_onnx_backends_give_the_same_views(model, tmp_path: Path) -> N
     assert [_text(a[j].digits) for j in a] == [_text(b[j].digits) for j in b]
 
 
+@pytest.mark.slow
 def test_the_views_strategy_is_registered_and_the_cli_reports_the_view(tmp_path: Path) -> None:
     assert "views" in REGISTRY
     ck = write_tiny_sudoku_checkpoint(tmp_path / "m")
