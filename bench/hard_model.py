@@ -20,9 +20,9 @@ and on the RRN validation file's seeded draw: one pass to 8T and the default str
 bench/results/hard_model/NAME.json. `tune` chooses a checkpoint's inference defaults on the selection split's rated
 puzzles (the seeds of `data`'s valid.csv.gz, never the measurements'): the commit strategy's iterations per pass
 (the most puzzles solved over all buckets, the fewest iterations among ties) and the search's iterations per node
-(the fewest model iterations, nodes x iterations per node, in all); bench/results/hard_model/tune-NAME.json, and with `--write` the checkpoint's
-config.json `solve_iterations` / `search_iterations` with a note saying how. `table` gathers them into
-bench/results/hard_model.json and .png.
+(the fewest model iterations, nodes x iterations per node, in all); bench/results/hard_model/tune-NAME.json, and
+with `--write` the checkpoint's config.json `solve_iterations` / `search_iterations` with a note saying how.
+`table` gathers them into bench/results/hard_model.json and .png.
 """
 
 from __future__ import annotations
