@@ -169,8 +169,8 @@ def child(args: argparse.Namespace) -> None:
                              ("classifier", _classifier(args.cifar, args.images)), ("mim", _mim())):
             result[name] = r
             arrays.update(a)
-    np.savez(args.out + ".npz", **arrays)
-    Path(args.out + ".json").write_text(json.dumps(result))
+    np.savez(str(args.out) + ".npz", **arrays)
+    Path(str(args.out) + ".json").write_text(json.dumps(result))
 
 
 # ---- the comparing process ---------------------------------------------------------------------------------
