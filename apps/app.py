@@ -56,7 +56,7 @@ from gradio_client.utils import is_file_obj_with_meta, json_schema_to_python_typ
 from PIL import Image
 
 from hyperset.config import MAX_ITERS, check_iterations
-from hyperset.defaults import DEFAULT_NODES
+from hyperset.defaults import DEFAULT_NODES, DEFAULT_PATIENCE
 from hyperset.solve import DEFAULT_PASSES, DEFAULT_STRATEGY, json_number, result_of
 from hyperset.strategies import BoardResult
 from hyperset.strategy_registry import REGISTRY
@@ -103,7 +103,6 @@ QUEUE_SIZE = 16  # requests waiting in the queue beyond the one running
 MODEL_QUEUE = "models"  # solve and reconstruct share one slot: one model computation at a time
 SOLVE_TIME_LIMIT = 120  # seconds per solve: then it stops with the board so far
 CACHE_CLEANUP = (600, 3600)  # every 10 minutes, delete uploaded and generated files older than an hour
-AUTO_PATIENCE = 4  # as Solver.solve(iters="auto")
 PLOT_SHARE = 0.15  # while streaming, redraw the energy plot while drawing takes at most this share of the time
 PLOT_COST_GUESS = 0.002  # seconds a plot is taken to cost before the first one is drawn (then: measured)
 SEND_SHARE = 0.25  # ...and send an update while the consumer (Gradio) takes at most this share to pass them on
@@ -762,7 +761,7 @@ class HyperSETApp:
         the backend's numbers, nothing run twice; with ``per_iteration`` False, one frame per pass. The last frame
         carries the finished board in ``result``."""
         passes: list[dict[str, list[float]]] = []
-        stream = self.solver.frames([puzzle], iters, strategy, max_iters=iters, patience=AUTO_PATIENCE,
+        stream = self.solver.frames([puzzle], iters, strategy, max_iters=iters, patience=DEFAULT_PATIENCE,
                                     passes=DEFAULT_PASSES, per_iteration=per_iteration)
         last: _Frame | None = None
         search: dict[str, Any] | None = None

@@ -3,6 +3,7 @@
 DEFAULT_STRATEGY = "search"  # answers every valid puzzle; measured in bench/search_bench.py (docs/sudoku.md)
 DEFAULT_NODES = 2000  # most nodes (model calls) of the search per board
 DEFAULT_PASSES = 16  # most passes of the commit strategy
+DEFAULT_PATIENCE = 4  # iterations a prediction of the auto strategy may stay the same before its board stops
 # Boards per forward pass. Boards leave the batch as soon as they are valid, so a batch shrinks as it runs and the
 # hard boards that remain run in small batches: a larger starting batch keeps more of them together, and 128 still
 # prints the first boards within a few seconds on a CPU (measured in docs/sudoku.md, "Speed"). GPUs want big

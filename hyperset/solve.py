@@ -32,6 +32,7 @@ from .defaults import (
     CPU_BATCH_SIZE,
     DEFAULT_NODES,
     DEFAULT_PASSES,
+    DEFAULT_PATIENCE,
     DEFAULT_STRATEGY,
     FIRST_STREAM_BATCH,
     GPU_BATCH_SIZE,
@@ -255,7 +256,7 @@ class Solver:
 
     @torch.no_grad()
     def frames(self, puzzles: Sequence[str], iters: int | str | None = None, strategy: str = DEFAULT_STRATEGY,
-               max_iters: int | None = None, patience: int = 4, passes: int = DEFAULT_PASSES,
+               max_iters: int | None = None, patience: int = DEFAULT_PATIENCE, passes: int = DEFAULT_PASSES,
                per_iteration: bool = True, **search: Any) -> Iterator[SolveFrame]:
         """The strategy's frames on one batch of puzzles (what the app draws; `solve` consumes the same)."""
         strategy, n_iters, max_iters = self._run_settings(iters, strategy, passes, max_iters, patience, per_iteration)
@@ -318,8 +319,8 @@ class Solver:
 
     def solve(self, puzzles: Sequence[str | Puzzle], iters: int | str | None = None, strategy: str = DEFAULT_STRATEGY,
               batch_size: int | None = None, solutions: Sequence[str | None] | None = None,
-              max_iters: int | None = None, patience: int = 4, passes: int = DEFAULT_PASSES, **search: Any
-              ) -> list[SolveResult]:
+              max_iters: int | None = None, patience: int = DEFAULT_PATIENCE, passes: int = DEFAULT_PASSES,
+              **search: Any) -> list[SolveResult]:
         """Solve 81-character puzzles. `iters` defaults to `default_iters` (for the search: its first pass);
         "auto" settles per board; `passes` is the most passes of the commit strategy; `batch_size` defaults to
         `default_batch_size`. The search's knobs: `node_iters` (iterations per node, default `search_iters`),
@@ -332,8 +333,8 @@ class Solver:
     def solve_iter(self, puzzles: Iterable[str | Puzzle], iters: int | str | None = None,
                    strategy: str = DEFAULT_STRATEGY, batch_size: int | None = None,
                    solutions: Sequence[str | None] | None = None,
-                   max_iters: int | None = None, patience: int = 4, passes: int = DEFAULT_PASSES, **search: Any
-                   ) -> Iterator[SolveResult]:
+                   max_iters: int | None = None, patience: int = DEFAULT_PATIENCE, passes: int = DEFAULT_PASSES,
+                   **search: Any) -> Iterator[SolveResult]:
         """`solve` one result at a time, in the order of `puzzles`, as each batch of boards is done. A list is
         checked whole before the first batch; any other iterable (``hyperset.sudoku.parse.iter_file``) is read a
         batch at a time, so memory stays flat however many puzzles it yields, and a bad puzzle stops it after

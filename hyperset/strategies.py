@@ -36,6 +36,7 @@ import torch
 from torch import Tensor
 
 from .backends import SolverBackend
+from .defaults import DEFAULT_PATIENCE
 from .sudoku.board import UNITS
 
 __all__ = ["BoardResult", "SearchInfo", "SolveFrame", "auto", "commit", "commit_cells", "single"]
@@ -205,7 +206,7 @@ def single(backend: SolverBackend, boards: Tensor, iters: int, per_iteration: bo
     yield SolveFrame("pass", 0, iters, iters, rows, digits, conf, end.energies, backend.source, done)
 
 
-def auto(backend: SolverBackend, boards: Tensor, max_iters: int, patience: int = 4,
+def auto(backend: SolverBackend, boards: Tensor, max_iters: int, patience: int = DEFAULT_PATIENCE,
          per_iteration: bool = True) -> Iterator[SolveFrame]:
     """Stop each board when its prediction is a valid board or has not changed for `patience` iterations; the
     backend runs only the boards that have not stopped."""

@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .defaults import DEFAULT_PASSES, DEFAULT_PATIENCE
+
 if TYPE_CHECKING:
     from torch import Tensor
 
@@ -33,9 +35,9 @@ class StrategySettings:
     strategy, default 8; of the search's first look, default none)."""
 
     iters: int
-    passes: int = 16
+    passes: int = DEFAULT_PASSES
     max_iters: int | None = None
-    patience: int = 4
+    patience: int = DEFAULT_PATIENCE
     per_iteration: bool = False
     node_iters: int | None = None
     nodes: int = 1000
