@@ -4,6 +4,7 @@
     python bench/hard_model.py run --arm hard-deep4 --data data/sudoku-hard --budget 1500
     python bench/hard_model.py measure --checkpoint runs/ablations/hard-deep4/best --name hard-deep4 --rrn DIR
     python bench/hard_model.py tune --checkpoint runs/sudoku-cpu-hard/best --name hard-cpu [--write]
+    python bench/hard_model.py search --checkpoint sudoku --name shipped      # the default strategy, every bucket
     python bench/hard_model.py table                                               # every arm: JSON + PNG
 
 `data` writes `train.csv.gz` (the RRN-style training puzzles and rated minimal puzzles of hyperset.sudoku.rated,
@@ -179,6 +180,22 @@ def tune(checkpoint: str, n: int, commit_iters: list[int], node_iters: list[int]
     return out
 
 
+def search_per_bucket(checkpoint: str, n: int, seed: int, threads: int) -> dict[str, Any]:
+    """The solver's default strategy (the search, at the checkpoint's own iterations) on the first `n` held-out
+    puzzles of every bucket: solved, nodes (median, mean), the share answered without a backtrack."""
+    torch.set_num_threads(threads)
+    solver = Solver.load(checkpoint, "cpu")
+    out: dict[str, Any] = {"checkpoint": str(checkpoint), "seed": seed, "puzzles_per_bucket": n,
+                           "solve_iterations": solver.default_iters, "search_iterations": solver.search_iters,
+                           "buckets": {}}
+    for b in rated.BUCKETS:
+        r = _solve(solver, puzzles_of(b, n, seed, threads)[:n])
+        out["buckets"][b] = r
+        print(f"  {b}: solved {100 * r['solved']:.1f}%, nodes median {r['nodes_median']:g} mean "
+              f"{r['nodes_mean']:.2f}, no backtrack {100 * r['no_backtrack']:.1f}%", file=sys.stderr)
+    return out
+
+
 def write_choice(checkpoint: Path, choice: dict[str, Any], command: str) -> None:
     """The tuned defaults into the checkpoint's config.json, each with a note saying how they were chosen."""
     path = checkpoint / "config.json"
@@ -201,7 +218,8 @@ def write_choice(checkpoint: Path, choice: dict[str, Any], command: str) -> None
 
 
 def table(path: Path) -> dict[str, Any]:
-    rows = sorted((json.loads(f.read_text()) for f in RESULTS.glob("*.json") if not f.name.startswith("tune-")),
+    files = [f for f in RESULTS.glob("*.json") if not f.name.startswith(("tune-", "search-"))]
+    rows = sorted((json.loads(f.read_text()) for f in files),
                   key=lambda r: (r["name"] != "shipped", r["name"]))  # the shipped model first: the reference
     atomic_write_json(path, {"rows": rows})
     for r in rows:
@@ -301,6 +319,12 @@ def main(argv: list[str] | None = None) -> None:
     t.add_argument("--node-iters", type=bench_args.count, nargs="+", default=[4, 8, 16])
     t.add_argument("--threads", type=bench_args.count, default=1)
     t.add_argument("--write", action="store_true", help="write the choice into the checkpoint's config.json")
+    sr = sub.add_parser("search", help="the default strategy's nodes on every bucket's held-out puzzles")
+    sr.add_argument("--checkpoint", required=True, help="checkpoint folder or shipped model name")
+    sr.add_argument("--name", required=True)
+    sr.add_argument("--n", type=bench_args.count, default=200, help="held-out puzzles per bucket")
+    sr.add_argument("--seed", type=int, default=11, help="the rated puzzles' seed (held out from training)")
+    sr.add_argument("--threads", type=bench_args.count, default=1)
     tab = sub.add_parser("table")
     tab.add_argument("--markdown", action="store_true", help="also print the docs' table")
     args = ap.parse_args(argv)
@@ -322,6 +346,11 @@ def main(argv: list[str] | None = None) -> None:
             plan = da.RUNS / args.name / "arm.json"
             result.update(note=arm["note"], arm=json.loads(plan.read_text()) if plan.is_file() else None)
         atomic_write_json(RESULTS / f"{args.name}.json", result)
+    elif args.cmd == "search":
+        result = search_per_bucket(resolve(args.checkpoint), args.n, args.seed, args.threads)
+        result.update(name=args.name, device=f"{cpu_model()}, {args.threads} thread(s)",
+                      command="python bench/hard_model.py " + " ".join(sys.argv[1:] if argv is None else argv))
+        atomic_write_json(RESULTS / f"search-{args.name}.json", result)
     elif args.cmd == "tune":
         if args.n > 200:
             raise bench_args.BenchInputError(f"--n: the selection split holds 200 puzzles a bucket, got {args.n}")
