@@ -189,7 +189,7 @@ def search_per_bucket(checkpoint: str, n: int, seed: int, threads: int) -> dict[
                            "solve_iterations": solver.default_iters, "search_iterations": solver.search_iters,
                            "buckets": {}}
     for b in rated.BUCKETS:
-        r = _solve(solver, puzzles_of(b, n, seed, threads)[:n])
+        r = _solve(solver, puzzles_of(b, n, seed, threads))
         out["buckets"][b] = r
         print(f"  {b}: solved {100 * r['solved']:.1f}%, nodes median {r['nodes_median']:g} mean "
               f"{r['nodes_mean']:.2f}, no backtrack {100 * r['no_backtrack']:.1f}%", file=sys.stderr)

@@ -40,7 +40,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 ONE = 1  # threads of every measuring process
-SPEED_BOARDS = {"batch_1": 1, "batch_128": 128}
+SPEEDS = ("batch_1", "batch_128")  # what `_speed` measures
 
 
 # ---- the measuring process (runs inside one tree) -------------------------------------------------------------
@@ -216,7 +216,7 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
         for side, tree in trees.items():
             print(f"  {side}: measuring the shipped models ({tree})", file=sys.stderr)
             numbers[side], arrays[side] = _run(tree, "numbers", base / f"{side}-numbers", args)
-        speed: dict[str, dict[str, list[float]]] = {s: {k: [] for k in SPEED_BOARDS} for s in trees}
+        speed: dict[str, dict[str, list[float]]] = {s: {k: [] for k in SPEEDS} for s in trees}
         for r in range(args.rounds):
             for side, tree in trees.items():
                 got, _ = _run(tree, "speed", base / f"{side}-speed-{r}", args)
@@ -232,7 +232,7 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
             "same_numbers": all(flat["before"][k] == flat["after"].get(k) for k in flat["before"]),
             "max_abs_diff": diffs, "speed": {"rounds": speed, "median": medians,
                                              "after_over_before": {k: medians["after"][k] / medians["before"][k]
-                                                                   for k in SPEED_BOARDS}},
+                                                                   for k in SPEEDS}},
             "device": f"{cpu_model()}, {ONE} thread", "command": "python bench/same_numbers.py "
             + " ".join(sys.argv[1:])}
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import bench_args
+import training_logs
 
 from hyperset.checkpoint import atomic_write_json
 
@@ -40,22 +41,10 @@ THRESHOLDS = (0.6, 0.9)
 
 
 def read_run(folder: Path) -> tuple[list[dict[str, Any]], int]:
-    """The run's evaluation lines (last one per step: a resumed run may repeat a step) and its thread count."""
-    if folder.suffix == ".json":
-        log = json.loads(folder.read_text())
-        return log["evals"], int(log["threads"])
-    evals: dict[int, dict[str, Any]] = {}
-    for line in (folder / "metrics.jsonl").read_text().splitlines():
-        rec = json.loads(line)
-        if "eval" in rec:
-            evals[int(rec["step"])] = rec
-    threads = 1
-    for sub in ("last", "best"):
-        cfg = folder / sub / "config.json"
-        if cfg.is_file():
-            threads = int(json.loads(cfg.read_text()).get("train", {}).get("threads", 1))
-            break
-    return [evals[s] for s in sorted(evals)], threads
+    """The run's evaluation lines (last one per step: a resumed run may repeat a step) and its thread count, from
+    a run folder or its compact log (`training_logs.compact` reads both the same way)."""
+    log = json.loads(folder.read_text()) if folder.suffix == ".json" else training_logs.compact(folder, 1)
+    return log["evals"], int(log["threads"])
 
 
 def curves(specs: list[str]) -> dict[str, Any]:

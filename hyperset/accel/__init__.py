@@ -101,13 +101,11 @@ def policy(x: Tensor) -> Ops:
     ``$HYPERSET_CPU_KERNELS``). The fast paths compute the reference's values (the tests compare them)."""
     if device.in_onnx_export():
         return _EXPORT
-    cpu = x.is_cpu
     on = fused.enabled()
     grad = torch.is_grad_enabled()
-    plain = (not torch.is_autocast_enabled("cpu" if cpu else x.device.type) and not torch.jit.is_tracing()
-             and (torch.compiler.is_compiling() or not torch._C._are_functorch_transforms_active()))
-    train = on and grad and plain  # eager or compiled, not a trace or a transform
-    cpu32 = cpu and plain and x.dtype is torch.float32
+    plain = fused.plain(x)
+    train = on and grad and plain  # fused.usable(x)
+    cpu32 = x.is_cpu and plain and x.dtype is torch.float32
     onednn = cpu32 and fused.cpu_matmul_library() == "onednn" and not torch.compiler.is_exporting()
     maps = cpu32 and not (grad and x.requires_grad) and cpu_kernels.usable(x)
     return _OPS[train, train or not grad, onednn, maps, on]

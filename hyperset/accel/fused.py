@@ -73,11 +73,15 @@ def written_out() -> Iterator[None]:
         _state.enabled = before
 
 
+def plain(x: Tensor) -> bool:
+    """Whether an update of x runs as written: no autocast, in eager mode or under torch.compile
+    (`eager_or_compiled`), where the library's own operators may stand in for the written-out ones."""
+    return not torch.is_autocast_enabled(x.device.type) and eager_or_compiled()
+
+
 def usable(x: Tensor) -> bool:
-    """Whether the fused operators should run for an update of x: a gradient will be taken, without autocast, in
-    eager mode or under torch.compile (`eager_or_compiled`)."""
-    return (enabled() and torch.is_grad_enabled() and not torch.is_autocast_enabled(x.device.type)
-            and eager_or_compiled())
+    """Whether the fused operators should run for an update of x: a gradient will be taken, and `plain`."""
+    return enabled() and torch.is_grad_enabled() and plain(x)
 
 
 def onednn_here() -> bool:
@@ -148,8 +152,7 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
     """a @ b for a state a (..., k) and a weight-like b (k, n). fp32 on a CPU, with no gradient to take through it,
     it runs on `cpu_matmul_library`'s GEMM; otherwise (autocast, a trace or an export, torch.func's transforms,
     other devices and dtypes) it is ``a @ b``."""
-    if (_cpu_matmul == "onednn" and a.device.type == "cpu" and not torch.is_autocast_enabled("cpu")
-            and not torch.compiler.is_exporting() and eager_or_compiled()):
+    if _cpu_matmul == "onednn" and a.device.type == "cpu" and not torch.compiler.is_exporting() and plain(a):
         return onednn_matmul(a, b)
     return a @ b
 
