@@ -748,7 +748,9 @@ class HyperSETApp:
             first = False
 
     def stopped(self, verdict: Any) -> Any:
-        """The Stop button: a verdict that says a solve was running becomes a stopped message (else unchanged)."""
+        """The Stop button: the session's running solve ends at its next iteration, and a verdict that says a solve
+        was running becomes a stopped message (else unchanged)."""
+        RunGuard.note_stop()
         if isinstance(verdict, str) and verdict.startswith(SOLVING):
             return STOPPED
         return gr.skip()
@@ -844,7 +846,7 @@ class HyperSETApp:
                     send_cost = time.perf_counter() - sent
                     sending += send_cost
             pending = frame
-            if guard.abandoned():
+            if guard.abandoned() or guard.stop_requested():
                 return
             if guard.over_time():
                 stopped = f"the time limit of {SOLVE_TIME_LIMIT} s"

@@ -98,13 +98,14 @@ def _stream_key(scope: Scope) -> str | None:
 
 
 class StreamWatch:
-    """When events were queued (by event id) and which event streams clients opened (by event id or session
-    hash); the newest ``capacity`` of each."""
+    """When events were queued (by event id), which event streams clients opened (by event id or session
+    hash) and when a session last pressed Stop; the newest ``capacity`` of each."""
 
     def __init__(self, capacity: int = 10_000) -> None:
         self.capacity = capacity
         self._created: OrderedDict[str, float] = OrderedDict()
         self._opened: OrderedDict[str, None] = OrderedDict()
+        self._stops: OrderedDict[str, float] = OrderedDict()
 
     def _remember(self, table: OrderedDict, key: str, value: Any) -> None:
         table[key] = value
@@ -123,6 +124,13 @@ class StreamWatch:
 
     def listened(self, keys: tuple[str, ...]) -> bool:
         return any(k in self._opened for k in keys)
+
+    def stop(self, session: str) -> None:
+        """`session` pressed Stop now: its handlers started before now end at their next check."""
+        self._remember(self._stops, session, time.perf_counter())
+
+    def stopped_since(self, keys: tuple[str, ...], started: float) -> bool:
+        return any(self._stops.get(k, -1.0) >= started for k in keys)
 
 
 STREAMS = StreamWatch()
@@ -231,6 +239,21 @@ class RunGuard:
 
     def over_time(self) -> bool:
         return self.elapsed() > self.time_limit
+
+    def stop_requested(self) -> bool:
+        """The request's session pressed Stop after this handler started. Gradio's cancel only takes effect
+        when a generator next yields, and a streamed solve sends updates sparingly, so the handler checks this
+        between iterations itself."""
+        return self.streams.stopped_since(self.keys, self.started)
+
+    @staticmethod
+    def note_stop() -> None:
+        """Called by a Stop handler: the handlers of the Gradio request's session started before now stop."""
+        from gradio.context import LocalContext
+
+        session = getattr(LocalContext.request.get(None), "session_hash", None)
+        if session:
+            STREAMS.stop(session)
 
     def abandoned(self) -> bool:
         """:data:`LISTEN_GRACE` seconds have passed since the event was queued (or, if that is not known, since

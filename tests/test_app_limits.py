@@ -147,6 +147,17 @@ def test_a_job_nobody_listens_to_is_abandoned_after_the_grace(monkeypatch: pytes
     assert guard.abandoned() and not RunGuard(60, (), 0.0, streams).abandoned()  # no request: never abandoned
 
 
+def test_stop_ends_the_sessions_handlers_started_before_it():
+    streams = StreamWatch()
+    running = RunGuard(60, ("event-1", "session-1"), time.perf_counter(), streams)
+    other = RunGuard(60, ("event-2", "session-2"), time.perf_counter(), streams)
+    assert not running.stop_requested()
+    streams.stop("session-1")
+    assert running.stop_requested() and not other.stop_requested()
+    later = RunGuard(60, ("event-3", "session-1"), time.perf_counter(), streams)  # the next solve of that session
+    assert not later.stop_requested()
+
+
 # ---- the launched app, in this process ---------------------------------------------------------------------------
 
 
