@@ -32,9 +32,13 @@ import gradio as gr
 from fastapi import HTTPException
 from PIL import Image
 
-__all__ = ["MAX_BODY_BYTES", "MAX_IMAGE_PIXELS", "MAX_UPLOAD_BYTES", "SESSION_STATES", "STREAMS", "RequestLimits",
+__all__ = ["MAX_BODY_BYTES", "MAX_IMAGE_PIXELS", "MAX_TEXT_CHARS", "MAX_UPLOAD_BYTES", "MODEL_QUEUE", "QUEUE_SIZE",
+           "SESSION_STATES", "STREAMS", "RequestLimits",
            "RunGuard", "StreamWatch", "check_pixels", "image_size", "limit_pixels", "pixel_problem"]
 
+QUEUE_SIZE = 16  # requests waiting in the queue beyond the one running
+MODEL_QUEUE = "models"  # solve and reconstruct share one slot: one model computation at a time
+MAX_TEXT_CHARS = 20_000  # pasted puzzle text
 MAX_UPLOAD_BYTES = 8 * 1024 * 1024  # one uploaded image file (also launch()'s max_file_size)
 MAX_BODY_BYTES = 1024 * 1024  # any other request: a grid, 20,000 characters of text, references to uploaded files
 MULTIPART_OVERHEAD = 64 * 1024  # form fields and boundaries around an uploaded file

@@ -90,18 +90,18 @@ def time_cli_process(case: dict[str, Any], threads: int, folder: Path) -> float:
 
 
 def time_app(app: Any, case: dict[str, Any]) -> tuple[float, int, dict[str, Any]]:
-    from hyperset.apps.app import puzzle_to_grid
+    from hyperset.apps.inputs import puzzle_to_grid
 
     t0 = time.perf_counter()
     updates = 0
     last = None
-    for update in app.solve(puzzle_to_grid(case["puzzle"]), case["iters"], case["strategy"]):
+    for update in app.sudoku.solve(puzzle_to_grid(case["puzzle"]), case["iters"], case["strategy"]):
         updates, last = updates + 1, update
     return time.perf_counter() - t0, updates, last[3]
 
 
 def time_served(client: Any, case: dict[str, Any]) -> tuple[float, int, dict[str, Any]]:
-    from hyperset.apps.app import puzzle_to_grid
+    from hyperset.apps.inputs import puzzle_to_grid
 
     grid = {"headers": [str(i) for i in range(1, 10)], "data": puzzle_to_grid(case["puzzle"])}
     t0 = time.perf_counter()

@@ -17,22 +17,12 @@ import pytest
 import torch
 from PIL import Image
 
-from hyperset.apps.app import (
-    DEFAULT_MASK_RATIO,
-    DEFAULT_SAMPLE,
-    EXAMPLES,
-    MAX_ITER_FACTOR,
-    MAX_TEXT_CHARS,
-    HyperSETApp,
-    InputError,
-    _to_display,
-    build_demo,
-    energy_note,
-    grid_to_puzzle,
-    mim_training_note,
-    puzzle_to_grid,
-    render_board,
-)
+from hyperset.apps.app import HyperSETApp, build_demo
+from hyperset.apps.inputs import InputError, grid_to_puzzle, puzzle_to_grid
+from hyperset.apps.limits import MAX_TEXT_CHARS
+from hyperset.apps.reconstruction_tab import DEFAULT_MASK_RATIO, DEFAULT_SAMPLE, MAX_ITER_FACTOR
+from hyperset.apps.rendering import energy_note, mim_training_note, render_board, to_display
+from hyperset.apps.sudoku_tab import EXAMPLES
 from hyperset.config import MAX_ITERS, preset_config
 from hyperset.models import HyperSETModel, save_checkpoint
 from hyperset.solve import Solver
@@ -105,7 +95,7 @@ def test_board_html_marks_givens_confidence_and_conflicts():
 
 @pytest.mark.parametrize("iters", [1, TRAINED, 2 * TRAINED + 1])
 def test_solve_streams_one_update_per_iteration(app: HyperSETApp, iters: int):
-    updates = list(app.solve(puzzle_to_grid(EASY), iters, "single"))
+    updates = list(app.sudoku.solve(puzzle_to_grid(EASY), iters, "single"))
     assert len(updates) == iters
     board, plot, verdict, details = updates[-1]
     assert "Verdict:" in verdict and f"{iters} iteration" in verdict
@@ -123,13 +113,13 @@ def test_solve_streams_one_update_per_iteration(app: HyperSETApp, iters: int):
 
 
 def test_solve_commit_and_auto(app: HyperSETApp):
-    commit = list(app.solve(puzzle_to_grid(EASY), 2, "commit"))
+    commit = list(app.sudoku.solve(puzzle_to_grid(EASY), 2, "commit"))
     d = commit[-1][3]
     assert len(commit) == d["iterations"] == 2 * d["passes"] and len(d["energy_per_pass"]) == d["passes"]
     ref = app.solver.solve([EASY], iters=2, strategy="commit")[0]
     assert d["prediction"] == ref.prediction and d["passes"] == ref.passes  # the same decoding as the CLI
     cap = MAX_ITER_FACTOR * TRAINED
-    auto = list(app.solve(puzzle_to_grid(EASY), cap, "auto"))
+    auto = list(app.sudoku.solve(puzzle_to_grid(EASY), cap, "auto"))
     assert 1 <= len(auto) <= cap and auto[-1][3]["iterations"] == len(auto)
 
 
@@ -139,7 +129,7 @@ HARD = "000000200200000109000050000010400900060080030008000060400300000580040600
 def test_solve_search_streams_nodes_and_ends_with_the_searchs_counters(app: HyperSETApp):
     """The search in the app: the live verdict counts nodes and backtracks, the final one says how the answer
     was reached, and the board is the solver's."""
-    updates = list(app.solve(puzzle_to_grid(HARD), 2, "search"))
+    updates = list(app.sudoku.solve(puzzle_to_grid(HARD), 2, "search"))
     live = [u[2] for u in updates[:-1] if isinstance(u[2], str)]
     assert any("node 1 of at most" in v and "backtrack" in v for v in live)
     *_, verdict, details = updates[-1]
@@ -147,7 +137,7 @@ def test_solve_search_streams_nodes_and_ends_with_the_searchs_counters(app: Hype
     assert details["valid"] and details["prediction"] == ref.prediction
     assert details["nodes"] == ref.search["nodes"] and details["backtracks"] == ref.search["backtracks"]
     assert ref.how in verdict
-    board, verdict, energies = app.api_solve(HARD, 2, "search")
+    board, verdict, energies = app.sudoku.api_solve(HARD, 2, "search")
     assert board == ref.prediction and verdict == "solved"
 
 
@@ -157,21 +147,21 @@ def test_solve_takes_the_pasted_puzzle_when_the_paste_box_was_edited_last(app: H
 
     medium = (Path(__file__).resolve().parent.parent / "examples" / "medium.txt").read_text()
     givens = parse_puzzles(medium)[0].givens
-    updates = list(app.solve_edited(puzzle_to_grid(EASY), medium, "text", 2, "single"))
+    updates = list(app.sudoku.solve_edited(puzzle_to_grid(EASY), medium, "text", 2, "single"))
     assert updates[0][0] == givens  # the pasted puzzle goes into the grid first
     assert "Solving the pasted puzzle" in updates[0][3]
     *_, details = updates[-1]
     assert details["puzzle"] == givens
     # the grid edited last: its puzzle, the paste box ignored
-    *_, details = list(app.solve_edited(puzzle_to_grid(EASY), medium, "grid", 2, "single"))[-1]
+    *_, details = list(app.sudoku.solve_edited(puzzle_to_grid(EASY), medium, "grid", 2, "single"))[-1]
     assert details["puzzle"] == EASY
     # bad pasted text: the message, nothing solved
-    (update,) = list(app.solve_edited(puzzle_to_grid(EASY), "12345", "text", 2, "single"))
+    (update,) = list(app.sudoku.solve_edited(puzzle_to_grid(EASY), "12345", "text", 2, "single"))
     assert "Input problem" in update[3] and "error" in update[4]
 
 
 def test_solve_views_ends_with_the_solvers_board_and_which_view_answered(app: HyperSETApp):
-    updates = list(app.solve(puzzle_to_grid(EASY), 2, "views"))
+    updates = list(app.sudoku.solve(puzzle_to_grid(EASY), 2, "views"))
     *_, verdict, details = updates[-1]
     ref = app.solver.solve([EASY], iters=2, strategy="views")[0]
     assert details["prediction"] == ref.prediction and details["search"]["views"] == ref.search["views"] == 9
@@ -199,7 +189,7 @@ def test_app_and_cli_give_the_same_frames(app: HyperSETApp, tmp_path: Path):
         assert out.exit_code in (0, 1), out.output
         cli_results = json.loads(out.stdout)["results"]
         for puzzle, r in zip(puzzles, cli_results):
-            frames = list(app._frames(puzzle, iters, strategy))
+            frames = list(app.sudoku._frames(puzzle, iters, strategy))
             assert [f.step for f in frames] == list(range(1, r["iterations"] + 1))
             # the board at the end of every pass, as the CLI's stream (whole passes) saw it
             pass_ends = [f.digits for f in frames if f.t == iters]
@@ -209,7 +199,7 @@ def test_app_and_cli_give_the_same_frames(app: HyperSETApp, tmp_path: Path):
             app_energy = [e for p in frames[-1].passes for e in p["attn"]]
             np.testing.assert_allclose(app_energy, r["energy"]["attn"], rtol=1e-6)
             assert [len(p["ff"]) for p in frames[-1].passes] == r["pass_lengths"]
-            *_, details = list(app.solve(puzzle_to_grid(puzzle), iters, strategy))[-1]
+            *_, details = list(app.sudoku.solve(puzzle_to_grid(puzzle), iters, strategy))[-1]
             assert details["prediction"] == r["prediction"] and details["iterations"] == r["iterations"]
             np.testing.assert_allclose(details["energy"]["ff"], r["energy"]["ff"], rtol=1e-6)
 
@@ -225,7 +215,7 @@ def test_app_and_cli_give_the_same_frames(app: HyperSETApp, tmp_path: Path):
     (puzzle_to_grid(EASY), 2, "magic", "strategy must be"),
 ])
 def test_solve_bad_input_is_a_message(app: HyperSETApp, grid, iters, strategy, words):
-    updates = list(app.solve(grid, iters, strategy))
+    updates = list(app.sudoku.solve(grid, iters, strategy))
     assert len(updates) == 1
     assert "Input problem" in updates[0][2] and words in updates[0][2] and "error" in updates[0][3]
 
@@ -238,13 +228,13 @@ def test_solve_bad_input_is_a_message(app: HyperSETApp, grid, iters, strategy, w
     ("   ", "paste a puzzle"),
 ])
 def test_load_text_bad_input_is_a_message(app: HyperSETApp, text, words):
-    grid, board, message = app.load_text(text)
+    grid, board, message = app.sudoku.load_text(text)
     assert "Input problem" in message and words in message
 
 
 def test_load_text_examples(app: HyperSETApp):
     for name, text in EXAMPLES:
-        grid, board, message = app.load_text(text)
+        grid, board, message = app.sudoku.load_text(text)
         assert len(grid) == 81 and "givens" in message, name
         assert grid_to_puzzle(grid) == grid != "0" * 81
 
@@ -253,25 +243,25 @@ def test_iterations_reach_the_clis_limit_and_out_of_range_values_get_a_note(app:
                                                                             monkeypatch: pytest.MonkeyPatch):
     """The Sudoku depth control takes what hyperset-solve --iters takes, 1 to MAX_ITERS, in a field that clamps
     nothing: a value out of range gets a note beside it, and Solve and /solve refuse it in the library's words."""
-    import hyperset.apps.app as app_module
-    from hyperset.apps.app import iterations_note
+    import hyperset.apps.sudoku_tab as app_module
+    from hyperset.apps.inputs import iterations_note
 
     demo = app.build()
     field = next(b for b in demo.blocks.values() if getattr(b, "elem_id", None) == "sudoku-iters")
     assert isinstance(field, gr.Number) and field.maximum is None and f"1 to {MAX_ITERS:,}" in field.info
     monkeypatch.setattr(app_module, "SOLVE_TIME_LIMIT", 0)  # MAX_ITERS runs (and stops after its first iteration)
-    board, verdict, energies = app.api_solve(EASY, MAX_ITERS, "single")
+    board, verdict, energies = app.sudoku.api_solve(EASY, MAX_ITERS, "single")
     assert "stopped at the time limit" in verdict and energies["iterations"] >= 1
-    *_, verdict, details = list(app.solve(puzzle_to_grid(EASY), float(MAX_ITERS), "single"))[-1]
+    *_, verdict, details = list(app.sudoku.solve(puzzle_to_grid(EASY), float(MAX_ITERS), "single"))[-1]
     assert details["iterations_per_pass"] == MAX_ITERS  # JSON's 10000.0 is a whole number
     for typed, words in ((MAX_ITERS + 1, "must be between 1 and 10,000"), (0, "must be between 1 and 10,000"),
                          (1.5, "expected an integer number of iterations")):
         assert words in iterations_note(typed)
         with pytest.raises(gr.Error, match=words):
-            app.api_solve(EASY, typed, "single")
+            app.sudoku.api_solve(EASY, typed, "single")
     assert iterations_note(16) == iterations_note(None) == ""
-    note = iterations_note(200, app.mim_max_iters, "hyperset-eval mim --iters")
-    assert f"the app runs at most {app.mim_max_iters}" in note and "hyperset-eval mim --iters" in note
+    note = iterations_note(200, app.reconstruction.max_iters, "hyperset-eval mim --iters")
+    assert f"the app runs at most {app.reconstruction.max_iters}" in note and "hyperset-eval mim --iters" in note
     assert iterations_note("x" * 100_000).count("x") < 300  # a client's long value is cut in the message
 
 
@@ -283,13 +273,13 @@ def test_givens_without_a_solution_are_reported_as_the_cli_does(app: HyperSETApp
     warning = parse_puzzles(NO_SOLUTION)[0].warnings[0]
     assert warning.startswith("no solution: r1c9 can hold no digit")
     grid = puzzle_to_grid(NO_SOLUTION)
-    _, message = app.preview(grid)
+    _, message = app.sudoku.preview(grid)
     assert f"Note: {warning}." in message
-    *_, verdict, details = list(app.solve(grid, 2, "single"))[-1]
+    *_, verdict, details = list(app.sudoku.solve(grid, 2, "single"))[-1]
     assert "Verdict: not solved" in verdict and warning in verdict and details["warnings"] == [warning]
-    board, verdict, energies = app.api_solve(NO_SOLUTION, 2, "single")
+    board, verdict, energies = app.sudoku.api_solve(NO_SOLUTION, 2, "single")
     assert verdict.startswith("not solved: ") and verdict.endswith(f"; {warning}")
-    assert energies["warnings"] == [warning] and app.api_solve(EASY, 2, "single")[2]["warnings"] == []
+    assert energies["warnings"] == [warning] and app.sudoku.api_solve(EASY, 2, "single")[2]["warnings"] == []
 
 
 def test_stop_replaces_the_solving_message(app: HyperSETApp):
@@ -301,14 +291,14 @@ def test_stop_replaces_the_solving_message(app: HyperSETApp):
     assert any(f.cancels for f in on_stop)  # cancels the solve...
     stop = next(f for f in on_stop if f.fn is not None)  # ...and says so
     assert [b._id for b in stop.inputs] == [b._id for b in stop.outputs] == [by_id["verdict"]._id]
-    updates = list(app.solve(puzzle_to_grid(EASY), 2, "single"))
+    updates = list(app.sudoku.solve(puzzle_to_grid(EASY), 2, "single"))
     assert "Stopped." in stop.fn(updates[0][2]) and "Verdict:" not in stop.fn(updates[0][2])
     assert not isinstance(stop.fn(updates[-1][2]), str)  # gr.skip(): the finished verdict stays
 
 
 def test_api_solve_bad_input_logs_no_traceback(app: HyperSETApp):
     with pytest.raises(gr.Error, match="appears twice") as err:
-        app.api_solve("55" + "0" * 79, 2, "single")
+        app.sudoku.api_solve("55" + "0" * 79, 2, "single")
     assert err.value.print_exception is False
 
 
@@ -316,15 +306,16 @@ def test_api_solve_bad_input_logs_no_traceback(app: HyperSETApp):
 
 
 def test_reconstruct_random_mask(app: HyperSETApp):
-    editor = app.sample_editor(next(iter(app.samples)))
-    original, masked, tok, recon, metrics, plot, note, details = app.reconstruct(editor, "random", 0.5, 3, 5, 6, 1.0)
+    editor = app.reconstruction.sample_editor(next(iter(app.reconstruction.samples)))
+    original, masked, tok, recon, metrics, plot, note, details = app.reconstruction.reconstruct(
+        editor, "random", 0.5, 3, 5, 6, 1.0)
     for img in (original, masked, tok, recon):
         assert img.shape == (256, 256, 3) and img.dtype == np.uint8
     assert np.isfinite(details["psnr"]) and np.isfinite(details["ssim"]) and "PSNR" in metrics
     assert details["masked_tokens"] == 32 and len(details["energy"]["attn"]) == 5
     assert len(details["step_sizes"]["alpha_negative"]) == 5 and "What the plot shows" in note
     assert plot.count("<polyline") == 3 and "last forward pass" in plot  # the total and its parts
-    again = app.reconstruct(editor, "random", 0.5, 3, 5, 6, 1.0)  # seeded: the same result
+    again = app.reconstruction.reconstruct(editor, "random", 0.5, 3, 5, 6, 1.0)  # seeded: the same result
     assert np.array_equal(again[3], recon)
 
 
@@ -339,19 +330,19 @@ def test_reconstruct_defaults_show_four_columns_the_ceiling_and_pasted_pixels(ap
     decode(encode(x)) of the original; with paste-back every unmasked pixel is the original's, without it not."""
     from hyperset.vision.maskgit import mask_by_ratio
 
-    assert DEFAULT_SAMPLE in app.samples
-    editor = app.sample_editor(DEFAULT_SAMPLE)
-    original, masked, tok, model, metrics, _, note, details = app.reconstruct(editor)
+    assert DEFAULT_SAMPLE in app.reconstruction.samples
+    editor = app.reconstruction.sample_editor(DEFAULT_SAMPLE)
+    original, masked, tok, model, metrics, _, note, details = app.reconstruction.reconstruct(editor)
     assert details["masked_tokens"] == round(DEFAULT_MASK_RATIO * 64) and details["paste_back"] is True
-    image = app._editor_image(editor)[0]
+    image = app.reconstruction._editor_image(editor)[0]
     tokenizer = app.mim.tokenizer
-    assert np.array_equal(tok, _to_display(tokenizer.decode(tokenizer.encode(image))))
-    assert np.array_equal(original, _to_display(image))
+    assert np.array_equal(tok, to_display(tokenizer.decode(tokenizer.encode(image))))
+    assert np.array_equal(original, to_display(image))
     mask = mask_by_ratio((1, 8, 8), DEFAULT_MASK_RATIO, generator=torch.Generator().manual_seed(0))[0]
     shown = _token_blocks(mask)
     assert np.array_equal(model[~shown], original[~shown])  # unmasked pixels: exactly the original's
     assert not np.array_equal(model[shown], original[shown])  # the masked ones are the model's
-    raw = app.reconstruct(editor, paste_back=False)[3]
+    raw = app.reconstruction.reconstruct(editor, paste_back=False)[3]
     assert np.array_equal(raw[shown], model[shown])  # the same decoding either way
     assert not np.array_equal(raw[~shown], original[~shown])  # the tokenizer's pixels, not the original's
     assert "pasted back" in metrics and "tokenizer only" in metrics and "E_ATTN" in note
@@ -362,20 +353,20 @@ def test_reconstruct_decoding_choice(app: HyperSETApp):
     so; "maskgit" samples; anything else is a message."""
     from hyperset.vision.maskgit import mask_by_ratio
 
-    editor = app.sample_editor(DEFAULT_SAMPLE)
-    out = app.reconstruct(editor, "random", 0.5, 3, 5, 6, 1.0, False, "expected")
+    editor = app.reconstruction.sample_editor(DEFAULT_SAMPLE)
+    out = app.reconstruction.reconstruct(editor, "random", 0.5, 3, 5, 6, 1.0, False, "expected")
     details, metrics, note = out[7], out[4], out[6]
     assert details["decoding"] == "expected" and details["steps"] == 1 and len(details["energy"]["attn"]) == 5
     assert "expected code embedding (one forward pass)" in metrics and "only forward pass" in note
-    image = app._editor_image(editor)[0]
+    image = app.reconstruction._editor_image(editor)[0]
     mask = mask_by_ratio((1, 8, 8), 0.5, generator=torch.Generator().manual_seed(3))
     direct = app.mim.reconstruct(image, mask, iters=5, decode="expected")
-    assert np.array_equal(out[3], _to_display(direct.images))  # raw output: the pipeline's expected decode
-    assert app.reconstruct(editor, "random", 0.5, 3, 5, 6, 1.0, False)[7]["decoding"] == "expected"  # the default
-    sampled = app.reconstruct(editor, "random", 0.5, 3, 5, 6, 1.0, False, "maskgit")
+    assert np.array_equal(out[3], to_display(direct.images))  # raw output: the pipeline's expected decode
+    assert app.reconstruction.reconstruct(editor, "random", 0.5, 3, 5, 6, 1.0, False)[7]["decoding"] == "expected"
+    sampled = app.reconstruction.reconstruct(editor, "random", 0.5, 3, 5, 6, 1.0, False, "maskgit")
     assert sampled[7]["decoding"] == "maskgit" and sampled[7]["steps"] == 6 and "MaskGIT sampling" in sampled[4]
     assert "at the last decoding step" in sampled[6]
-    assert "decoding must be 'maskgit' or 'expected'" in app.reconstruct(editor, decoding="mean")[4]
+    assert "decoding must be 'maskgit' or 'expected'" in app.reconstruction.reconstruct(editor, decoding="mean")[4]
 
 
 def test_mim_training_note_reads_what_the_config_records():
@@ -438,25 +429,26 @@ def test_energy_note_states_what_the_values_show():
 def test_reconstruct_drawn_mask_and_upload(app: HyperSETApp, tmp_path: Path):
     path = tmp_path / "photo.png"
     Image.fromarray(np.random.default_rng(0).integers(0, 255, (60, 90, 3), dtype=np.uint8)).save(path)
-    editor, message = app.upload_image(str(path))
+    editor, message = app.reconstruction.upload_image(str(path))
     assert editor["background"].shape == (256, 256, 3) and "32x32" in message
     layer = np.zeros((256, 256, 4), np.uint8)
     layer[:64, :96, 3] = 255  # two token rows x three token columns
-    out = app.reconstruct(dict(editor, layers=[layer]), "drawn", 0.5, 0, 2, 4, 0.0)
+    out = app.reconstruction.reconstruct(dict(editor, layers=[layer]), "drawn", 0.5, 0, 2, 4, 0.0)
     assert out[3].shape == (256, 256, 3) and out[7]["masked_tokens"] == 6
-    assert "paint over" in app.reconstruct(editor, "drawn")[4]  # nothing painted
+    assert "paint over" in app.reconstruction.reconstruct(editor, "drawn")[4]  # nothing painted
 
 
 def test_reconstruct_bad_input_is_a_message(app: HyperSETApp, tmp_path: Path):
-    assert "choose a sample" in app.reconstruct(None, "random")[4]
-    editor = app.sample_editor(next(iter(app.samples)))
-    limit = app.mim_max_iters
-    assert f"iterations = 999: the app runs at most {limit}" in app.reconstruct(editor, "random", 0.5, 0, 999)[4]
-    assert "iterations = 1.5: expected an integer" in app.reconstruct(editor, "random", 0.5, 0, 1.5)[4]
-    assert "decoding steps must be a whole number" in app.reconstruct(editor, "random", 0.5, 0, 2, 2.5)[4]
+    assert "choose a sample" in app.reconstruction.reconstruct(None, "random")[4]
+    editor = app.reconstruction.sample_editor(next(iter(app.reconstruction.samples)))
+    limit = app.reconstruction.max_iters
+    rec = app.reconstruction.reconstruct
+    assert f"iterations = 999: the app runs at most {limit}" in rec(editor, "random", 0.5, 0, 999)[4]
+    assert "iterations = 1.5: expected an integer" in app.reconstruction.reconstruct(editor, "random", 0.5, 0, 1.5)[4]
+    assert "decoding steps must be a whole number" in rec(editor, "random", 0.5, 0, 2, 2.5)[4]
     bad = tmp_path / "not-an-image.png"
     bad.write_bytes(b"hello")
-    assert "could not read" in app.upload_image(str(bad))[1]
+    assert "could not read" in app.reconstruction.upload_image(str(bad))[1]
 
 
 # ---- the launched app -----------------------------------------------------------------------------------------
@@ -694,14 +686,14 @@ def test_onnx_backend_frames_come_from_onnxruntime(tmp_path: Path, monkeypatch: 
     onnx_app, torch_app = HyperSETApp(solver, None), HyperSETApp(torch_solver, None)
     iters = 2 * TRAINED
     for strategy in ("single", "commit", "auto"):
-        frames = list(onnx_app._frames(EASY, iters, strategy))
+        frames = list(onnx_app.sudoku._frames(EASY, iters, strategy))
         assert frames and all(f.source == "onnxruntime" for f in frames)
-        reference = list(torch_app._frames(EASY, iters, strategy))
+        reference = list(torch_app.sudoku._frames(EASY, iters, strategy))
         assert [(f.step, f.digits) for f in frames] == [(f.step, f.digits) for f in reference]
         for a, b in zip(frames[-1].passes, reference[-1].passes):
             np.testing.assert_allclose(a["attn"], b["attn"], rtol=1e-4)
             np.testing.assert_allclose(a["ff"], b["ff"], rtol=1e-4)
-    updates = list(onnx_app.solve(puzzle_to_grid(EASY), iters, "single"))
+    updates = list(onnx_app.sudoku.solve(puzzle_to_grid(EASY), iters, "single"))
     details = updates[-1][3]
     assert len(updates) == iters and details["backend"]["frames"] == details["backend"]["final"] == "onnxruntime"
     assert len(details["energy"]["attn"]) == iters and "came from onnxruntime" in updates[-1][2]
@@ -738,7 +730,7 @@ def test_onnx_graph_without_step_graphs_is_refused_and_its_limits_are_messages(
     line (it started, and every streamed solve failed with an empty error); given to the app anyway, the settings
     it cannot run are messages, and /solve runs it at its own depth."""
     pytest.importorskip("onnxruntime")
-    import hyperset.apps.app as app_module
+    import hyperset.apps.sudoku_tab as app_module
     from hyperset.apps.cli import load_models, options
     from hyperset.exports.export import export_unrolled
     from hyperset.exports.solver_backend import create_backend
@@ -757,13 +749,13 @@ def test_onnx_graph_without_step_graphs_is_refused_and_its_limits_are_messages(
     onnx_app = HyperSETApp(solver.with_backend(create_backend(solver.model, info=solver.info, path=path,
                                                               device="cpu", threads=1)), None)
     for strategy in ("single", "auto"):
-        updates = list(onnx_app.solve(puzzle_to_grid(EASY), TRAINED, strategy))
+        updates = list(onnx_app.sudoku.solve(puzzle_to_grid(EASY), TRAINED, strategy))
         assert len(updates) == 1 and "step graphs" in updates[0][2] and "error" in updates[0][3]
     for iters, strategy, words in ((TRAINED + 1, "single", f"unrolled for {TRAINED} iterations"),
                                    (TRAINED, "auto", "step graphs")):
         with pytest.raises(gr.Error, match=words):
-            onnx_app.api_solve(EASY, iters, strategy)
-    board, verdict, energies = onnx_app.api_solve(EASY, TRAINED, "commit")  # whole passes at the graph's depth
+            onnx_app.sudoku.api_solve(EASY, iters, strategy)
+    board, verdict, energies = onnx_app.sudoku.api_solve(EASY, TRAINED, "commit")  # whole passes at the graph's depth
     ref = solver.solve([EASY], iters=TRAINED, strategy="commit")[0]
     assert board == ref.prediction and energies["iterations"] == ref.iterations
     assert energies["pass_lengths"] == ref.pass_lengths

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from hyperset.apps.app import EXAMPLES, MAX_ITER_FACTOR
+from hyperset.apps.sudoku_tab import EXAMPLES
 from hyperset.config import MAX_ITERS
 from hyperset.sudoku import parse_puzzles
 from hyperset.sudoku.exact import solve
@@ -164,7 +164,7 @@ def test_solve_stop_and_reconstruct_in_chromium(url):
         counting.pause = 0.3
         page.get_by_label("commit").check()
         number = page.locator("#sudoku-iters input[type=number]")
-        number.fill(str(MAX_ITER_FACTOR * counting.trained_iters))
+        number.fill(str(4 * counting.trained_iters))
         number.press("Enter")
         page.locator("#solve-btn").click()
         page.locator("#verdict").get_by_text("pass 1").wait_for()

@@ -29,7 +29,9 @@ from test_app import EASY, TRAINED, tiny_mim, tiny_solver
 
 import hyperset.apps.app as app_module
 import hyperset.apps.limits as limits
-from hyperset.apps.app import HyperSETApp, launch_kwargs, puzzle_to_grid
+import hyperset.apps.sudoku_tab as sudoku_tab
+from hyperset.apps.app import HyperSETApp, launch_kwargs
+from hyperset.apps.inputs import puzzle_to_grid
 from hyperset.apps.limits import MAX_BODY_BYTES, MAX_EDITOR_LAYERS, RunGuard, StreamWatch, check_pixels, image_size
 
 HUGE_SIDE = 12_000  # 144 M pixels: 432 MB once decoded as RGB, about 420 KB as a PNG of one colour
@@ -116,8 +118,8 @@ def test_every_image_of_an_editor_value_is_checked(tmp_path: Path, huge_png: byt
 
 def test_solve_stops_at_the_time_limit_with_the_board_so_far(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     app = HyperSETApp(tiny_solver(tmp_path))
-    monkeypatch.setattr(app_module, "SOLVE_TIME_LIMIT", 0)
-    updates = list(app.solve(puzzle_to_grid(EASY), 4 * TRAINED, "commit"))
+    monkeypatch.setattr(sudoku_tab, "SOLVE_TIME_LIMIT", 0)
+    updates = list(app.sudoku.solve(puzzle_to_grid(EASY), 4 * TRAINED, "commit"))
     board, plot, verdict, details = updates[-1]
     assert len(updates) == 1 and details["iterations"] == 1  # the first iteration's board is the answer
     assert details["stopped"] == "the time limit of 0 s" and "Stopped at the time limit" in verdict
@@ -127,8 +129,8 @@ def test_solve_stops_at_the_time_limit_with_the_board_so_far(tmp_path: Path, mon
 def test_api_solve_stops_at_the_time_limit_with_the_board_so_far(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """/solve has the streamed solve's time limit: it answers with the board after the last iteration run."""
     app = HyperSETApp(tiny_solver(tmp_path))
-    monkeypatch.setattr(app_module, "SOLVE_TIME_LIMIT", 0)
-    board, verdict, energies = app.api_solve(EASY, 4 * TRAINED, "commit")
+    monkeypatch.setattr(sudoku_tab, "SOLVE_TIME_LIMIT", 0)
+    board, verdict, energies = app.sudoku.api_solve(EASY, 4 * TRAINED, "commit")
     assert energies["stopped"] == "the time limit of 0 s" and energies["iterations"] == 1
     assert verdict.endswith("(stopped at the time limit of 0 s, after 1 iteration)")
     assert verdict.startswith(("solved", "not solved: "))
@@ -316,7 +318,7 @@ def test_editor_blob_uploads_are_bounded(served):
 def test_api_calls_keep_a_bounded_number_of_session_states(served):
     """Gradio keeps a session state for every API call (each call is a session of its own) with the call's inputs
     in it, up to 1 MiB a call: the app keeps the newest SESSION_STATES, where Gradio's default is 10,000."""
-    too_long = "1" * (app_module.MAX_TEXT_CHARS + 1)  # refused by the handler, held in the session state all the same
+    too_long = "1" * (limits.MAX_TEXT_CHARS + 1)  # refused by the handler, held in the session state all the same
     for _ in range(limits.SESSION_STATES + 8):
         assert _call(served.client, "load_puzzle", [too_long])[0] == "complete"
     assert len(served.demo.state_holder.session_data) == limits.SESSION_STATES
