@@ -103,7 +103,7 @@ def our_config() -> Any:
 
 def random_model(dead_time_network: bool = True, device: str | torch.device = "cpu") -> HyperSETModel:
     """Our model at the shared configuration without dropout, every weight random (seed 0): for comparing the
-    optimised and the written-out training paths (tests/test_fused.py, gpu_check's fused check). With
+    optimised and the written-out training paths (tests/accel/test_fused.py, gpu_check's fused check). With
     `dead_time_network` the step-size network's L1 and L2 weights stay zero, as the authors' init leaves them (step
     sizes the same at every t, made once per pass); else they are random too."""
     torch.manual_seed(0)

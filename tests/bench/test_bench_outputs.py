@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 from conftest import write_sudoku_csvs, write_tiny_sudoku_checkpoint
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 
 def _refused(main, argv: list[str], capsys: pytest.CaptureFixture) -> str:

@@ -206,7 +206,7 @@ def test_depth_draws_are_in_range_and_a_function_of_the_step(data_dir: Path) -> 
 def test_a_depth_drawn_at_every_step_compiles_a_graph_per_update(data_dir: Path, objective: dict,
                                                                  per_update: bool) -> None:
     """Under torch.compile a pass is one graph specialised on its depth; an objective that draws the depth at every
-    step builds its model with a graph per update instead (tests/test_compiled.py checks what each does)."""
+    step builds its model with a graph per update instead (tests/accel/test_compiled.py checks what each does)."""
     assert task(data_dir, **objective).build_model().core.graph_per_update is per_update
 
 

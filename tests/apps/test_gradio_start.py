@@ -92,7 +92,7 @@ def test_the_app_builds_and_answers_through_the_hooked_import(tmp_path):
         board, verdict, energies = app.sudoku.api_solve(
             "000014200500070300000590004058400001000000006003080090870060000420805017009047000", 48, "search")
         print(json.dumps({"verdict": verdict, "board": board, "passes": energies["passes"]}))
-        """, Path(__file__).resolve().parents[1])
+        """, Path(__file__).resolve().parents[2])
     assert out["verdict"] == "solved" and len(out["board"]) == 81 and out["passes"] >= 1
 
 

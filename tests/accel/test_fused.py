@@ -16,7 +16,7 @@ from hyperset.config import ModelConfig
 from hyperset.energies import attn_energy_grad_heads, merge_heads, rms_normalize, split_heads
 from hyperset.models import build_model
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import peer_bench  # noqa: E402
 
 
@@ -140,7 +140,7 @@ def test_training_step_equals_the_written_out_path_within_1e_5(dead_time_network
     more units a step has. On an AMD EPYC, over input seeds 0-7 with each time network (16 cases), the path on
     oneDNN exceeded 1e-5 on 4 with four boards and on 2 with one board, oneDNN with the kernel on 7 and 2, ATen with
     the kernel on 1 and 0, ATen alone on none. So the step is of one board, one where no path crosses a kink; the
-    attention operator's own test (tests/test_cpu_kernels.py) holds without that condition."""
+    attention operator's own test (tests/accel/test_cpu_kernels.py) holds without that condition."""
     model = _peer_model(dead_time_network)
     twin = copy.deepcopy(model)
     gen = torch.Generator().manual_seed(3 if dead_time_network else 4)

@@ -145,7 +145,7 @@ def test_solve_takes_the_pasted_puzzle_when_the_paste_box_was_edited_last(app: H
     """Pasting a puzzle and pressing Solve without 'Put text in the grid' solved the grid's earlier puzzle."""
     from hyperset.sudoku import parse_puzzles
 
-    medium = (Path(__file__).resolve().parent.parent / "examples" / "medium.txt").read_text()
+    medium = (Path(__file__).resolve().parents[2] / "examples" / "medium.txt").read_text()
     givens = parse_puzzles(medium)[0].givens
     updates = list(app.sudoku.solve_edited(puzzle_to_grid(EASY), medium, "text", 2, "single"))
     assert updates[0][0] == givens  # the pasted puzzle goes into the grid first

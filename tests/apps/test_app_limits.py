@@ -425,7 +425,7 @@ def test_cli_port_in_use_and_bad_host_are_one_line_errors(args: list[str], words
         port = str(taken.getsockname()[1])
         args, words = [a.replace("PORT", port) for a in args], words.replace("PORT", port)
         done = subprocess.run([sys.executable, "-m", "hyperset.apps.cli", *args, "--threads", "1", "--device", "cpu"],
-                              cwd=Path(__file__).parents[1], capture_output=True, text=True, timeout=120)
+                              cwd=Path(__file__).parents[2], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "Traceback" not in done.stderr + done.stdout
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("hyperset-app: error: ") and words in lines[0]

@@ -13,7 +13,7 @@ from hyperset.accel import cpu_kernels
 from hyperset.config import ModelConfig, preset_config
 from hyperset.models import HyperSETModel
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import bench_args  # noqa: E402
 import flops  # noqa: E402
 

@@ -13,7 +13,7 @@ import torch
 from hyperset.config import preset_config
 from hyperset.models import HyperSETModel
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import mim_energy  # noqa: E402
 
 TINY = {"dim": 32, "heads": 2, "ff_hidden": 32, "iters": 3, "time_dim": 32, "vocab_size": 65, "num_classes": 64,

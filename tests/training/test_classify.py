@@ -308,7 +308,7 @@ def test_classify_test_bench_writes_json_and_records_in_the_checkpoint(cifar10: 
     import importlib.util
     import shutil
 
-    path = Path(__file__).resolve().parents[1] / "bench" / "classify_test.py"
+    path = Path(__file__).resolve().parents[2] / "bench" / "classify_test.py"
     spec = importlib.util.spec_from_file_location("classify_test", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -383,7 +383,7 @@ def test_eval_command_names_a_file_that_is_no_checkpoint(cifar10: Path, checkpoi
 def test_figures(cifar10: Path, checkpoint: Path, tmp_path: Path) -> None:
     import importlib.util
 
-    path = Path(__file__).resolve().parents[1] / "bench" / "classify_figures.py"
+    path = Path(__file__).resolve().parents[2] / "bench" / "classify_figures.py"
     spec = importlib.util.spec_from_file_location("classify_figures", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
