@@ -48,7 +48,7 @@ RUNS = ROOT.parent / "runs" / "ablations"
 DEAD = ["model.time_init=\"zero\""]  # the shipped recipe's (and the authors') dead time network
 FINETUNE = ["train.lr=3e-4", "train.min_lr=1e-5"]
 # torch.compile is off in the classifier arms: its first-step compile time would land in one arm's calibration
-CLS_FINETUNE = FINETUNE + ["train.compile=false"]
+CLS_FINETUNE = FINETUNE + ["train.compile=false", "objective.eval_iters=[12, 24, 48]"]
 
 # name -> family, --set overrides on the sudoku-cpu recipe, what it tests
 ARMS: dict[str, dict[str, Any]] = {
@@ -83,6 +83,12 @@ ARMS: dict[str, dict[str, Any]] = {
                     "note": "control: the shipped classifier trained on with its dead time network"},
     "cls-ft-live": {"family": "classify", "set": CLS_FINETUNE,
                     "note": "the shipped classifier with its time network revived (outputs unchanged at start)"},
+    "cls-ft-live-deep2": {"family": "classify", "set": CLS_FINETUNE + ["objective.segments=2"],
+                          "note": "revived time network + deep supervision over 2 detached segments of T"},
+    "cls-ft-live-deep4": {"family": "classify", "set": CLS_FINETUNE + ["objective.segments=4"],
+                          "note": "revived time network + deep supervision over 4 detached segments of T"},
+    "cls-ft-dead-deep2": {"family": "classify", "set": DEAD + CLS_FINETUNE + ["objective.segments=2"],
+                          "note": "dead time network + deep supervision over 2 detached segments of T"},
 }
 RECIPES = {"finetune": ("sudoku", "sudoku-cpu", "sudoku"), "scratch": ("sudoku", "sudoku-cpu", None),
            "classify": ("classify", "cifar10-cpu", "classifier")}  # family -> task, recipe, shipped start
@@ -249,8 +255,29 @@ def evaluate_arm(checkpoint: Path | str, data: str, n: int, n17: int, threads: i
     }
 
 
-def evaluate_classifier_arm(out: Path, task: Any, threads: int) -> dict[str, Any]:
-    """Validation top-1 (the held-out 10% of the training set) at T and 2T, before and after the arm's training."""
+@torch.no_grad()
+def image_depth_curve(model: torch.nn.Module, split: Any, max_iters: int, batch: int = 250) -> dict[str, Any]:
+    """One pass to max_iters over a classification split (fp32): top-1 at every t, and per image whether
+    E_ATTN + E_FF never rose from iteration 1 up to T, 2T, 4T ... (a rise of more than 1e-5 relative counts)."""
+    correct = np.zeros(max_iters)
+    energy = np.zeros((max_iters, len(split)))
+    seen = 0
+    for images, labels in split.batches(batch):
+        for layer, t, x in model.core.iterate(model.stem(images), max_iters):
+            correct[t - 1] += int((model.readout(x).argmax(-1) == labels).sum())
+            energy[t - 1, seen: seen + len(labels)] = sum(v.double() for v in layer.energy(x, t).values()).numpy()
+        seen += len(labels)
+    rises = np.diff(energy, axis=0) > 1e-5 * np.abs(energy[:-1]).clip(min=1.0)
+    T = model.cfg.iters
+    never = {f"{k}T" if k > 1 else "T": float((~rises[: k * T - 1].any(0)).mean())
+             for k in (1, 2, 4, 8, 16) if k * T <= max_iters}
+    return {"top1": (correct / max(seen, 1)).tolist(), "energy_never_rises": never}
+
+
+def evaluate_classifier_arm(out: Path, task: Any, threads: int, depth: int = 4) -> dict[str, Any]:
+    """Validation top-1 (the held-out 10% of the training set) at the recipe's depths, and one fp32 pass to
+    ``depth`` x T (top-1 at every iteration, the share of images whose energy never rises), before and after the
+    arm's training."""
     torch.set_num_threads(threads)
     recipe = arm_recipe(json.loads((out / "arm.json").read_text())["arm"])[1]
     autocast = Trainer(task, TrainConfig.from_dict(recipe["train"]), Path("/nonexistent"), quiet=True)._autocast(
@@ -260,6 +287,7 @@ def evaluate_classifier_arm(out: Path, task: Any, threads: int) -> dict[str, Any
         model, _ = load_checkpoint(ckpt, map_location="cpu")
         model.eval()
         result[label] = task.evaluate(model, torch.device("cpu"), autocast)
+        result[label + "_curve"] = image_depth_curve(model, task.val, depth * task.model.iters)
     return result
 
 

@@ -215,8 +215,9 @@ def _hoistable(model: HyperSETModel) -> bool:
 def _carries(model: HyperSETModel) -> bool:
     """Whether the Loop body carries the head projections on their spheres, split(x W) normalised, from one
     iteration to the next: the energy E_ATTN of x_t and the attention step at x_t use the same ones (one Hyper-SET
-    layer with one W, no depth-wise LoRA), so each iteration makes them once instead of twice."""
-    return model.cfg.layer == "hyperset" and model.cfg.n_layers == 1 and model.cfg.lora_rank == 0
+    layer with one W, no depth-wise LoRA, no step control), so each iteration makes them once instead of twice."""
+    cfg = model.cfg  # a controlled step evaluates the energy of its own trial states: nothing to carry
+    return cfg.layer == "hyperset" and cfg.n_layers == 1 and cfg.lora_rank == 0 and cfg.step_control == "none"
 
 
 def _loop_io(model: HyperSETModel) -> tuple[list[str], list[str], list[str]]:

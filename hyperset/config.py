@@ -18,6 +18,7 @@ FEEDFORWARDS = ("relu", "softmax", "gated")
 TASKS = ("sudoku", "classify", "mim")
 TIME_INITS = ("live", "zero")
 STEP_SIGNS = ("signed", "positive")
+STEP_CONTROLS = ("none", "backtrack")
 # Every string-valued choice of a ModelConfig, in one table: any other value is a ValueError naming the key and
 # these choices (never a silent fallback). What each value means is documented on ModelConfig.
 CHOICES: dict[str, tuple[str, ...]] = {
@@ -31,6 +32,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "step_norm": ("none", "cond", "sum"),
     "time_init": TIME_INITS,
     "step_sign": STEP_SIGNS,
+    "step_control": STEP_CONTROLS,
     "pos": ("learned", "grid", "sincos1d", "sincos2d"),
     "stem": ("ln-linear-ln", "linear"),
     "head_norm": ("rms", "layer"),
@@ -179,6 +181,11 @@ class ModelConfig:
             move, so alpha and gamma do not depend on t at all).
         step_sign: "signed" (the paper: alpha, gamma of either sign) or "positive" (softplus of the same
             output, so every attention and feedforward step descends its energy by construction).
+        step_control: "none" (the paper: every update taken as it is) or "backtrack": where an iteration's
+            update would raise the sample's E_ATTN + E_FF (``HyperSETLayer.energy``), it is scaled by 1/2, 1/4, ...
+            (``backtracks`` halvings) and, if every scale raises it, not taken; so the energy never rises, by
+            construction. Each try costs one energy evaluation of the batch (about one iteration's work).
+        backtracks: the halvings ``step_control = "backtrack"`` tries before it keeps the state.
         time_max: the step-size network sees min(t, time_max) (0: t as it is). Iterations past time_max reuse
             the step sizes of t = time_max.
         fixed_step: alpha = gamma for step == "fixed".
@@ -219,6 +226,8 @@ class ModelConfig:
     step_init: float = 0.0
     time_init: str = "live"
     step_sign: str = "signed"
+    step_control: str = "none"
+    backtracks: int = 4
     time_max: int = 0
     fixed_step: float = 0.1
     lora_rank: int = 0
@@ -272,6 +281,10 @@ class ModelConfig:
             (self.time_dim % 2 == 0, "time_dim must be even"),
             (self.step_sign == "signed" or self.step_init > 0,
              f"step_sign 'positive' needs step_init > 0 (softplus never reaches 0), got {self.step_init}"),
+            (self.step_control == "none" or self.layer == "hyperset",
+             f"step_control {self.step_control!r} controls the Hyper-SET layer's update; layer {self.layer!r} has "
+             "its own"),
+            (0 <= self.backtracks <= 16, f"model.backtracks = {self.backtracks}: must be between 0 and 16"),
             (0 <= self.time_max <= MAX_ITERS,
              f"time_max must be between 0 (no limit) and {MAX_ITERS:,}, got {self.time_max}"),
             (0 <= self.lora_rank <= self.dim, f"model.lora_rank = {self.lora_rank}: must be between 0 (off) and dim"),

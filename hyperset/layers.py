@@ -241,8 +241,29 @@ class HyperSETLayer(nn.Module):
         pass's `pass_weights`."""
         alpha, gamma = steps
         W, D = self.weights(t)
-        x = x - alpha * self.attn_grad(x, W)
-        return x + gamma * self.ff_descent(x, D, folded=shared)
+        y = x - alpha * self.attn_grad(x, W)
+        y = y + gamma * self.ff_descent(y, D, folded=shared)
+        return self.backtrack(x, y, t) if self.cfg.step_control == "backtrack" else y
+
+    def backtrack(self, x: Tensor, y: Tensor, t: int | Tensor | None) -> Tensor:
+        """The iteration's update d = y - x scaled, per sample, by the first of 1, 1/2, ..., 2^-backtracks that
+        leaves E_ATTN + E_FF (``energy``, at this t) no higher than at x, and by 0 where none does: the energy
+        never rises. The scale is chosen without gradient; the gradient flows through x + scale * d."""
+        d = y - x
+        with torch.no_grad():
+            e0 = self.total_energy(x, t)
+            scale = torch.ones(x.shape[0], dtype=x.dtype, device=x.device)
+            ok = torch.zeros(x.shape[0], dtype=torch.bool, device=x.device)
+            for _ in range(self.cfg.backtracks + 1):  # a fixed number of tries: one graph for export and compile
+                ok = ok | (self.total_energy(x + scale.view(-1, 1, 1) * d, t) <= e0)
+                scale = torch.where(ok, scale, scale * 0.5)
+            scale = torch.where(ok, scale, torch.zeros_like(scale))
+        return x + scale.view(-1, 1, 1) * d
+
+    def total_energy(self, x: Tensor, t: int | Tensor | None = None) -> Tensor:
+        """E_ATTN + E_FF of ``energy``, per sample (B,)."""
+        e = self.energy(x, t)
+        return e["attn"] + e["ff"]
 
     def projections(self, x: Tensor, t: int | None = None) -> Tensor:
         W, _ = self.weights(t)

@@ -493,3 +493,78 @@ def test_crate_untied_uses_its_own_output_projection():
         w = split_heads(layer.qkv(layer.ln1(x)), 4)
         o = merge_heads(torch.softmax(w @ w.transpose(-1, -2) / 2.0, dim=-1) @ w)
         torch.testing.assert_close(layer.step(x, 1), _crate_reference(layer, x, layer.to_out(o)))
+
+
+# ---------------------------------------------------------------------- step-length control
+
+
+def _step_model(task: str, control: str, seed: int = 0) -> torch.nn.Module:
+    """A small random model with step sizes large enough that plain updates overshoot (step_init 0.6, every
+    weight perturbed, the time network live)."""
+    over = {"sudoku": dict(pos="grid"), "mim": dict(vocab_size=17, num_classes=16, seq_len=16, pos="sincos2d",
+                                                    time_mlp=False, time_dim=32, step_norm="sum"),
+            "classify": dict(img_size=8, patch_grid=2, num_classes=5, pos="sincos1d", step_cond="xt",
+                             step_norm="cond")}[task]
+    cfg = ModelConfig(**{"task": task, "dim": 32, "heads": 2, "ff_hidden": 48, "iters": 4, "time_dim": 16,
+                         "step_init": 0.6, "emb_dropout": 0.0, "step_control": control, **over})
+    torch.manual_seed(seed)
+    model = build_model(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    return model
+
+
+def _inputs(cfg: ModelConfig, batch: int = 16) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1)
+    if cfg.task == "classify":
+        return torch.randn(batch, cfg.channels, cfg.img_size, cfg.img_size, generator=g)
+    return torch.randint(0, cfg.vocab_size, (batch, cfg.seq_len), generator=g)
+
+
+@torch.no_grad()
+def _energy_rises(model: torch.nn.Module, inputs: torch.Tensor, iters: int) -> torch.Tensor:
+    """Per sample: whether E_ATTN + E_FF rose at some iteration of one pass (beyond 1e-6 relative)."""
+    energies = torch.stack([layer.total_energy(x, t).double()
+                            for layer, t, x in model.core.iterate(model.stem(inputs), iters)])
+    return (energies.diff(dim=0) > 1e-6 * energies[:-1].abs().clamp_min(1.0)).any(0)
+
+
+@pytest.mark.parametrize("task", ["sudoku", "classify", "mim"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_backtracking_keeps_the_energy_from_rising_where_plain_steps_raise_it(task, seed):
+    """step_control "backtrack": on random weights and at 1, 2 and 4 times the trained depth no sample's energy
+    rises; the same weights without the control raise it on some samples (so the control is what holds it)."""
+    plain, held = _step_model(task, "none", seed), _step_model(task, "backtrack", seed)
+    held.load_state_dict(plain.state_dict())
+    inputs = _inputs(plain.cfg)
+    T = plain.cfg.iters
+    assert _energy_rises(plain, inputs, 4 * T).any()
+    for depth in (T, 2 * T, 4 * T):
+        assert not _energy_rises(held, inputs, depth).any()
+
+
+def test_backtracking_takes_a_descending_update_whole_and_trains():
+    """Where the plain update already lowers the energy the control takes it unchanged; the controlled pass has a
+    gradient for every parameter the plain pass has one for."""
+    model = _step_model("sudoku", "backtrack")
+    layer, x0 = model.core.layers[0], model.stem(_inputs(model.cfg, 4))
+    y = x0 - 1e-4 * layer.attn_grad(x0, layer.W)  # a tiny descent step
+    assert torch.equal(layer.backtrack(x0, y, 1), x0 + (y - x0))
+    model.train()
+    model(_inputs(model.cfg, 4), iters=6).float().square().mean().backward()
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+
+def test_step_control_round_trips_through_a_checkpoint(tmp_path):
+    from hyperset.models import load_checkpoint, save_checkpoint
+
+    model = _step_model("mim", "backtrack")
+    save_checkpoint(tmp_path / "ck", model)
+    loaded, _ = load_checkpoint(tmp_path / "ck")
+    assert loaded.cfg.step_control == "backtrack" and loaded.cfg.backtracks == model.cfg.backtracks
+    inputs = _inputs(model.cfg, 4)
+    with torch.no_grad():
+        assert torch.equal(loaded.eval()(inputs, iters=8), model(inputs, iters=8))
+    with pytest.raises(ValueError, match="step_control 'backtrack' controls the Hyper-SET layer"):
+        ModelConfig(task="sudoku", dim=32, heads=2, ff_hidden=48, layer="transformer", step_control="backtrack")

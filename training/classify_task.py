@@ -50,11 +50,11 @@ from hyperset.vision.data import (
 )
 
 from .epochs import epochs_to_steps
-from .task import Task
+from .task import Task, check_segments, segment_mean, segment_outputs
 
 CIFAR_SIZE = 32
 DATA_KEYS = ("dataset", "val_fraction", "seed", "n_train", "n_val", "image_size", "eval_mode", "classes", "workers")
-OBJECTIVE_KEYS = ("label_smoothing", "eval_iters", "eval_batch")
+OBJECTIVE_KEYS = ("label_smoothing", "eval_iters", "eval_batch", "segments", "segment_weights")
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -285,6 +285,10 @@ class ClassifyTask(Task):
     label_smoothing: float = 0.1
     eval_iters: list[int] = field(default_factory=list)
     eval_batch: int = 500
+    # depth-robust training: the loss after each of `segments` segments of T iterations, the state carried on
+    # detached between them (1: the paper's loss at T only); weighted equally or by segment_weights
+    segments: int = 1
+    segment_weights: list[float] = field(default_factory=list)
     epochs: float | None = None
     steps_per_epoch: int = 0
     name: str = "classify"
@@ -297,6 +301,7 @@ class ClassifyTask(Task):
         if any(isinstance(i, bool) or not isinstance(i, int) or not 1 <= i <= MAX_ITERS for i in self.eval_iters):
             raise ValueError(f"objective.eval_iters must hold iteration counts in [1, {MAX_ITERS}], "
                              f"got {self.eval_iters}")
+        check_segments(self.segments, self.segment_weights)
         self.train = load_split(self.data, "train")
         if self.data.n_train:
             if self.data.n_train > len(self.train):
@@ -329,7 +334,8 @@ class ClassifyTask(Task):
             "image_size": d.size, "normalization": {"mean": list(self.train.mean), "std": list(self.train.std)},
             "augmentation": "random crop (pad 4) + horizontal flip" if d.is_cifar
             else "RandomResizedCrop (0.08-1) + horizontal flip",
-            "label_smoothing": self.label_smoothing, "selection": f"{self.select_metric} (held out from train)",
+            "label_smoothing": self.label_smoothing, "segments": self.segments,
+            "segment_weights": self.segment_weights or None, "selection": f"{self.select_metric} (held out from train)",
             "epochs": self.epochs, "steps_per_epoch": self.steps_per_epoch,
         }
         if not d.is_cifar:
@@ -344,10 +350,17 @@ class ClassifyTask(Task):
         return {"images": images.to(device), "labels": labels.to(device)}
 
     def loss(self, model: HyperSETModel, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
-        logits = model(batch["images"])
-        loss = F.cross_entropy(logits.float(), batch["labels"], label_smoothing=self.label_smoothing)
+        labels = batch["labels"]
+        if self.segments > 1:
+            every = segment_outputs(model, batch["images"], self.model.iters, self.segments)
+            losses = torch.stack([F.cross_entropy(lg.float(), labels, label_smoothing=self.label_smoothing)
+                                  for lg in every])
+            loss, logits = segment_mean(losses, self.segment_weights), every[-1]
+        else:
+            logits = model(batch["images"])
+            loss = F.cross_entropy(logits.float(), labels, label_smoothing=self.label_smoothing)
         with torch.no_grad():
-            acc = (logits.argmax(-1) == batch["labels"]).float().mean()
+            acc = (logits.argmax(-1) == labels).float().mean()
         return loss, {"acc": acc}
 
     @torch.no_grad()

@@ -44,7 +44,7 @@ from hyperset.vision.reconstruct import (
 from hyperset.vision.vq import VQConfig, VQTokenizer
 
 from .epochs import epochs_to_steps
-from .task import Task
+from .task import Task, check_segments, segment_mean, segment_outputs
 
 STAGES = ("tokenizer", "tokens")
 
@@ -323,8 +323,9 @@ class TokensTask(Task):
 
     def _check_objective(self) -> None:
         """Every ``[objective]`` value, before anything is loaded or trained: a ValueError naming its key."""
-        for key in ("decode_steps", "eval_batch", "segments"):
+        for key in ("decode_steps", "eval_batch"):
             _count("objective", key, getattr(self, key), 1)
+        check_segments(self.segments, self.segment_weights)
         _fraction("objective", "max_mask_ratio", self.max_mask_ratio, 0, 1, True, False)
         _fraction("objective", "eval_ratio", self.eval_ratio, 0, 1, True, False)
         _fraction("objective", "label_smoothing", self.label_smoothing, 0, 1, False, True)
@@ -335,10 +336,6 @@ class TokensTask(Task):
                 raise ValueError(f"objective.{key} must be a finite number >= 0, got {value!r}")
         check_choice("objective", "schedule", self.schedule, MODES)
         check_choice("objective", "decode", self.decode, DECODINGS)
-        if self.segment_weights and (len(self.segment_weights) != self.segments or sum(self.segment_weights) <= 0
-                                     or any(not (math.isfinite(w) and w >= 0) for w in self.segment_weights)):
-            raise ValueError(f"objective.segment_weights must hold one finite weight >= 0 per segment "
-                             f"({self.segments}), not all zero; got {self.segment_weights}")
         if any(isinstance(i, bool) or not isinstance(i, int) or not 1 <= i <= MAX_ITERS for i in self.eval_iters):
             raise ValueError(f"objective.eval_iters must hold iteration counts in [1, {MAX_ITERS}], "
                              f"got {self.eval_iters}")
@@ -413,14 +410,8 @@ class TokensTask(Task):
 
     def loss(self, model: torch.nn.Module, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
         if self.segments > 1:  # the loss after each segment of T iterations; the state runs on detached
-            T = self.model.iters
-            every = model(batch["inputs"], iters=T * self.segments, all_logits=True, detach_every=T)[T - 1:: T]
-            losses = torch.stack([self._token_loss(lg, batch) for lg in every])
-            if self.segment_weights:
-                w = torch.tensor(self.segment_weights, dtype=losses.dtype, device=losses.device)
-                loss = (losses * w).sum() / w.sum()
-            else:
-                loss = losses.mean()
+            every = segment_outputs(model, batch["inputs"], self.model.iters, self.segments)
+            loss = segment_mean(torch.stack([self._token_loss(lg, batch) for lg in every]), self.segment_weights)
             logits = every[-1]
         else:
             logits = model(batch["inputs"])

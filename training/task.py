@@ -10,6 +10,7 @@ micro-batch (``loss_weight``), how a checkpoint is written (``save``) and what t
 from __future__ import annotations
 
 import abc
+import math
 from pathlib import Path
 from typing import Any
 
@@ -79,3 +80,34 @@ class Task(abc.ABC):
     def describe(self) -> dict[str, Any]:
         """What the run records about its data and objective (config.json "data")."""
         return {}
+
+
+# ---------------------------------------------------------------------- deep supervision over detached segments
+
+
+def check_segments(segments: Any, weights: Any) -> None:
+    """Raise a ValueError naming the objective key unless ``segments`` is a whole number >= 1 and ``weights`` is
+    empty or one finite weight >= 0 per segment, not all zero."""
+    if isinstance(segments, bool) or not isinstance(segments, int) or segments < 1:
+        raise ValueError(f"objective.segments must be a whole number >= 1, got {segments!r}")
+    if weights and (not isinstance(weights, (list, tuple)) or len(weights) != segments
+                    or any(isinstance(w, bool) or not isinstance(w, (int, float)) for w in weights)
+                    or any(not (math.isfinite(w) and w >= 0) for w in weights) or sum(weights) <= 0):
+        raise ValueError(f"objective.segment_weights must hold one finite weight >= 0 per segment "
+                         f"({segments}), not all zero; got {weights}")
+
+
+def segment_outputs(model: torch.nn.Module, inputs: torch.Tensor, iters: int, segments: int) -> torch.Tensor:
+    """The model's outputs after each of ``segments`` segments of ``iters`` iterations, (segments, ...): one pass
+    of segments x iters iterations whose state is carried on detached between segments (deep supervision at
+    constant memory: the gradient of a segment's loss reaches back to the start of that segment only)."""
+    every = model(inputs, iters=iters * segments, all_logits=True, detach_every=iters if segments > 1 else 0)
+    return every[iters - 1:: iters]
+
+
+def segment_mean(losses: torch.Tensor, weights: list[float] | None = None) -> torch.Tensor:
+    """The segments' losses averaged, equally or by ``weights`` (one per segment)."""
+    if not weights:
+        return losses.mean()
+    w = torch.tensor(weights, dtype=losses.dtype, device=losses.device)
+    return (losses * w).sum() / w.sum()

@@ -483,3 +483,29 @@ def test_bad_objective_values_are_refused_before_training(cifar10: Path, objecti
     with pytest.raises(ValueError) as err:
         build_classify_task(preset_config(recipe["preset"], **TINY), recipe, str(cifar10))
     assert message in str(err.value)
+
+
+def test_deep_supervision_is_the_mean_of_the_losses_after_each_segment(cifar10: Path) -> None:
+    """objective.segments = 2: the loss is the (weighted) mean of the label-smoothed CE after T and after 2T
+    iterations, the second segment starting from the first one's detached state; bad values name their key."""
+    import torch.nn.functional as F
+
+    recipe = _recipe()
+    recipe["objective"].update(segments=2, segment_weights=[1.0, 3.0])
+    task = build_classify_task(preset_config(recipe["preset"], **TINY), recipe, str(cifar10))
+    assert task.describe()["segments"] == 2
+    torch.manual_seed(0)
+    model = HyperSETModel(task.model)
+    batch = task.batch(0, 8, 0, torch.device("cpu"))
+    loss, _ = task.loss(model, batch)
+    T = task.model.iters
+    ce = [F.cross_entropy(model(batch["images"], iters=k * T), batch["labels"], label_smoothing=0.1) for k in (1, 2)]
+    assert torch.allclose(loss, (ce[0] + 3 * ce[1]) / 4, atol=1e-5)
+    model.zero_grad()
+    loss.backward()  # the first segment's state is detached: its parameters get the second segment's gradient too
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+    for bad, key in (({"segments": 0}, "segments"), ({"segments": 2, "segment_weights": [1.0]}, "segment_weights"),
+                     ({"segments": 2, "segment_weights": [0.0, 0.0]}, "segment_weights")):
+        recipe["objective"] = {"label_smoothing": 0.1, **bad}
+        with pytest.raises(ValueError, match=f"objective.{key}"):
+            build_classify_task(preset_config(recipe["preset"], **TINY), recipe, str(cifar10))
