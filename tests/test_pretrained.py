@@ -9,6 +9,7 @@ import torch
 
 import hyperset
 from hyperset.checkpoint import CheckpointError
+from hyperset.config import ModelConfig
 from hyperset.models import HyperSETModel
 from hyperset.pretrained import PRETRAINED, pretrained_dir, resolve
 
@@ -161,7 +162,11 @@ def test_save_pretrained_keeps_the_inference_defaults_and_says_where_the_model_c
     shipped = json.loads((pretrained_dir("sudoku") / "config.json").read_text())
     copy = json.loads((tmp_path / "copy" / "config.json").read_text())
     assert set(shipped) <= set(copy) and "shipped model 'sudoku'" in copy["derived_from"]
-    assert all(copy[k] == shipped[k] for k in shipped if k != "derived_from")
+    assert all(copy[k] == shipped[k] for k in shipped if k not in ("derived_from", "model"))
+    # the model config in full: the shipped keys as they are, keys added since then at their defaults
+    defaults = ModelConfig().to_dict()
+    assert {k: v for k, v in copy["model"].items() if k in shipped["model"]} == shipped["model"]
+    assert all(copy["model"][k] == defaults[k] for k in copy["model"] if k not in shipped["model"])
     a, b = Solver.load(None, "cpu"), Solver.load(str(tmp_path / "copy"), "cpu")
     assert (a.default_iters, a.search_iters, a.trained_iters) == (b.default_iters, b.search_iters, b.trained_iters)
     card = (tmp_path / "copy" / "README.md").read_text()
