@@ -487,7 +487,16 @@ def other_blas_rooflines(cfg: ModelConfig, batch: int, iters: int | None, thread
     `threads` threads (timed in a subprocess: OPENBLAS_NUM_THREADS, OMP_NUM_THREADS and MKL_NUM_THREADS set). A
     `bench_args.BenchInputError` where that subprocess fails (numpy not installed)."""
     mms = matmuls(cfg, batch, False, steps_every_t) + training_matmuls(cfg, batch, steps_every_t)
-    keys = list(dict.fromkeys(_shape_key(mm) for mm in mms))
+    rates, library = other_blas_rates([_shape_key(mm) for mm in mms], threads, min_seconds)
+    return {"library": library, "threads": threads,  # every shape is in `rates`: nothing is timed with torch
+            "float32": _rooflines_at(cfg, batch, iters, False, steps_every_t, torch.float32, rates)}
+
+
+def other_blas_rates(keys: list[tuple], threads: int, min_seconds: float = 0.02) -> tuple[dict[tuple, float], str]:
+    """({shape key: fp32 FLOP/s of numpy's matmul}, numpy's BLAS by name) at `threads` threads, timed in a fresh
+    interpreter (the thread-count variables set before numpy loads its BLAS). A `bench_args.BenchInputError` where
+    that subprocess fails (numpy not installed)."""
+    keys = list(dict.fromkeys(keys))
     env = dict(os.environ) | {v: str(threads) for v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")}
     run = subprocess.run([sys.executable, "-c", _OTHER_BLAS_TIMING, json.dumps(keys), str(min_seconds)], env=env,
                          capture_output=True, text=True)
@@ -495,9 +504,60 @@ def other_blas_rooflines(cfg: ModelConfig, batch: int, iters: int | None, thread
         last = (run.stderr.strip().splitlines() or ["no output"])[-1]
         raise bench_args.BenchInputError(f"--other-blas: numpy's matmuls could not be timed: {last}")
     timed = json.loads(run.stdout)
-    rates = dict(zip(keys, timed["rates"]))  # every shape: nothing is timed with torch
-    return {"library": timed["library"], "threads": threads,
-            "float32": _rooflines_at(cfg, batch, iters, False, steps_every_t, torch.float32, rates)}
+    return dict(zip(keys, timed["rates"])), timed["library"]
+
+
+def ort_rates(keys: list[tuple], threads: int, min_seconds: float = 0.02) -> dict[tuple, float]:
+    """{shape key: fp32 FLOP/s of ONNX Runtime's CPU MatMul / Gemm} at `threads` intra-op threads: per shape one
+    graph of R independent products of the same operands (R so that a run holds about 1e7 FLOPs, which spreads the
+    per-run overhead of a small product), the weight operand a constant as in an exported model. Products of two
+    matrices run as a Gemm with the shape's transposes; batched products as a MatMul of operands laid out plainly
+    (ONNX's MatMul has no transpose flags; an exported graph that needs one runs a Transpose first)."""
+    import numpy as np
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    out: dict[tuple, float] = {}
+    rng = np.random.default_rng(0)
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
+    for key in dict.fromkeys(keys):
+        m, k, n, count, layout = key
+        flops = 2 * count * m * k * n
+        reps = int(min(64, max(1, 1e7 // flops)))
+        if count == 1:
+            a_shape, y_shape = ([k, m] if layout[0] == "t" else [m, k]), [m, n]
+            b = rng.standard_normal((n, k) if layout[1] == "t" else (k, n), dtype=np.float32)
+            nodes = [helper.make_node("Gemm", ["a", "b"], [f"y{i}"], transA=int(layout[0] == "t"),
+                                      transB=int(layout[1] == "t")) for i in range(reps)]
+        else:
+            a_shape, y_shape = [count, m, k], [count, m, n]
+            b = rng.standard_normal((count, k, n), dtype=np.float32)
+            nodes = [helper.make_node("MatMul", ["a", "b"], [f"y{i}"]) for i in range(reps)]
+        graph = helper.make_graph(nodes, "mm", [helper.make_tensor_value_info("a", TensorProto.FLOAT, a_shape)],
+                                  [helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, y_shape)
+                                   for i in range(reps)], [numpy_helper.from_array(b, "b")])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        model.ir_version = min(model.ir_version, 8)
+        sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+        feed = {"a": rng.standard_normal(a_shape, dtype=np.float32)}
+        sess.run(None, feed)
+        calls = 1
+        while True:
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                sess.run(None, feed)
+            if time.perf_counter() - t0 >= min_seconds:
+                break
+            calls *= 2
+        best = float("inf")
+        for _ in range(3):
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                sess.run(None, feed)
+            best = min(best, (time.perf_counter() - t0) / calls)
+        out[key] = reps * flops / best
+    return out
 
 
 def share(boards_per_s: float, roof: dict[str, Any]) -> float:

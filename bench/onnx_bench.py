@@ -1,11 +1,18 @@
-"""Sudoku boards/s: PyTorch vs ONNX Runtime (Loop graph, unrolled graph) on this CPU, as shares of the roofline.
+"""Sudoku boards/s: PyTorch vs ONNX Runtime (Loop graph, unrolled graph) on this CPU, against real ceilings.
 
-The roofline is bench/flops.py's, measured in the same run: the boards/s the model's matmuls alone would allow
-(forward pass with the trace's energy matmuls, fp32) at the rates this many threads reach at exactly those matmul
-shapes. `share_of_roofline` is against the matmuls the torch path runs (the energy E_ATTN projects its state
-through W, and so does the next attention step); `share_of_least_work_roofline` against those of the Loop graph,
-which makes each iteration's projections once for both (hyperset.exports.export._carries). A large square matmul
-is timed too, for reference. Runners:
+Each runner is stated against two ceilings measured in the same run, at this thread count:
+
+* the best library's: the boards/s the model's matmuls alone would allow (forward pass with the trace's energy
+  matmuls, fp32) if each matmul shape ran at the best rate any library here reaches at it: PyTorch's ATen or
+  oneDNN, numpy's BLAS, ONNX Runtime's MatMul/Gemm (`share_of_best_library_ceiling`; the shapes' rates by
+  library are in the JSON). A runner above it does less work than the torch path counts;
+* the CPU's multiply-add peak (bench/fma_peak.py: independent vector FMA loops, fp32, and bf16 dot products where
+  the CPU has them): the runner's counted FLOP/s over it (`share_of_fp32_fma_peak`, `share_of_bf16_fma_peak`).
+
+`share_of_roofline` is against PyTorch's own rates at the torch path's matmuls (the energy E_ATTN projects its
+state through W, and so does the next attention step); `share_of_least_work_roofline` against those of the Loop
+graph, which makes each iteration's projections once for both (hyperset.exports.export._carries). A large square
+matmul is timed too, for reference. Runners:
 
     pytorch, ort_loop, ort_unrolled     as the library runs on a CPU: slices of a few boards whose activations
                                         stay in cache (hyperset.accel.rows, 12 Sudoku boards, each through all
@@ -44,6 +51,7 @@ sys.path.insert(0, str(ROOT))  # bench/flops.py
 RESULTS = ROOT / "results"
 
 import bench_args  # noqa: E402
+import fma_peak  # noqa: E402
 
 
 def flops_per_board(cfg: Any, iters: int, energies: bool = True) -> dict[str, Any]:
@@ -136,6 +144,29 @@ def machine_info(threads: int) -> dict[str, Any]:
             "load_average_at_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}
 
 
+def best_library_rates(F: Any, cfg: Any, batches: list[int], threads: int, torch_rates: dict[tuple, float]
+                       ) -> tuple[dict[tuple, float], dict[str, Any]]:
+    """The best fp32 FLOP/s any library here reaches at each matmul shape of the runners' work (the trace's
+    energies included): PyTorch's (`torch_rates`, bench/flops.rate: ATen or oneDNN), numpy's BLAS and ONNX
+    Runtime's, each timed at `threads` threads; with the libraries' names and their rates by shape (JSON keys)."""
+    keys = list(dict.fromkeys(F._shape_key(mm) for b in batches for mm in F.matmuls(cfg, b, energies=True)))
+    for b in batches:
+        for mm in F.matmuls(cfg, b, energies=True):
+            F.rate(mm, torch_rates)
+    by_library: dict[str, dict[tuple, float]] = {"pytorch": {k: torch_rates[k] for k in keys}}
+    names = {"pytorch": f"torch {torch.__version__} (ATen or oneDNN, the faster)"}
+    try:
+        by_library["numpy"], names["numpy"] = F.other_blas_rates(keys, threads)
+    except bench_args.BenchInputError as e:
+        names["numpy"] = f"not timed: {e}"
+    import onnxruntime
+
+    by_library["onnxruntime"] = F.ort_rates(keys, threads)
+    names["onnxruntime"] = f"onnxruntime {onnxruntime.__version__} (CPU provider, MatMul/Gemm)"
+    best = {k: max(r[k] for r in by_library.values()) for k in keys}
+    return best, {"names": names, "rates": {lib: {k: r[k] for k in keys} for lib, r in by_library.items()}}
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import flops as F
 
@@ -169,6 +200,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
              for k in iters_list for b in batches}
     least = {(k, b): F.roofline(F.matmuls(cfg, b, energies=True, shared_projections=True), k * cfg.n_layers, b,
                                 torch.float32, rates) for k in iters_list for b in batches}
+    best, libraries = best_library_rates(F, cfg, batches, args.threads, rates)
+    ceilings = {(k, b): F.roofline(F.matmuls(cfg, b, energies=True), k * cfg.n_layers, b, torch.float32, dict(best))
+                for k in iters_list for b in batches}
+    print("the CPU's multiply-add peak ...", flush=True)
+    peak_start = fma_peak.measure(args.threads)
+    peak = peak_start
     report["flops_per_board"] = {str(k): flops_per_board(cfg, k) for k in iters_list}
     report["flops_counted"] = " ".join(flops_per_board.__doc__.split())
 
@@ -227,15 +264,26 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     times[name].append(time.perf_counter() - t0)
             roof = roofs[(k, b)]["roofline_boards_per_s"]
             low = least[(k, b)]["roofline_boards_per_s"]
+            ceiling = ceilings[(k, b)]["roofline_boards_per_s"]
             for name, ts in times.items():
                 med = statistics.median(ts)
                 bps = b / med
-                rows_out.append({"runner": name, "iters": k, "batch": b, "median_s": med, "min_s": min(ts),
-                                 "times_s": ts, "boards_per_s": bps, "flops_per_s": bps * fpb,
-                                 "roofline_boards_per_s": roof, "share_of_roofline": bps / roof,
-                                 "least_work_roofline_boards_per_s": low, "share_of_least_work_roofline": bps / low})
-                print(f"  iters {k:3d} batch {b:4d} {name:22s} {bps:8.1f} boards/s  {100 * bps / roof:5.1f} % of "
-                      f"the roofline ({roof:.1f} boards/s; {100 * bps / low:.1f} % of least work)", flush=True)
+                row = {"runner": name, "iters": k, "batch": b, "median_s": med, "min_s": min(ts),
+                       "times_s": ts, "boards_per_s": bps, "flops_per_s": bps * fpb,
+                       "roofline_boards_per_s": roof, "share_of_roofline": bps / roof,
+                       "least_work_roofline_boards_per_s": low, "share_of_least_work_roofline": bps / low,
+                       "best_library_ceiling_boards_per_s": ceiling, "share_of_best_library_ceiling": bps / ceiling}
+                rows_out.append(row)
+                print(f"  iters {k:3d} batch {b:4d} {name:22s} {bps:8.1f} boards/s  {100 * bps / ceiling:5.1f} % of "
+                      f"the best library's ceiling ({ceiling:.1f} boards/s), {100 * bps / roof:5.1f} % of torch's "
+                      "matmul rates", flush=True)
+    # the peak is timed before and after the runs; the better of the two is kept (less contention)
+    peak_end = fma_peak.measure(args.threads)
+    peak = max(peak_start, peak_end, key=lambda p: p["fp32_gflops"] or 0.0)
+    for row in rows_out:
+        for dt in ("fp32", "bf16"):
+            if peak.get(f"{dt}_gflops"):
+                row[f"share_of_{dt}_fma_peak"] = row["flops_per_s"] / (1e9 * peak[f"{dt}_gflops"])
     report["results"] = rows_out
     report["roofline"] = {
         "what": "boards/s if the model's matmuls (forward, with the trace's energy matmuls) ran at the rates this "
@@ -245,6 +293,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "least_work_by_iters_and_batch": [{"iters": k, "batch": b, **r} for (k, b), r in least.items()],
         "shapes": [{"m": key[0], "k": key[1], "n": key[2], "count": key[3], "layout": key[4], "flops_per_s": r}
                    for key, r in rates.items()]}
+    report["best_library_ceiling"] = {
+        "what": "boards/s if the model's matmuls ran, each shape, at the best rate any library here reaches at it "
+                "(PyTorch's ATen or oneDNN, numpy's BLAS, ONNX Runtime's MatMul/Gemm; fp32, this thread count, timed "
+                "in this run) and nothing else took time: no runner can pass it without doing less work",
+        "libraries": libraries["names"],
+        "by_iters_and_batch": [{"iters": k, "batch": b, **r} for (k, b), r in ceilings.items()],
+        "shapes": [{"m": key[0], "k": key[1], "n": key[2], "count": key[3], "layout": key[4],
+                    "flops_per_s": best[key], "by_library": {lib: r[key] for lib, r in libraries["rates"].items()}}
+                   for key in best]}
+    report["fma_peak"] = {**peak, "at_start_fp32_gflops": peak_start["fp32_gflops"],
+                          "at_end_fp32_gflops": peak_end["fp32_gflops"]}
+    fastest = max(best.values()) / 1e9
+    if peak["fp32_gflops"] and fastest > peak["fp32_gflops"]:  # a ceiling is a ceiling: the peak's timing was loaded
+        report["fma_peak"]["invalid"] = (f"a library reached {fastest:.1f} GFLOP/s at one shape, above the measured "
+                                         f"fp32 peak ({peak['fp32_gflops']:.1f}): other processes took CPU time "
+                                         "while the peak was timed; the shares of it are not valid")
     # the square matmul is measured before and after the runs; the better of the two is kept (less contention)
     end = {"float32": matmul_flops(torch.float32, args.matmul_n, max(3, args.repeats)),
            "bfloat16": matmul_flops(torch.bfloat16, args.matmul_n, max(3, args.repeats))}
@@ -273,7 +337,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
         vals = {(r["iters"], r["batch"]): r for r in rows if r["runner"] == runner}
         xs = np.arange(len(groups)) + (i - (len(runners) - 1) / 2) * width
         axes[0].bar(xs, [vals[g]["boards_per_s"] for g in groups], width, label=runner)
-        axes[1].bar(xs, [100 * vals[g]["share_of_roofline"] for g in groups], width, label=runner)
+        axes[1].bar(xs, [100 * vals[g]["share_of_best_library_ceiling"] for g in groups], width, label=runner)
     labels = [f"T={k}\nbatch {b}" for k, b in groups]
     for ax in axes:
         ax.set_xticks(np.arange(len(groups)), labels)
@@ -281,7 +345,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
     fig.legend(handles, names, loc="lower center", ncol=len(runners), fontsize=8)
     axes[0].set_ylabel("boards / s (median)")
     axes[0].set_yscale("log")
-    axes[1].set_ylabel("% of the fp32 matmul roofline")
+    axes[1].set_ylabel("% of the best library's fp32 matmul ceiling")
     axes[1].axhline(70, color="grey", lw=0.8, ls="--")
     axes[1].set_title(f"{report['machine']['threads_used']} thread(s); slices of {report['slice_rows']} boards "
                       f"(torch), {report['ort_slice_rows']} (ONNX Runtime)", fontsize=9)

@@ -1,0 +1,49 @@
+"""bench/fma_peak.py and the ceilings of bench/onnx_bench.py: the CPU's multiply-add peak is measured with the loops
+the CPU can run (the others say why not), and the best library's rate at each matmul shape is the best of the
+libraries timed there."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+import flops  # noqa: E402
+import fma_peak  # noqa: E402
+import onnx_bench  # noqa: E402
+
+from hyperset.config import preset_config  # noqa: E402
+
+
+def test_the_peak_runs_what_the_cpu_reports_and_says_why_not_for_the_rest() -> None:
+    out = fma_peak.measure(threads=1, seconds=0.02, repeats=1)
+    flags = fma_peak.cpu_flags()
+    assert set(out["loops"]) == set(fma_peak.LOOPS)
+    for name, (_, needs, _) in fma_peak.LOOPS.items():
+        value = out["loops"][name]
+        if all(f in flags for f in needs) and "error" not in out:
+            assert isinstance(value, float) and value > 0.5  # GFLOP/s: any vector unit does more
+        else:
+            assert isinstance(value, str) and value.startswith("not run")
+    if "error" not in out and "avx2" in flags:
+        assert out["fp32_gflops"] == max(v for n, v in out["loops"].items()
+                                         if fma_peak.LOOPS[n][0] == "fp32" and isinstance(v, float))
+    if out["bf16_gflops"] is None:
+        assert "bf16_note" in out or "error" in out
+
+
+def test_the_best_library_rate_of_a_shape_is_the_best_of_those_timed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Real timings of ONNX Runtime and numpy on a tiny config's shapes; the best is the maximum at every shape."""
+    cfg = preset_config("sudoku-cpu", dim=16, heads=2, ff_hidden=32, time_dim=16, iters=2)
+    torch_rates: dict = {}
+    best, libs = onnx_bench.best_library_rates(flops, cfg, [2], 1, torch_rates)
+    assert set(libs["rates"]) == {"pytorch", "numpy", "onnxruntime"} and set(libs["names"]) == set(libs["rates"])
+    for key, rate in best.items():
+        assert rate == max(r[key] for r in libs["rates"].values()) and rate > 0
+    assert set(best) == {flops._shape_key(mm) for mm in flops.matmuls(cfg, 2, energies=True)}
+    # where numpy cannot be timed, the ceiling is the best of the others and the JSON says why
+    monkeypatch.setattr(flops, "other_blas_rates", lambda *a, **k: (_ for _ in ()).throw(
+        onnx_bench.bench_args.BenchInputError("numpy's matmuls could not be timed: no numpy")))
+    best2, libs2 = onnx_bench.best_library_rates(flops, cfg, [2], 1, torch_rates)
+    assert "numpy" not in libs2["rates"] and libs2["names"]["numpy"].startswith("not timed: ")
+    assert all(best2[k] == max(libs2["rates"]["pytorch"][k], libs2["rates"]["onnxruntime"][k]) for k in best2)
