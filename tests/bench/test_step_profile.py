@@ -11,9 +11,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-import step_profile  # noqa: E402
-
 import peer_bench  # noqa: E402
+import step_profile  # noqa: E402
 
 from hyperset.accel import fused  # noqa: E402
 
