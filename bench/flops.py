@@ -48,14 +48,13 @@ import os
 import platform
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import bench_args
 import torch
+from call_timing import seconds_per_call
 
 from hyperset.accel import cpu_kernels, fused
 from hyperset.checkpoint import atomic_write_json
@@ -305,18 +304,6 @@ COLD_MIN_BYTES = 256 << 20  # what the cold timing's copies fill at least (where
 COLD_MAX_COPIES = 512
 
 
-def _calls_for(call: Callable[[int], Any], min_seconds: float, at_least: int = 1) -> int:
-    """How many calls (a power of two times `at_least`) take `min_seconds`."""
-    calls = at_least
-    while True:
-        t0 = time.perf_counter()
-        for i in range(calls):
-            call(i)
-        if time.perf_counter() - t0 >= min_seconds:
-            return calls
-        calls *= 2
-
-
 def onednn_applies(mm: MatMul, dtype: torch.dtype) -> bool:
     """Whether oneDNN's GEMM (`hyperset.accel.fused.matmul`'s other library) can run mm in this PyTorch: an fp32 product
     of one matrix by another, on x86 with oneDNN built in."""
@@ -349,14 +336,7 @@ def time_matmul(mm: MatMul, dtype: torch.dtype = torch.float32, min_seconds: flo
             sa, sb, so = sets[i % copies]
             torch.matmul(sa, sb, out=so)
     call(0)
-    calls = _calls_for(call, min_seconds, copies if cold else 1)
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for i in range(calls):
-            call(i)
-        best = min(best, (time.perf_counter() - t0) / calls)
-    return mm.flops / best
+    return mm.flops / seconds_per_call(call, min_seconds, repeats, copies if cold else 1)
 
 
 def _shape_key(mm: MatMul) -> tuple[int, int, int, int, str]:
@@ -445,7 +425,9 @@ def _rooflines_at(cfg: ModelConfig, batch: int, iters: int | None, energies: boo
 
 # timed in a fresh interpreter, so that the thread-count variables are read before numpy loads its BLAS
 _OTHER_BLAS_TIMING = r"""
-import json, sys, time
+import json, sys
+sys.path.insert(0, sys.argv[3])  # bench/, for call_timing (which imports neither torch nor numpy)
+from call_timing import seconds_per_call
 import numpy as np
 shapes, min_seconds = json.loads(sys.argv[1]), float(sys.argv[2])
 rng = np.random.default_rng(0)
@@ -457,21 +439,7 @@ for m, k, n, count, layout in shapes:
     b = b.swapaxes(-1, -2) if layout[1] == "t" else b
     a, b = (a[0], b[0]) if count == 1 else (a, b)
     np.matmul(a, b)
-    calls = 1
-    while True:
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            np.matmul(a, b)
-        if time.perf_counter() - t0 >= min_seconds:
-            break
-        calls *= 2
-    best = float("inf")
-    for _ in range(3):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            np.matmul(a, b)
-        best = min(best, (time.perf_counter() - t0) / calls)
-    rates.append(2 * count * m * k * n / best)
+    rates.append(2 * count * m * k * n / seconds_per_call(lambda i: np.matmul(a, b), min_seconds))
 try:
     blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
     name = f"{blas.get('name', '?')} {blas.get('version', '')}".strip()
@@ -498,8 +466,8 @@ def other_blas_rates(keys: list[tuple], threads: int, min_seconds: float = 0.02)
     that subprocess fails (numpy not installed)."""
     keys = list(dict.fromkeys(keys))
     env = dict(os.environ) | {v: str(threads) for v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")}
-    run = subprocess.run([sys.executable, "-c", _OTHER_BLAS_TIMING, json.dumps(keys), str(min_seconds)], env=env,
-                         capture_output=True, text=True)
+    run = subprocess.run([sys.executable, "-c", _OTHER_BLAS_TIMING, json.dumps(keys), str(min_seconds),
+                          str(Path(__file__).resolve().parent)], env=env, capture_output=True, text=True)
     if run.returncode != 0:
         last = (run.stderr.strip().splitlines() or ["no output"])[-1]
         raise bench_args.BenchInputError(f"--other-blas: numpy's matmuls could not be timed: {last}")
@@ -542,21 +510,7 @@ def ort_rates(keys: list[tuple], threads: int, min_seconds: float = 0.02) -> dic
         sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
         feed = {"a": rng.standard_normal(a_shape, dtype=np.float32)}
         sess.run(None, feed)
-        calls = 1
-        while True:
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                sess.run(None, feed)
-            if time.perf_counter() - t0 >= min_seconds:
-                break
-            calls *= 2
-        best = float("inf")
-        for _ in range(3):
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                sess.run(None, feed)
-            best = min(best, (time.perf_counter() - t0) / calls)
-        out[key] = reps * flops / best
+        out[key] = reps * flops / seconds_per_call(lambda i, s=sess, f=feed: s.run(None, f), min_seconds)
     return out
 
 

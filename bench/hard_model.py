@@ -3,7 +3,7 @@
     python bench/hard_model.py data --rrn DIR --out data/sudoku-hard --rated-share 0.5   # the training mix
     python bench/hard_model.py run --arm hard-deep4 --data data/sudoku-hard --budget 1500
     python bench/hard_model.py measure --checkpoint runs/ablations/hard-deep4/best --name hard-deep4 --rrn DIR
-    python bench/hard_model.py tune --checkpoint runs/sudoku-cpu-hard/best --name hard-cpu [--write]
+    python bench/hard_model.py tune --checkpoint runs/sudoku-cpu-hard2/best --name hard-cpu2 [--write]
     python bench/hard_model.py search --checkpoint sudoku --name shipped      # the default strategy, every bucket
     python bench/hard_model.py table                                               # every arm: JSON + PNG
 
