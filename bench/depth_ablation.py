@@ -275,19 +275,16 @@ def image_depth_curve(model: torch.nn.Module, split: Any, max_iters: int, batch:
 
 
 def evaluate_classifier_arm(out: Path, task: Any, threads: int, depth: int = 4) -> dict[str, Any]:
-    """Validation top-1 (the held-out 10% of the training set) at the recipe's depths, and one fp32 pass to
-    ``depth`` x T (top-1 at every iteration, the share of images whose energy never rises), before and after the
-    arm's training."""
+    """One fp32 pass to ``depth`` x T over the validation images (the held-out 10% of the training set), before and
+    after the arm's training: top-1 at every iteration (and at the recipe's depths), and the share of images whose
+    energy never rises."""
     torch.set_num_threads(threads)
-    recipe = arm_recipe(json.loads((out / "arm.json").read_text())["arm"])[1]
-    autocast = Trainer(task, TrainConfig.from_dict(recipe["train"]), Path("/nonexistent"), quiet=True)._autocast(
-        torch.device("cpu"))
     result: dict[str, Any] = {"trained_iterations": task.model.iters, "val_images": len(task.val)}
     for label, ckpt in (("start", pretrained_dir(RECIPES["classify"][2])), ("end", out / "last")):
         model, _ = load_checkpoint(ckpt, map_location="cpu")
-        model.eval()
-        result[label] = task.evaluate(model, torch.device("cpu"), autocast)
-        result[label + "_curve"] = image_depth_curve(model, task.val, depth * task.model.iters)
+        curve = image_depth_curve(model.eval(), task.val, max(depth * task.model.iters, *task.eval_iters))
+        result[label] = {f"val/top1@{k}": curve["top1"][k - 1] for k in task.eval_iters}
+        result[label + "_curve"] = curve
     return result
 
 
