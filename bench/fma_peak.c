@@ -28,31 +28,25 @@ __attribute__((target("avx2,fma"))) double fma_fp32_avx2(int64_t iters) {
     return total;
 }
 
-__attribute__((target("avx512f"))) double fma_fp32_avx512(int64_t iters) {
-    __m512 acc[ACC];
-    const __m512 a = _mm512_set1_ps(0.999999f), b = _mm512_set1_ps(1e-7f);
-    for (int i = 0; i < ACC; i++) acc[i] = _mm512_set1_ps((float)i);
-    for (int64_t r = 0; r < iters; r++) {
-#pragma GCC unroll 16
-        for (int i = 0; i < ACC; i++) acc[i] = _mm512_fmadd_ps(acc[i], a, b);
+/* ACC independent 512-bit accumulators updated by OP(acc, a, b) `iters` times; a and b of type T, made by MAKE_A and
+ * MAKE_B */
+#define LOOP512(NAME, TARGET, T, MAKE_A, MAKE_B, OP)                                  \
+    __attribute__((target(TARGET))) double NAME(int64_t iters) {                      \
+        __m512 acc[ACC];                                                              \
+        const T a = MAKE_A, b = MAKE_B;                                               \
+        for (int i = 0; i < ACC; i++) acc[i] = _mm512_set1_ps((float)i);              \
+        for (int64_t r = 0; r < iters; r++) {                                         \
+            _Pragma("GCC unroll 16") for (int i = 0; i < ACC; i++) acc[i] = OP(acc[i], a, b); \
+        }                                                                             \
+        __m512 s = acc[0];                                                            \
+        for (int i = 1; i < ACC; i++) s = _mm512_add_ps(s, acc[i]);                   \
+        return (double)_mm512_reduce_add_ps(s);                                       \
     }
-    __m512 s = acc[0];
-    for (int i = 1; i < ACC; i++) s = _mm512_add_ps(s, acc[i]);
-    return (double)_mm512_reduce_add_ps(s);
-}
 
-__attribute__((target("avx512f,avx512bf16"))) double dot_bf16_avx512(int64_t iters) {
-    __m512 acc[ACC];
-    const __m512bh a = (__m512bh)_mm512_set1_epi16(0x3f80), b = (__m512bh)_mm512_set1_epi16(0x3380); /* 1, ~6e-8 */
-    for (int i = 0; i < ACC; i++) acc[i] = _mm512_set1_ps((float)i);
-    for (int64_t r = 0; r < iters; r++) {
-#pragma GCC unroll 16
-        for (int i = 0; i < ACC; i++) acc[i] = _mm512_dpbf16_ps(acc[i], a, b);
-    }
-    __m512 s = acc[0];
-    for (int i = 1; i < ACC; i++) s = _mm512_add_ps(s, acc[i]);
-    return (double)_mm512_reduce_add_ps(s);
-}
+LOOP512(fma_fp32_avx512, "avx512f", __m512, _mm512_set1_ps(0.999999f), _mm512_set1_ps(1e-7f), _mm512_fmadd_ps)
+/* bf16 1.0 and ~6e-8 */
+LOOP512(dot_bf16_avx512, "avx512f,avx512bf16", __m512bh, (__m512bh)_mm512_set1_epi16(0x3f80),
+        (__m512bh)_mm512_set1_epi16(0x3380), _mm512_dpbf16_ps)
 
 int accumulators(void) { return ACC; }
 #else
