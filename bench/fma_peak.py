@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import bench_args
+from flops import cpuinfo_fields
 
 from hyperset.cbuild import BuildError, load
 
@@ -31,13 +32,11 @@ LOOPS = {"fma_fp32_avx2": ("fp32", ("avx2", "fma"), 16), "fma_fp32_avx512": ("fp
 
 
 def cpu_flags() -> set[str]:
+    """The first processor's /proc/cpuinfo flags (empty where there is no such file)."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return set(line.partition(":")[2].split())
+        return set(cpuinfo_fields(Path("/proc/cpuinfo").read_text()).get("flags", "").split())
     except OSError:
-        pass
-    return set()
+        return set()
 
 
 def _library() -> ctypes.CDLL:
