@@ -27,6 +27,11 @@ On a machine where PyTorch sees no CUDA device it says so and exits 0 without wr
              matrix products (ONNX Runtime's default, which OrtSession turns off)
   solve_cli  `hyperset-solve examples/*.txt --iters 48 --json` with torch on CUDA, ONNX Runtime on CUDA and torch
              on the CPU: every board valid, the same boards, and the device and provider each run reports
+  search     the solver's default command (the search strategy) on 2,048 puzzles of the hardest generated bucket
+             (51+, made on the machine's CPUs) at batches of 256, 1,024 and 2,048 boards, torch eager and ONNX
+             Runtime's CUDA provider (bench/search_throughput.py's `measure`): puzzles/s, every board checked
+             against the rules and the generator's solution, and the model's FLOP/s against fp32 and bf16
+             matrix products measured on the same GPU (8,192 x 8,192)
 
 Each check records its outcome and error instead of stopping the others; the exit code is 1 if any failed.
 Writes bench/results/gpu_check.json, with the machine (GPU, torch, CUDA, ONNX Runtime) and command of each run.
@@ -392,8 +397,72 @@ def solve_cli_check(iters: int = 48, runs: tuple[tuple[str, str], ...] = (("torc
     return out
 
 
+def matmul_peaks(device: torch.device, n: int = 8192) -> dict[str, float]:
+    """FLOP/s of an n x n x n matrix product on `device` in fp32 (TF32 off) and bf16, best of 5."""
+    out = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        if dtype is torch.bfloat16 and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+            continue
+        a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
+        before = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = False
+        try:
+            best = min(_timed_sync(lambda a=a, b=b: a @ b, device) for _ in range(5))
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = before
+        out[str(dtype).removeprefix("torch.")] = 2 * n**3 / best
+    return out
+
+
+def _timed_sync(fn: Callable[[], Any], device: torch.device) -> float:
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - t0
+
+
+def search_check(device: str = "cuda", puzzles: int = 2048, batches: tuple[int, ...] = (256, 1024, 2048),
+                 backends: tuple[str, ...] = ("torch", "onnx"), peak_n: int = 8192, bucket: str = "51+",
+                 seed: int = 3) -> dict[str, Any]:
+    """The default command's search on `puzzles` of the hardest bucket at each batch, through each backend on
+    `device`: puzzles/s, every board checked, and the model's FLOP/s against measured matrix-product rates."""
+    import os
+
+    from flops import count
+    from search_bench import puzzles_of
+    from search_throughput import backend_solver, measure
+
+    from hyperset.solve import Solver
+
+    ps = puzzles_of(bucket, puzzles, seed, os.cpu_count() or 1)
+    base = Solver.load(None, device)
+    per_iteration = sum(count(base.model.cfg, 1, iters=1, energies=True)["forward_flops_per_iteration"].values())
+    peaks = matmul_peaks(torch.device(device), peak_n)
+    out: dict[str, Any] = {"bucket": bucket, "puzzles": puzzles, "seed": seed, "device": device,
+                           "flops_per_board_iteration": per_iteration, "matmul_flops_per_s": peaks, "runs": []}
+    for name in backends:
+        solver = base if name == "torch" else backend_solver(base, name, None, device)
+        if name == "onnx" and device == "cuda" and "CUDA" not in solver.backend_name:
+            raise RuntimeError(f"ONNX Runtime came up on {solver.backend_name}")
+        for batch in batches:
+            row = {"backend": name, **measure(solver, ps, batch_size=batch)}
+            flops = per_iteration * row["model_iterations_mean"] * row["puzzles"] / row["seconds"]
+            row["model_flops_per_s"] = flops
+            row["share_of_matmul_rate"] = {k: flops / v for k, v in peaks.items()}
+            out["runs"].append(row)
+    bad = [r for r in out["runs"] if r["reported_valid_but_invalid"] or r["valid_but_not_the_solution"]]
+    if bad:
+        raise CheckFailed(f"{len(bad)} runs reported a board valid that is not the solution", out)
+    out["best_puzzles_per_s"] = max(r["puzzles_per_s"] for r in out["runs"])
+    return out
+
+
 CHECKS = ("training_amp", "fused_fp32", "trainer_amp", "trainer_compile", "cuda_graphs_depth", "nccl", "solver",
-          "onnx_cuda", "solve_cli")
+          "onnx_cuda", "solve_cli", "search")
 
 
 def machine() -> dict[str, Any]:
@@ -435,6 +504,8 @@ def run(checks: tuple[str, ...] = CHECKS) -> dict[str, Any]:
             report["onnx_cuda"] = _guarded(lambda: onnx_check(folder))
     if "solve_cli" in checks:
         report["solve_cli"] = _guarded(solve_cli_check)
+    if "search" in checks:
+        report["search"] = _guarded(search_check)
     return report
 
 

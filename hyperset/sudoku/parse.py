@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
 from .board import BLANK_CHARS, MIN_UNIQUE_GIVENS, PuzzleError, _first_duplicate, _pair_label, _unit_label, cell_name
-from .exact import contradiction, count_solutions_within
+from .exact import contradiction
+from .rated import count_solutions_within
 
 __all__ = ["Puzzle", "SEARCH_NODES", "iter_file", "iter_lines", "parse_file", "parse_puzzles"]
 
@@ -261,7 +262,7 @@ class _Parser:
             raise PuzzleError(self.source, line, f"expected 81 cells, found {len(cells)}")
 
 
-#: The most search nodes the parser's check of one puzzle may visit (hyperset.sudoku.exact.count_solutions_within):
+#: The most search nodes the parser's check of one puzzle may visit (hyperset.sudoku.rated.count_solutions_within):
 #: enough for 999 of the 1,000 17-given puzzles of the RRN validation draw; a puzzle it cannot tell gets no warning.
 SEARCH_NODES = 1000
 

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from .. import cbuild
+from . import exact
 from .exact import _propagate
 
 __all__ = ["BUCKETS", "RatedPuzzle", "bucket_of", "bucket_range", "generate_rated", "iter_rated", "rate"]
@@ -117,6 +118,8 @@ def _library() -> ctypes.CDLL | None:
                 lib.hs_generate.restype = i64
                 lib.hs_rate.argtypes = [p, ctypes.c_int, i64]
                 lib.hs_rate.restype = i64
+                lib.hs_count.argtypes = [p, ctypes.c_int, ctypes.c_int, i64, p, ctypes.POINTER(i64)]
+                lib.hs_count.restype = ctypes.c_int
                 _lib = lib
     return _lib
 
@@ -290,6 +293,20 @@ def _board(puzzle: str) -> list[int]:
     from .board import to_string
 
     return [int(ch) for ch in to_string(puzzle)]
+
+
+def count_solutions_within(givens: Any, limit: int = 2, nodes: int = 2000) -> int | None:
+    """`hyperset.sudoku.exact.count_solutions_within` (solutions up to `limit`, None past `nodes` search nodes) in
+    the C library where it can be had: the same search, node for node (naked and hidden singles between nodes, the
+    cell with the fewest candidates, its digits in increasing order), so the same answers, about a hundred times
+    sooner on the hardest puzzles. The parser's check of every puzzle runs it."""
+    lib = _library()
+    if lib is None:
+        return exact.count_solutions_within(givens, limit, nodes)
+    if limit < 1:
+        raise ValueError(f"limit must be at least 1, got {limit}")
+    found = lib.hs_count(bytes(_board(givens)), int(limit), 1, int(nodes), None, None)
+    return None if found < 0 else found
 
 
 def _hidden(propagation: str) -> bool:

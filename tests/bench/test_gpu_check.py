@@ -132,3 +132,16 @@ def test_the_cuda_graphs_depth_check_trains_a_drawn_depth_in_both_modes(tmp_path
     assert len(out["compiled"]["losses"]) == len(out["compiled_cuda_graphs"]["losses"]) == 2
     assert out["loss_max_abs_difference"] < 1e-5 and out["cuda_graphs_over_compiled"] > 0
     assert "objective.train_iters=[4,8]" in out["command"] and "--recipe sudoku-cpu" in out["command"]
+
+
+@pytest.mark.slow
+def test_the_search_check_runs_with_the_cpu_standing_in_for_cuda() -> None:
+    """The search check on the CPU with a small bucket: every batch and backend timed, every board checked, the
+    model's FLOP/s against the measured matrix-product rates."""
+    out = gpu_check.search_check("cpu", puzzles=8, batches=(4, 8), peak_n=256, bucket="3-10")
+    assert [(r["backend"], r["batch_size"]) for r in out["runs"]] == [
+        ("torch", 4), ("torch", 8), ("onnx", 4), ("onnx", 8)]
+    assert all(r["solve_rate"] == 1.0 and r["reported_valid_but_invalid"] == 0 for r in out["runs"])
+    assert set(out["matmul_flops_per_s"]) == {"float32", "bfloat16"}
+    assert all(0 < r["share_of_matmul_rate"]["float32"] for r in out["runs"])
+    assert out["best_puzzles_per_s"] == max(r["puzzles_per_s"] for r in out["runs"])

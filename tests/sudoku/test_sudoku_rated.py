@@ -92,3 +92,25 @@ def test_the_command_writes_lines_the_solver_and_trainer_read(tmp_path, capsys) 
         with pytest.raises(SystemExit) as e:
             rated.main(bad)
         assert e.value.code == 2
+
+
+def test_the_c_count_answers_as_the_python_search_node_for_node() -> None:
+    """The parser's bounded count in C gives what hyperset.sudoku.exact's search gives, at every node budget: the
+    same search, so the same number of solutions or the same None past the budget."""
+    from hyperset.sudoku import exact
+
+    if rated._library() is None:
+        pytest.skip(f"no C library here: {rated.engine()}")
+    several = HARD[:1] + "0" + HARD[2:]  # HARD less its given at r1c2 (it is minimal: several solutions)
+    norvig = ".....5.8....6.1.43..........1.5........1.6...3.......553.....61........4........."
+    boards = [HARD, NO_SOLUTION, several, "0" * 81, norvig.replace(".", "0"),
+              *(p.puzzle for p in rated.generate_rated(2, "51+", seed=5))]
+    for board in boards:
+        for nodes in (1, 2, 5, 20, 100, 1000):
+            for limit in (1, 2):
+                assert (rated.count_solutions_within(board, limit, nodes)
+                        == exact.count_solutions_within(board, limit, nodes)), (board, nodes, limit)
+    assert rated.count_solutions_within(several, 2, 1000) == 2 and rated.count_solutions_within(HARD, 2, 1000) == 1
+    assert rated.count_solutions_within(NO_SOLUTION, 2, 1000) == 0
+    with pytest.raises(ValueError, match="at least 1"):
+        rated.count_solutions_within(HARD, 0, 10)
