@@ -8,8 +8,8 @@ update of a tensor; where an entry is None, the written-out form runs. What the 
 - `fused`: the layer's two operators with hand-written backward passes (training without a compiler, and the
   compiled training step), the feedforward's RMSNorm folded into its weights, and products of a state by a weight
   on oneDNN's GEMM on x86 CPUs not made by Intel (``$HYPERSET_CPU_MATMUL``).
-- `cpu_kernels`: the bi-softmax attention maps fused per (board, head) in a C kernel on x86 CPUs with AVX-512
-  (``$HYPERSET_CPU_KERNELS``), built by `hyperset.cbuild` (the C loader the rated-puzzle generator shares).
+- `cpu_kernels`: the bi-softmax attention maps fused per (board, head) in a C kernel on x86 CPUs with AVX-512 or
+  AVX2 (``$HYPERSET_CPU_KERNELS``), built by `hyperset.cbuild` (the C loader the rated-puzzle generator shares).
 - `rows`: inference on a CPU in slices of rows that stay in cache.
 - `onnx_forms`: the forms an ONNX export writes so that ONNX Runtime runs them fast (the same values).
 

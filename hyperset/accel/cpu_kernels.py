@@ -1,4 +1,4 @@
-"""The bi-softmax attention maps fused per (board, head) in a C kernel, for fp32 on x86 CPUs with AVX-512.
+"""The bi-softmax attention maps fused per (board, head) in a C kernel, for fp32 on x86 CPUs with AVX-512 or AVX2.
 
 The fused attention operator (`hyperset.accel.fused.bisoftmax_grad`) spends most of its time outside the feedforward on
 the attention maps: per iteration a batch of B*H maps of N x N (256 of 81 x 81 at the Sudoku configuration,
@@ -18,10 +18,11 @@ The products of these small batched shapes run on MKL in PyTorch's x86 wheels, f
 CPUs; what the kernel buys is measured by bench/peer_bench.py (``--cpu-kernels off`` against ``on``, the same
 rounds) and stated in docs/sudoku.md, "Speed".
 
-The kernel is compiled on first use with the C compiler (``$CC``, else ``cc``; the flags name the AVX-512 subsets
-it needs, not the build machine) into ``$HYPERSET_CACHE_DIR``, else ``$XDG_CACHE_HOME/hyperset``, else
-``~/.cache/hyperset``, and loaded with ctypes; where that cannot be done (no compiler, no AVX-512, not x86) the
-operator runs on PyTorch's calls as before, and `status` says why. It runs on ``torch.get_num_threads()`` threads,
+The kernel is compiled on first use with the C compiler (``$CC``, else ``cc``; the flags name the instruction set
+it needs, not the build machine: the AVX-512 subsets where PyTorch runs its own kernels at AVX-512, else AVX2 and
+FMA, `ISA_FLAGS`) into ``$HYPERSET_CACHE_DIR``, else ``$XDG_CACHE_HOME/hyperset``, else ``~/.cache/hyperset``, and
+loaded with ctypes; where that cannot be done (no compiler, neither instruction set, not x86) the operator runs on
+PyTorch's calls as before, and `status` says why. It runs on ``torch.get_num_threads()`` threads,
 each on its own share of the batch. Which: ``$HYPERSET_CPU_KERNELS`` (auto, on, off) or `using_cpu_kernels`;
 ``auto`` (the default) uses it on x86 CPUs not made by Intel, where it was measured; on Intel CPUs, where MKL takes
 its own fast paths, it is unmeasured, and ``on`` asks for it.
@@ -48,7 +49,8 @@ from .. import cbuild, device
 
 CHOICES = ("auto", "on", "off")
 SOURCE = Path(__file__).with_name("kernels") / "bisoftmax.c"
-FLAGS = ("-O3", "-mavx512f", "-mavx512vl", "-mavx512dq", "-mfma", "-std=c11", "-shared", "-fPIC")
+FLAGS = ("-O3", "-std=c11", "-shared", "-fPIC")
+ISA_FLAGS = {"avx512": ("-mavx512f", "-mavx512vl", "-mavx512dq", "-mfma"), "avx2": ("-mavx2", "-mfma")}
 MAX_TOKENS = 512  # scratch per thread: three maps of N x N
 
 _lock = threading.Lock()
@@ -57,17 +59,21 @@ _why_not: str | None = None  # why the kernel could not be had, once tried
 _pools: dict[int, ThreadPoolExecutor] = {}
 
 
-def _x86_avx512() -> bool:
-    return (platform.machine().lower() in ("x86_64", "amd64")
-            and torch.backends.cpu.get_cpu_capability() in ("AVX512", "AVX512_BF16", "AMX"))
+def isa() -> str | None:
+    """The kernel's instruction set on this CPU, as PyTorch reads it: "avx512", "avx2" or None (not x86, or
+    neither)."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return None
+    capability = torch.backends.cpu.get_cpu_capability()
+    return "avx512" if capability in ("AVX512", "AVX512_BF16", "AMX") else "avx2" if capability == "AVX2" else None
 
 
 def _resolve(name: str) -> bool:
     if name not in CHOICES:
         raise ValueError(f"CPU kernels {name!r}: expected one of {', '.join(CHOICES)}")
     if name == "auto":
-        return _x86_avx512() and not device.made_by_intel_or_unknown()
-    return name == "on" and _x86_avx512()
+        return isa() is not None and not device.made_by_intel_or_unknown()
+    return name == "on" and isa() is not None
 
 
 def env_choice(variable: str, choices: tuple[str, ...]) -> str:
@@ -93,7 +99,7 @@ _wanted = _resolve(env_choice("HYPERSET_CPU_KERNELS", CHOICES))
 @contextlib.contextmanager
 def using_cpu_kernels(name: str) -> Iterator[bool]:
     """The kernel on (``on``), off or as ``auto`` decides, inside the block, for the whole process (a compiled model
-    made inside recompiles outside); yields whether it is wanted (``on`` off x86 or without AVX-512 is off)."""
+    made inside recompiles outside); yields whether it is wanted (``on`` off x86 or without AVX2 is off)."""
     global _wanted
     before, _wanted = _wanted, _resolve(name)
     try:
@@ -104,7 +110,7 @@ def using_cpu_kernels(name: str) -> Iterator[bool]:
 
 def _build() -> ctypes.CDLL:
     """Compile the kernel (once per source and flags) and load it."""
-    handle = cbuild.load(SOURCE, FLAGS)
+    handle = cbuild.load(SOURCE, (*FLAGS, *ISA_FLAGS[isa() or "avx2"]))
     i64, f32, ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
     handle.hs_bisoftmax_forward.argtypes = [i64, i64, i64, i64, f32, ptr, ptr, ptr]
     handle.hs_bisoftmax_backward.argtypes = [i64, i64, i64, i64, f32, ptr, ptr, ptr, ptr]
@@ -125,10 +131,10 @@ def _library() -> ctypes.CDLL | None:
 
 
 def status() -> str:
-    """"on", or why the kernel is not used here: "off" (not wanted), "off (needs an x86 CPU with AVX-512)", or
-    "off (...)" with the reason it could not be built or loaded."""
+    """"on" (built for `isa()`), or why the kernel is not used here: "off" (not wanted), "off (needs an x86 CPU
+    with AVX2 or AVX-512)", or "off (...)" with the reason it could not be built or loaded."""
     if not _wanted:
-        return "off" if _x86_avx512() else "off (needs an x86 CPU with AVX-512)"
+        return "off" if isa() is not None else "off (needs an x86 CPU with AVX2 or AVX-512)"
     return "on" if _library() is not None else f"off ({_why_not})"
 
 

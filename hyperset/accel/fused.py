@@ -15,7 +15,7 @@ two backward:
   incoming gradient dG, S dG + (dP + dP^T) Zn with S = P + P^T and dP the softmax's derivative along
   beta (dG Zn^T + Zn dG^T), from the saved P and S.
 
-On x86 CPUs with AVX-512 the attention maps of `bisoftmax_grad` (Zn Zn^T, the softmax, (P + P^T) Zn, and their
+On x86 CPUs with AVX-512 or AVX2 the attention maps of `bisoftmax_grad` (Zn Zn^T, the softmax, (P + P^T) Zn, and their
 backward pass) run fused per (board, head) in a C kernel where `hyperset.accel.cpu_kernels` says so; it saves P
 alone and makes S again from it backward.
 

@@ -137,7 +137,7 @@ def test_without_a_compiler_the_operator_runs_on_pytorchs_calls_and_says_why() -
     assert done.returncode == 0, done.stderr
     status = done.stdout.strip().splitlines()[-1]
     if "AVX-512" in status:  # this CPU cannot run the kernel at all
-        assert status == "off (needs an x86 CPU with AVX-512)"
+        assert status == "off (needs an x86 CPU with AVX2 or AVX-512)"
     else:
         assert status == "off (no C compiler (no-such-compiler-here) on the PATH)"
 
@@ -167,14 +167,25 @@ def test_a_bad_environment_value_warns_and_uses_auto() -> None:
             pass
 
 
-def test_auto_takes_the_kernel_on_x86_cpus_with_avx512_not_made_by_intel(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cpu_kernels, "_x86_avx512", lambda: True)
+@pytest.mark.parametrize("isa", ["avx512", "avx2"])
+def test_auto_takes_the_kernel_on_x86_cpus_with_avx2_or_avx512_not_made_by_intel(
+        monkeypatch: pytest.MonkeyPatch, isa: str) -> None:
+    monkeypatch.setattr(cpu_kernels, "isa", lambda: isa)
     for vendor, wanted in (("AuthenticAMD", True), ("GenuineIntel", False), (None, False)):
         monkeypatch.setattr(cpu_kernels.device, "cpu_vendor", lambda v=vendor: v)
         assert cpu_kernels._resolve("auto") == wanted
         assert cpu_kernels._resolve("on") and not cpu_kernels._resolve("off")
-    monkeypatch.setattr(cpu_kernels, "_x86_avx512", lambda: False)
+    monkeypatch.setattr(cpu_kernels, "isa", lambda: None)
     assert not cpu_kernels._resolve("on")
+
+
+def test_the_instruction_set_follows_pytorchs_reading_of_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cpu_kernels.platform, "machine", lambda: "x86_64")
+    for capability, isa in (("AVX512", "avx512"), ("AMX", "avx512"), ("AVX2", "avx2"), ("DEFAULT", None)):
+        monkeypatch.setattr(cpu_kernels.torch.backends.cpu, "get_cpu_capability", lambda c=capability: c)
+        assert cpu_kernels.isa() == isa
+    monkeypatch.setattr(cpu_kernels.platform, "machine", lambda: "aarch64")
+    assert cpu_kernels.isa() is None
 
 
 @needs_kernel

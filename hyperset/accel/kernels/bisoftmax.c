@@ -1,6 +1,7 @@
 /* The bi-softmax attention maps of the Hyper-SET layer for one CPU thread, fused per (board, head): the maps stay
  * in the core's cache between the products and the softmax instead of making a round trip to memory between
- * batched library calls. fp32, AVX-512. Built and loaded by hyperset/accel/cpu_kernels.py.
+ * batched library calls. fp32, built for AVX-512 (16 lanes) or AVX2 + FMA (8 lanes) by the flags it is compiled
+ * with. Built and loaded by hyperset/accel/cpu_kernels.py.
  *
  * For each batch element b of [b0, b1), Zn (N x p), beta:
  *   forward:  P = softmax_rows(beta Zn Zn^T)             (N x N, saved for the backward pass; not written
@@ -17,84 +18,44 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define RMAX 12
-
-static inline __mmask16 lanes(int64_t n)
+/* The vector operations the kernel is written in: VL lanes of fp32, a lane mask `vmask`. */
+#if defined(__AVX512F__)
+#define VL 16
+#define RMAX 12 /* rows of a product tile: 2 x RMAX accumulators + 2 operands + 1 broadcast in 32 registers */
+typedef __m512 vf;
+typedef __mmask16 vmask;
+static inline vmask lanes(int64_t n)
 {
-    return n >= 16 ? (__mmask16)0xFFFF : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1u);
+    return n >= 16 ? (vmask)0xFFFF : n <= 0 ? (vmask)0 : (vmask)((1u << n) - 1u);
 }
-
-/* acc (R rows x the 32 columns under masks m0, m1) += a b: a (R x k) row-major with leading dimension lda, b (k x 32)
- * rows of leading dimension ldb */
-static inline __attribute__((always_inline)) void accumulate(int R, int64_t k, const float *a, int64_t lda,
-                                                             const float *b, int64_t ldb, __mmask16 m0, __mmask16 m1,
-                                                             __m512 *acc0, __m512 *acc1)
-{
-    for (int64_t q = 0; q < k; q++) {
-        __m512 b0 = _mm512_maskz_loadu_ps(m0, b + q * ldb), b1 = _mm512_maskz_loadu_ps(m1, b + q * ldb + 16);
-#pragma GCC unroll 12
-        for (int r = 0; r < R; r++) {
-            __m512 x = _mm512_set1_ps(a[r * lda + q]);
-            acc0[r] = _mm512_fmadd_ps(x, b0, acc0[r]);
-            acc1[r] = _mm512_fmadd_ps(x, b1, acc1[r]);
-        }
-    }
-}
-
-/* C (R rows x the 32 columns under masks m0, m1) = a b [+ a2 b2]: the accumulators stay in registers over the
- * whole sum */
-static inline __attribute__((always_inline)) void tile(
-    int R, int64_t k1, const float *a, int64_t lda, const float *b, int64_t ldb,
-    int64_t k2, const float *a2, int64_t lda2, const float *b2, int64_t ldb2,
-    float *c, int64_t ldc, __mmask16 m0, __mmask16 m1)
-{
-    __m512 acc0[RMAX], acc1[RMAX];
-#pragma GCC unroll 12
-    for (int r = 0; r < R; r++) {
-        acc0[r] = _mm512_setzero_ps();
-        acc1[r] = _mm512_setzero_ps();
-    }
-    accumulate(R, k1, a, lda, b, ldb, m0, m1, acc0, acc1);
-    accumulate(R, k2, a2, lda2, b2, ldb2, m0, m1, acc0, acc1);
-#pragma GCC unroll 12
-    for (int r = 0; r < R; r++) {
-        _mm512_mask_storeu_ps(c + r * ldc, m0, acc0[r]);
-        _mm512_mask_storeu_ps(c + r * ldc + 16, m1, acc1[r]);
-    }
-}
-
-static void tile_rows(int R, int64_t k1, const float *a, int64_t lda, const float *b, int64_t ldb, int64_t k2,
-                      const float *a2, int64_t lda2, const float *b2, int64_t ldb2, float *c, int64_t ldc,
-                      __mmask16 m0, __mmask16 m1)
-{
-    switch (R) {
-#define CASE(n) case n: tile(n, k1, a, lda, b, ldb, k2, a2, lda2, b2, ldb2, c, ldc, m0, m1); break;
-        CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8) CASE(9) CASE(10) CASE(11)
-#undef CASE
-    default: break;
-    }
-}
-
-/* C (m x n, leading dimension ldc) = A B [+ A2 B2]; A (m x k1), B (k1 x n), A2 (m x k2), B2 (k2 x n) */
-static void gemm(int64_t m, int64_t n, int64_t k1, const float *a, int64_t lda, const float *b, int64_t ldb,
-                 int64_t k2, const float *a2, int64_t lda2, const float *b2, int64_t ldb2, float *c, int64_t ldc)
-{
-    for (int64_t j = 0; j < n; j += 32) {
-        __mmask16 m0 = lanes(n - j), m1 = lanes(n - j - 16);
-        int64_t i = 0;
-        for (; i + RMAX <= m; i += RMAX)
-            tile(RMAX, k1, a + i * lda, lda, b + j, ldb, k2, a2 + i * lda2, lda2, b2 + j, ldb2, c + i * ldc + j,
-                 ldc, m0, m1);
-        if (i < m)
-            tile_rows((int)(m - i), k1, a + i * lda, lda, b + j, ldb, k2, a2 + i * lda2, lda2, b2 + j, ldb2,
-                      c + i * ldc + j, ldc, m0, m1);
-    }
-}
+static inline vmask vnot(vmask m) { return (vmask)~m; }
+#define vzero _mm512_setzero_ps
+#define vset1 _mm512_set1_ps
+#define vload _mm512_loadu_ps
+#define vstore _mm512_storeu_ps
+#define vstream _mm512_stream_ps
+#define vadd _mm512_add_ps
+#define vsub _mm512_sub_ps
+#define vmul _mm512_mul_ps
+#define vmax _mm512_max_ps
+#define vfmadd _mm512_fmadd_ps
+#define vfmsub _mm512_fmsub_ps
+#define vfnmadd _mm512_fnmadd_ps
+static inline vf vload_mask(vmask m, const float *p) { return _mm512_maskz_loadu_ps(m, p); }
+static inline vf vload_mask_or(vf other, vmask m, const float *p) { return _mm512_mask_loadu_ps(other, m, p); }
+static inline void vstore_mask(float *p, vmask m, vf v) { _mm512_mask_storeu_ps(p, m, v); }
+static inline vf vkeep(vmask m, vf v) { return _mm512_maskz_mov_ps(m, v); }
+static inline vf vblend(vmask m, vf a, vf b) { return _mm512_mask_blend_ps(m, a, b); } /* b where m */
+static inline float vsum(vf v) { return _mm512_reduce_add_ps(v); }
+static inline float vhmax(vf v) { return _mm512_reduce_max_ps(v); }
+static inline vf vround(vf x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+#define EXP_MIN -103.0f /* scalef makes the subnormal results below e^-87.3 */
+static inline vf vscale2(vf y, vf n) { return _mm512_scalef_ps(y, n); } /* y 2^n */
 
 /* 16 x 16 transpose of the rows r[0..15] in place */
-static inline __attribute__((always_inline)) void transpose16(__m512 r[16])
+static inline __attribute__((always_inline)) void transpose_block(vf r[16])
 {
-    __m512 t[16], u[16];
+    vf t[16], u[16];
     for (int i = 0; i < 8; i++) {
         t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
         t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
@@ -108,50 +69,189 @@ static inline __attribute__((always_inline)) void transpose16(__m512 r[16])
     }
     /* column 4L + c gathers lane L of u[c], u[4 + c], u[8 + c], u[12 + c] */
     for (int c = 0; c < 4; c++) {
-        __m512 x0 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x44), x1 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xEE);
-        __m512 x2 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x44);
-        __m512 x3 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xEE);
+        vf x0 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x44), x1 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xEE);
+        vf x2 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x44);
+        vf x3 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xEE);
         r[c] = _mm512_shuffle_f32x4(x0, x2, 0x88);
         r[4 + c] = _mm512_shuffle_f32x4(x0, x2, 0xDD);
         r[8 + c] = _mm512_shuffle_f32x4(x1, x3, 0x88);
         r[12 + c] = _mm512_shuffle_f32x4(x1, x3, 0xDD);
     }
 }
+#elif defined(__AVX2__) && defined(__FMA__)
+#define VL 8
+#define RMAX 6 /* 2 x RMAX accumulators + 2 operands + 1 broadcast in 16 registers */
+typedef __m256 vf;
+typedef __m256i vmask;
+static inline vmask lanes(int64_t n)
+{
+    int k = n >= 8 ? 8 : n <= 0 ? 0 : (int)n;
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(k), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+static inline vmask vnot(vmask m) { return _mm256_xor_si256(m, _mm256_set1_epi32(-1)); }
+#define vzero _mm256_setzero_ps
+#define vset1 _mm256_set1_ps
+#define vload _mm256_loadu_ps
+#define vstore _mm256_storeu_ps
+#define vstream _mm256_stream_ps
+#define vadd _mm256_add_ps
+#define vsub _mm256_sub_ps
+#define vmul _mm256_mul_ps
+#define vmax _mm256_max_ps
+#define vfmadd _mm256_fmadd_ps
+#define vfmsub _mm256_fmsub_ps
+#define vfnmadd _mm256_fnmadd_ps
+static inline vf vload_mask(vmask m, const float *p) { return _mm256_maskload_ps(p, m); }
+static inline vf vblend(vmask m, vf a, vf b) { return _mm256_blendv_ps(a, b, _mm256_castsi256_ps(m)); }
+static inline vf vload_mask_or(vf other, vmask m, const float *p) { return vblend(m, other, vload_mask(m, p)); }
+static inline void vstore_mask(float *p, vmask m, vf v) { _mm256_maskstore_ps(p, m, v); }
+static inline vf vkeep(vmask m, vf v) { return _mm256_and_ps(v, _mm256_castsi256_ps(m)); }
+static inline float vsum(vf v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+static inline float vhmax(vf v)
+{
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
+}
+static inline vf vround(vf x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+#define EXP_MIN -87.0f /* 2^n from the exponent bits needs n >= -126: results stay normal */
+static inline vf vscale2(vf y, vf n)
+{
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+/* 8 x 8 transpose of the rows r[0..7] in place */
+static inline __attribute__((always_inline)) void transpose_block(vf r[8])
+{
+    vf t[8], u[8];
+    for (int i = 0; i < 4; i++) {
+        t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int g = 0; g < 2; g++) {
+        u[4 * g + 0] = _mm256_shuffle_ps(t[4 * g + 0], t[4 * g + 2], 0x44);
+        u[4 * g + 1] = _mm256_shuffle_ps(t[4 * g + 0], t[4 * g + 2], 0xEE);
+        u[4 * g + 2] = _mm256_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0x44);
+        u[4 * g + 3] = _mm256_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0xEE);
+    }
+    for (int c = 0; c < 4; c++) {
+        r[c] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x20);
+        r[4 + c] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x31);
+    }
+}
+#else
+#error "the attention-map kernel needs AVX-512 or AVX2 with FMA"
+#endif
+
+/* acc (R rows x the 2 VL columns under masks m0, m1) += a b: a (R x k) row-major with leading dimension lda,
+ * b (k x 2 VL) rows of leading dimension ldb */
+static inline __attribute__((always_inline)) void accumulate(int R, int64_t k, const float *a, int64_t lda,
+                                                             const float *b, int64_t ldb, vmask m0, vmask m1,
+                                                             vf *acc0, vf *acc1)
+{
+    for (int64_t q = 0; q < k; q++) {
+        vf b0 = vload_mask(m0, b + q * ldb), b1 = vload_mask(m1, b + q * ldb + VL);
+#pragma GCC unroll 12
+        for (int r = 0; r < R; r++) {
+            vf x = vset1(a[r * lda + q]);
+            acc0[r] = vfmadd(x, b0, acc0[r]);
+            acc1[r] = vfmadd(x, b1, acc1[r]);
+        }
+    }
+}
+
+/* C (R rows x the 2 VL columns under masks m0, m1) = a b [+ a2 b2]: the accumulators stay in registers over the
+ * whole sum */
+static inline __attribute__((always_inline)) void tile(
+    int R, int64_t k1, const float *a, int64_t lda, const float *b, int64_t ldb,
+    int64_t k2, const float *a2, int64_t lda2, const float *b2, int64_t ldb2,
+    float *c, int64_t ldc, vmask m0, vmask m1)
+{
+    vf acc0[RMAX], acc1[RMAX];
+#pragma GCC unroll 12
+    for (int r = 0; r < R; r++) {
+        acc0[r] = vzero();
+        acc1[r] = vzero();
+    }
+    accumulate(R, k1, a, lda, b, ldb, m0, m1, acc0, acc1);
+    accumulate(R, k2, a2, lda2, b2, ldb2, m0, m1, acc0, acc1);
+#pragma GCC unroll 12
+    for (int r = 0; r < R; r++) {
+        vstore_mask(c + r * ldc, m0, acc0[r]);
+        vstore_mask(c + r * ldc + VL, m1, acc1[r]);
+    }
+}
+
+static void tile_rows(int R, int64_t k1, const float *a, int64_t lda, const float *b, int64_t ldb, int64_t k2,
+                      const float *a2, int64_t lda2, const float *b2, int64_t ldb2, float *c, int64_t ldc,
+                      vmask m0, vmask m1)
+{
+    switch (R) {
+#define CASE(n) case n: tile(n, k1, a, lda, b, ldb, k2, a2, lda2, b2, ldb2, c, ldc, m0, m1); break;
+        CASE(1) CASE(2) CASE(3) CASE(4) CASE(5)
+#if RMAX > 6
+        CASE(6) CASE(7) CASE(8) CASE(9) CASE(10) CASE(11)
+#endif
+#undef CASE
+    default: break;
+    }
+}
+
+/* C (m x n, leading dimension ldc) = A B [+ A2 B2]; A (m x k1), B (k1 x n), A2 (m x k2), B2 (k2 x n) */
+static void gemm(int64_t m, int64_t n, int64_t k1, const float *a, int64_t lda, const float *b, int64_t ldb,
+                 int64_t k2, const float *a2, int64_t lda2, const float *b2, int64_t ldb2, float *c, int64_t ldc)
+{
+    for (int64_t j = 0; j < n; j += 2 * VL) {
+        vmask m0 = lanes(n - j), m1 = lanes(n - j - VL);
+        int64_t i = 0;
+        for (; i + RMAX <= m; i += RMAX)
+            tile(RMAX, k1, a + i * lda, lda, b + j, ldb, k2, a2 + i * lda2, lda2, b2 + j, ldb2, c + i * ldc + j,
+                 ldc, m0, m1);
+        if (i < m)
+            tile_rows((int)(m - i), k1, a + i * lda, lda, b + j, ldb, k2, a2 + i * lda2, lda2, b2 + j, ldb2,
+                      c + i * ldc + j, ldc, m0, m1);
+    }
+}
 
 /* y = x + x^T for a square matrix of side ld (a multiple of 16) with leading dimension ld; y may be x */
 static void add_transpose(const float *x, float *y, int64_t ld)
 {
-    for (int64_t bi = 0; bi < ld; bi += 16)
-        for (int64_t bj = bi; bj < ld; bj += 16) {
-            __m512 a[16], t[16];
-            for (int r = 0; r < 16; r++) {
-                a[r] = _mm512_loadu_ps(x + (bi + r) * ld + bj);
-                t[r] = _mm512_loadu_ps(x + (bj + r) * ld + bi);
+    for (int64_t bi = 0; bi < ld; bi += VL)
+        for (int64_t bj = bi; bj < ld; bj += VL) {
+            vf a[VL], t[VL];
+            for (int r = 0; r < VL; r++) {
+                a[r] = vload(x + (bi + r) * ld + bj);
+                t[r] = vload(x + (bj + r) * ld + bi);
             }
-            transpose16(t);
-            for (int r = 0; r < 16; r++) a[r] = _mm512_add_ps(a[r], t[r]);
-            for (int r = 0; r < 16; r++) _mm512_storeu_ps(y + (bi + r) * ld + bj, a[r]);
-            transpose16(a);
-            for (int r = 0; r < 16; r++) _mm512_storeu_ps(y + (bj + r) * ld + bi, a[r]);
+            transpose_block(t);
+            for (int r = 0; r < VL; r++) a[r] = vadd(a[r], t[r]);
+            for (int r = 0; r < VL; r++) vstore(y + (bi + r) * ld + bj, a[r]);
+            transpose_block(a);
+            for (int r = 0; r < VL; r++) vstore(y + (bj + r) * ld + bi, a[r]);
         }
 }
 
 /* e^x, x <= 88 (the softmax's arguments are <= 0): Cephes' expf polynomial after x = n ln 2 + r, |r| <= ln2 / 2 */
-static inline __m512 exp16(__m512 x)
+static inline vf vexp(vf x)
 {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-103.0f));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(y, n);
+    x = vmax(x, vset1(EXP_MIN));
+    vf n = vround(vmul(x, vset1(1.44269504088896341f)));
+    vf r = vfnmadd(n, vset1(0.693359375f), x);
+    r = vfnmadd(n, vset1(-2.12194440e-4f), r);
+    vf p = vset1(1.9875691500e-4f);
+    p = vfmadd(p, r, vset1(1.3981999507e-3f));
+    p = vfmadd(p, r, vset1(8.3334519073e-3f));
+    p = vfmadd(p, r, vset1(4.1665795894e-2f));
+    p = vfmadd(p, r, vset1(1.6666665459e-1f));
+    p = vfmadd(p, r, vset1(5.0000001201e-1f));
+    vf y = vadd(vfmadd(p, vmul(r, r), r), vset1(1.0f));
+    return vscale2(y, n);
 }
 
 /* ROWS rows of the softmax at a time, so that their reductions' latencies overlap: p = softmax(beta a) over the
@@ -160,30 +260,26 @@ static inline __m512 exp16(__m512 x)
 static inline __attribute__((always_inline)) void softmax_rows(int rows, const float *a, float *pp, int64_t n,
                                                                int64_t ld, float beta)
 {
-    __m512 vmax[ROWS], vsum[ROWS], vb = _mm512_set1_ps(beta);
+    vf vm[ROWS], vs[ROWS], vb = vset1(beta);
     for (int r = 0; r < ROWS; r++) {
-        vmax[r] = _mm512_set1_ps(-INFINITY);
-        vsum[r] = _mm512_setzero_ps();
+        vm[r] = vset1(-INFINITY);
+        vs[r] = vzero();
     }
-    for (int64_t j = 0; j < n; j += 16)
+    for (int64_t j = 0; j < n; j += VL)
         for (int r = 0; r < rows; r++)
-            vmax[r] = _mm512_max_ps(vmax[r], _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), lanes(n - j),
-                                                                  a + r * ld + j));
-    for (int r = 0; r < rows; r++) vmax[r] = _mm512_set1_ps(beta * _mm512_reduce_max_ps(vmax[r]));
-    for (int64_t j = 0; j < ld; j += 16) {
-        __mmask16 m = lanes(n - j);
+            vm[r] = vmax(vm[r], vload_mask_or(vset1(-INFINITY), lanes(n - j), a + r * ld + j));
+    for (int r = 0; r < rows; r++) vm[r] = vset1(beta * vhmax(vm[r]));
+    for (int64_t j = 0; j < ld; j += VL) {
+        vmask m = lanes(n - j);
         for (int r = 0; r < rows; r++) {
-            __m512 e = _mm512_maskz_mov_ps(m, exp16(_mm512_fmsub_ps(_mm512_loadu_ps(a + r * ld + j), vb, vmax[r])));
-            vsum[r] = _mm512_add_ps(vsum[r], e);
-            _mm512_storeu_ps(pp + r * ld + j, e);
+            vf e = vkeep(m, vexp(vfmsub(vload(a + r * ld + j), vb, vm[r])));
+            vs[r] = vadd(vs[r], e);
+            vstore(pp + r * ld + j, e);
         }
     }
-    for (int r = 0; r < rows; r++) vsum[r] = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(vsum[r]));
-    for (int64_t j = 0; j < ld; j += 16)
-        for (int r = 0; r < rows; r++) {
-            __m512 v = _mm512_mul_ps(_mm512_loadu_ps(pp + r * ld + j), vsum[r]);
-            _mm512_storeu_ps(pp + r * ld + j, v);
-        }
+    for (int r = 0; r < rows; r++) vs[r] = vset1(1.0f / vsum(vs[r]));
+    for (int64_t j = 0; j < ld; j += VL)
+        for (int r = 0; r < rows; r++) vstore(pp + r * ld + j, vmul(vload(pp + r * ld + j), vs[r]));
 }
 
 /* ROWS rows of the softmax's derivative at a time: with p a row of P (leading dimension n) and q the same row of
@@ -191,19 +287,19 @@ static inline __attribute__((always_inline)) void softmax_rows(int rows, const f
 static inline __attribute__((always_inline)) void softmax_backward_rows(int rows, const float *p, float *q, float *pp,
                                                                         int64_t n, int64_t ld, float beta)
 {
-    __m512 vdot[ROWS], vb = _mm512_set1_ps(beta);
-    for (int r = 0; r < ROWS; r++) vdot[r] = _mm512_setzero_ps();
-    for (int64_t j = 0; j < ld; j += 16)
+    vf vdot[ROWS], vb = vset1(beta);
+    for (int r = 0; r < ROWS; r++) vdot[r] = vzero();
+    for (int64_t j = 0; j < ld; j += VL)
         for (int r = 0; r < rows; r++) {
-            __m512 v = _mm512_maskz_loadu_ps(lanes(n - j), p + r * n + j);
-            _mm512_storeu_ps(pp + r * ld + j, v);
-            vdot[r] = _mm512_fmadd_ps(v, _mm512_loadu_ps(q + r * ld + j), vdot[r]);
+            vf v = vload_mask(lanes(n - j), p + r * n + j);
+            vstore(pp + r * ld + j, v);
+            vdot[r] = vfmadd(v, vload(q + r * ld + j), vdot[r]);
         }
-    for (int r = 0; r < rows; r++) vdot[r] = _mm512_set1_ps(_mm512_reduce_add_ps(vdot[r]));
-    for (int64_t j = 0; j < ld; j += 16)
+    for (int r = 0; r < rows; r++) vdot[r] = vset1(vsum(vdot[r]));
+    for (int64_t j = 0; j < ld; j += VL)
         for (int r = 0; r < rows; r++) {
-            __m512 v = _mm512_loadu_ps(pp + r * ld + j), d = _mm512_sub_ps(_mm512_loadu_ps(q + r * ld + j), vdot[r]);
-            _mm512_storeu_ps(q + r * ld + j, _mm512_mul_ps(_mm512_mul_ps(v, d), vb));
+            vf v = vload(pp + r * ld + j), d = vsub(vload(q + r * ld + j), vdot[r]);
+            vstore(q + r * ld + j, vmul(vmul(v, d), vb));
         }
 }
 
@@ -213,49 +309,50 @@ static inline void prefetch_lines(const float *x, int64_t count)
     for (int64_t i = 0; i < count; i += 16) _mm_prefetch((const char *)(x + i), _MM_HINT_T0);
 }
 
-/* 16 consecutive values from index o of the n x n matrix (n >= 16) held row by row in pp (leading dimension ld;
+/* VL consecutive values from index o of the n x n matrix (n >= VL) held row by row in pp (leading dimension ld;
  * rows end in padding, and pp is followed by more scratch, so the loads stay inside the buffer) */
-static inline __m512 chunk16(const float *pp, int64_t ld, int64_t n, int64_t o)
+static inline vf chunk(const float *pp, int64_t ld, int64_t n, int64_t o)
 {
     int64_t r = o / n, c = o % n, k = n - c;
-    __m512 v = _mm512_loadu_ps(pp + r * ld + c);
-    if (k >= 16) return v;
-    return _mm512_mask_blend_ps((__mmask16)~lanes(k), v, _mm512_loadu_ps(pp + (r + 1) * ld - k));
+    vf v = vload(pp + r * ld + c);
+    if (k >= VL) return v;
+    return vblend(vnot(lanes(k)), v, vload(pp + (r + 1) * ld - k));
 }
 
-/* out (n x n, contiguous) = the matrix in pp: streaming stores on whole 64-byte lines (P is read again only in the
+/* out (n x n, contiguous) = the matrix in pp: streaming stores on whole vectors (P is read again only in the
  * backward pass, so it need not be fetched into the cache first nor kept there), masked stores at the ends */
 static void store_streaming(const float *pp, int64_t ld, int64_t n, float *out)
 {
-    if (n < 16) {  /* a chunk of 16 would span more than two rows */
-        for (int64_t r = 0; r < n; r++) _mm512_mask_storeu_ps(out + r * n, lanes(n), _mm512_loadu_ps(pp + r * ld));
+    const uintptr_t align = VL * sizeof(float);
+    if (n < VL) {  /* a chunk of VL would span more than two rows */
+        for (int64_t r = 0; r < n; r++) vstore_mask(out + r * n, lanes(n), vload(pp + r * ld));
         return;
     }
-    int64_t total = n * n, o = (int64_t)((64 - ((uintptr_t)out & 63)) & 63) / 4;
+    int64_t total = n * n, o = (int64_t)((align - ((uintptr_t)out & (align - 1))) & (align - 1)) / 4;
     if ((uintptr_t)out & 3) o = 0;  /* not float-aligned: plain stores all the way */
     if (o > total) o = total;
-    if (o) _mm512_mask_storeu_ps(out, lanes(o), chunk16(pp, ld, n, 0));
-    if (((uintptr_t)(out + o) & 63) == 0)
-        for (; o + 16 <= total; o += 16) _mm512_stream_ps(out + o, chunk16(pp, ld, n, o));
-    for (; o < total; o += 16) _mm512_mask_storeu_ps(out + o, lanes(total - o), chunk16(pp, ld, n, o));
+    if (o) vstore_mask(out, lanes(o), chunk(pp, ld, n, 0));
+    if (((uintptr_t)(out + o) & (align - 1)) == 0)
+        for (; o + VL <= total; o += VL) vstream(out + o, chunk(pp, ld, n, o));
+    for (; o < total; o += VL) vstore_mask(out + o, lanes(total - o), chunk(pp, ld, n, o));
 }
 
 static inline int64_t padded(int64_t n) { return (n + 15) / 16 * 16; }
 
-/* zt (p x ld) = z^T for z (n x p): whole 16 x 16 blocks in registers, the rest one by one. The columns n..ld of zt
+/* zt (p x ld) = z^T for z (n x p): whole VL x VL blocks in registers, the rest one by one. The columns n..ld of zt
  * are never written (they stay as the scratch was zeroed). */
 static void transpose_into(const float *z, int64_t n, int64_t p, float *zt, int64_t ld)
 {
-    int64_t n16 = n / 16 * 16, p16 = p / 16 * 16;
-    for (int64_t i = 0; i < n16; i += 16)
-        for (int64_t k = 0; k < p16; k += 16) {
-            __m512 r[16];
-            for (int q = 0; q < 16; q++) r[q] = _mm512_loadu_ps(z + (i + q) * p + k);
-            transpose16(r);
-            for (int q = 0; q < 16; q++) _mm512_storeu_ps(zt + (k + q) * ld + i, r[q]);
+    int64_t nb = n / VL * VL, pb = p / VL * VL;
+    for (int64_t i = 0; i < nb; i += VL)
+        for (int64_t k = 0; k < pb; k += VL) {
+            vf r[VL];
+            for (int q = 0; q < VL; q++) r[q] = vload(z + (i + q) * p + k);
+            transpose_block(r);
+            for (int q = 0; q < VL; q++) vstore(zt + (k + q) * ld + i, r[q]);
         }
     for (int64_t i = 0; i < n; i++)
-        for (int64_t k = (i < n16 ? p16 : 0); k < p; k++) zt[k * ld + i] = z[i * p + k];
+        for (int64_t k = (i < nb ? pb : 0); k < p; k++) zt[k * ld + i] = z[i * p + k];
 }
 
 /* scratch per thread: three ld x ld maps and the p x ld transposed operand, zeroed once (the padding stays 0) */
