@@ -23,7 +23,8 @@ puzzles (the seeds of `data`'s valid.csv.gz, never the measurements'): the commi
 (the most puzzles solved over all buckets, the fewest iterations among ties) and the search's iterations per node
 (the fewest model iterations, nodes x iterations per node, in all); bench/results/hard_model/tune-NAME.json, and
 with `--write` the checkpoint's config.json `solve_iterations` / `search_iterations` with a note saying how.
-`table` gathers them into bench/results/hard_model.json and .png.
+`table` gathers them into bench/results/hard_model.json and .png (one pass by depth), and hard_model_training.png: the
+long run's accuracy per bucket against its training CPU-hours (`LONG_RUN`).
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ RESULTS = da.RESULTS / "hard_model"
 TRAIN_SETS = {"1-2": (104, 4000), "3-10": (101, 8000), "11-50": (102, 8000), "51+": (103, 2000)}
 SELECT_SETS = {b: (200 + i, 200) for i, b in enumerate(rated.BUCKETS)}
 DEPTHS = (1, 2, 4, 8, 16, 32, 64)  # multiples of T read out on one pass, up to --max-depth
+LONG_RUN = ("hard-cpu-tuned", "hard-cpu2-tuned", "hard-cpu3-tuned")  # its checkpoints' rows, in training order
 
 DEAD = da.DEAD
 da.RECIPES["hard"] = ("sudoku", "sudoku-cpu-hard", "sudoku")
@@ -229,7 +231,46 @@ def table(path: Path) -> dict[str, Any]:
             + f" c{100 * x['commit']['solved']:.0f}" for b, x in e["buckets"].items())
             + f" | rrn default {100 * e['rrn']['default']['board_acc']:.1f}")
     plot(rows, path.with_suffix(".png"))
+    training_curve(rows, path.with_name(path.stem + "_training.png"))
     return {"rows": rows}
+
+
+def long_run(rows: list[dict[str, Any]]) -> list[tuple[float, dict[str, Any]]]:
+    """The long run's measured checkpoints in order of training CPU-hours on the mix: the shipped model it starts
+    from (0), then every `LONG_RUN` row measured (each at its tuned iterations)."""
+    named = {r["name"]: r for r in rows}
+    points = [(0.0, named["shipped"])] if "shipped" in named else []
+    points += [(named[n]["cpu_seconds"] / 3600, named[n]) for n in LONG_RUN if n in named]
+    return points
+
+
+def training_curve(rows: list[dict[str, Any]], path: Path) -> None:
+    """Accuracy per bucket against the long run's training CPU-hours: one pass at T and 16T, commit decoding."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = long_run(rows)
+    if len(points) < 2:
+        return
+    buckets = list(points[0][1]["eval"]["buckets"])
+    fig, axes = plt.subplots(1, len(buckets), figsize=(3.2 * len(buckets), 3.4), sharey=True, squeeze=False)
+    hours = [h for h, _ in points]
+    for ax, b in zip(axes[0], buckets):
+        for label, value in (("one pass, T", lambda e: e["one_pass"]["1T"]),
+                             ("one pass, 16T", lambda e: e["one_pass"]["16T"]),
+                             ("commit", lambda e: e["commit"]["solved"])):
+            ax.plot(hours, [100 * value(r["eval"]["buckets"][b]) for _, r in points], "o-", label=label)
+        ax.set_title(f"bucket {b}")
+        ax.set_xlabel("training CPU-hours on the mix")
+    axes[0, 0].set_ylabel("board accuracy, %")
+    axes[0, 0].legend(fontsize=6)
+    fig.suptitle("The long run on rated puzzles (from the shipped model; " + ", ".join(
+        r["name"] for _, r in points) + ")", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
