@@ -72,7 +72,7 @@ def merge_heads(z: Tensor) -> Tensor:
 
 def head_projections(X: Tensor, W: Tensor, heads: int, normalize: bool = True, eps: float = 1e-6) -> Tensor:
     """z_i^h = W_h^T x_i (eq. 2), per head, optionally on the radius-sqrt(p) sphere (eq. 8): (B, H, N, p)."""
-    Z = split_heads(X @ W, heads)
+    Z = split_heads(policy(X).matmul(X, W), heads)
     return rms_normalize(Z, eps) if normalize else Z
 
 
@@ -134,6 +134,9 @@ def _scores(Z: Tensor, beta: float) -> Tensor:
 
 
 def _bisoftmax(Z: Tensor, beta: float, phi: str, normalized: bool) -> Tensor:
+    energy = policy(Z).attention_energy  # fused per (board, head) at inference
+    if energy is not None:
+        return energy(Z, beta).sum(dim=1) / beta
     bound = math.sqrt(Z.shape[-1]) if normalized else None
     return logsumexp(_scores(Z, beta), dim=-1, bound=bound).sum(dim=(1, 2)) / beta
 
@@ -210,7 +213,7 @@ def ff_energy(X: Tensor, D: Tensor, kind: str = "relu", normalize: bool = True, 
 
     The ReLU energy is positively homogeneous, so the normalised one needs no normalised copy of U:
     -1/2 sum_m ReLU(u_m / rms(u))^2 = -1/2 |ReLU(u)|^2 / rms(u)^2 per token (rms with its eps)."""
-    U = X @ D
+    U = policy(X).matmul(X, D)
     if normalize and kind == "relu":
         relu_sq = sq_norm(F.relu(U))
         return -0.5 * (relu_sq * inv_rms(U, eps).square()).sum((-2, -1))

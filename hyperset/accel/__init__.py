@@ -44,6 +44,7 @@ class Ops:
     folded_relu     the same at inference (returns the step first)
     fold_ff         (D, g) -> the folded feedforward weights those two take
     attention_maps  (P + P^T) Z of the bi-softmax at inference, per (board, head) in C
+    attention_energy  sum_i logsumexp_j(beta Z Z^T)_ij of the bi-softmax at inference, per (board, head) in C
     steps_once      whether step sizes that do not depend on t may be made once per pass under gradients
     onnx            the export's forms (`onnx_forms`) while an ONNX export traces the model
     """
@@ -78,6 +79,10 @@ class Ops:
     @property
     def attention_maps(self) -> Callable[[Tensor, float], Tensor] | None:
         return cpu_kernels.bisoftmax_attention if self.maps else None
+
+    @property
+    def attention_energy(self) -> Callable[[Tensor, float], Tensor] | None:
+        return cpu_kernels.bisoftmax_energy if self.maps else None
 
     @property
     def onnx(self) -> Any:

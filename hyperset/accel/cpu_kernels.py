@@ -11,7 +11,9 @@ P = softmax(beta Zn Zn^T) for the backward pass (S = P + P^T is recomputed there
 - backward: dZn = S dG + (dP + dP^T) Zn from Zn, P and dG, dP the softmax's derivative along
   beta (dG Zn^T + Zn dG^T);
 - inference (`bisoftmax_attention`, from ``hyperset.energies.attn_energy_grad_heads`` where no gradient is taken
-  through it): G alone, P not written.
+  through it): G alone, P not written;
+- the energy at inference (`bisoftmax_energy`, from ``hyperset.energies.attn_energy_heads``, the trace's E_ATTN):
+  sum_i logsumexp_j(beta Zn Zn^T)_ij, the map never stored.
 
 The values are the library path's within fp32 rounding (exp by Cephes' polynomial; the tests compare with it).
 The products of these small batched shapes run on MKL in PyTorch's x86 wheels, far below the CPU's peak on AMD
@@ -114,7 +116,9 @@ def _build() -> ctypes.CDLL:
     i64, f32, ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
     handle.hs_bisoftmax_forward.argtypes = [i64, i64, i64, i64, f32, ptr, ptr, ptr]
     handle.hs_bisoftmax_backward.argtypes = [i64, i64, i64, i64, f32, ptr, ptr, ptr, ptr]
-    handle.hs_bisoftmax_forward.restype = handle.hs_bisoftmax_backward.restype = ctypes.c_int
+    handle.hs_bisoftmax_energy.argtypes = [i64, i64, i64, i64, f32, ptr, ptr]
+    for fn in (handle.hs_bisoftmax_forward, handle.hs_bisoftmax_backward, handle.hs_bisoftmax_energy):
+        fn.restype = ctypes.c_int
     return handle
 
 
@@ -202,6 +206,18 @@ def _attention(z: Tensor, beta: float) -> Tensor:
     return G
 
 
+def _energy(z: Tensor, beta: float) -> Tensor:
+    z = z.contiguous()
+    b, n, p = z.shape
+    E = z.new_empty(b)
+    _run(_library().hs_bisoftmax_energy, b, n, p, beta, z.data_ptr(), E.data_ptr())
+    return E
+
+
+def _energy_fake(z: Tensor, beta: float) -> Tensor:
+    return z.new_empty(z.shape[0])
+
+
 def _like_z(z: Tensor, *args: Any) -> Tensor:
     return torch.empty_like(z)
 
@@ -210,6 +226,7 @@ define_op("bisoftmax_maps", "(Tensor z, float beta) -> (Tensor, Tensor)", _maps,
 define_op("bisoftmax_maps_backward", "(Tensor z, Tensor P, Tensor dG, float beta) -> Tensor", _maps_backward,
           _like_z)
 define_op("bisoftmax_attention", "(Tensor z, float beta) -> Tensor", _attention, _like_z)
+define_op("bisoftmax_energy", "(Tensor z, float beta) -> Tensor", _energy, _energy_fake)
 
 
 @register_flop_formula(torch.ops.hyperset.bisoftmax_maps)
@@ -221,6 +238,12 @@ def _maps_flops(z_shape: torch.Size, *args, out_shape=None, **kwargs) -> int:
 @register_flop_formula(torch.ops.hyperset.bisoftmax_attention)
 def _attention_flops(z_shape: torch.Size, *args, out_shape=None, **kwargs) -> int:
     return _maps_flops(z_shape)
+
+
+@register_flop_formula(torch.ops.hyperset.bisoftmax_energy)
+def _energy_flops(z_shape: torch.Size, *args, out_shape=None, **kwargs) -> int:
+    b, n, p = z_shape
+    return 2 * b * n * n * p  # Zn Zn^T
 
 
 @register_flop_formula(torch.ops.hyperset.bisoftmax_maps_backward)
@@ -237,6 +260,12 @@ def bisoftmax_maps(z: Tensor, beta: float) -> tuple[Tensor, Tensor]:
 def bisoftmax_attention(z: Tensor, beta: float) -> Tensor:
     """(P + P^T) z for z (..., N, p), P = softmax(beta z z^T): `bisoftmax_maps`'s G alone, for inference."""
     return torch.ops.hyperset.bisoftmax_attention(z.reshape(-1, *z.shape[-2:]), float(beta)).view(z.shape)
+
+
+def bisoftmax_energy(z: Tensor, beta: float) -> Tensor:
+    """sum_i logsumexp_j(beta z z^T)_ij for z (..., N, p) -> (...): the bi-softmax energy of each map times beta,
+    for inference (no gradient)."""
+    return torch.ops.hyperset.bisoftmax_energy(z.reshape(-1, *z.shape[-2:]), float(beta)).view(z.shape[:-2])
 
 
 def bisoftmax_maps_backward(z: Tensor, P: Tensor, dG: Tensor, beta: float) -> Tensor:

@@ -65,6 +65,31 @@ def test_the_fused_maps_equal_the_written_out_maps_within_fp32_rounding(n: int, 
 
 
 @needs_kernel
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(("n", "p"), [(81, 32), (5, 3), (17, 16), (65, 64), (100, 24)])
+def test_the_fused_energy_equals_the_written_out_energy_within_fp32_rounding(n: int, p: int, threads: int) -> None:
+    """sum_i logsumexp_j(beta Zn Zn^T)_ij per map against the written-out energy in fp64, for sizes that fill whole
+    vectors and that leave a tail, on spheres (the trace's case) and far off them (large scores: the max is taken)."""
+    gen = torch.Generator().manual_seed(n * 100 + p + 7)
+    beta = 1.0 / math.sqrt(p)
+    before = torch.get_num_threads()
+    for radius in (1.0, 6.0):
+        z = torch.randn(2, 3, n, p, generator=gen)
+        z = z / z.pow(2).mean(-1, keepdim=True).sqrt() * radius
+        torch.set_num_threads(threads)
+        try:
+            with cpu_kernels.using_cpu_kernels("on"):
+                ours = cpu_kernels.bisoftmax_energy(z, beta)
+        finally:
+            torch.set_num_threads(before)
+        z64 = z.double()
+        exact = torch.logsumexp(beta * z64 @ z64.transpose(-1, -2), dim=-1).sum(-1)
+        fp32 = torch.logsumexp(beta * z @ z.transpose(-1, -2), dim=-1).sum(-1)
+        assert ours.shape == (2, 3)
+        assert _rel(ours, exact) <= max(4 * _rel(fp32, exact), 2e-6)
+
+
+@needs_kernel
 def test_the_attention_operator_with_the_kernel_equals_the_written_out_attention_within_1e_5() -> None:
     """`fused.bisoftmax_grad` at the Sudoku configuration (81 tokens, d=128, 4 heads) with the maps in the kernel:
     output and gradients of X, W and the gains within 1e-5 of the written-out attention in fp64 (relative to each
@@ -190,25 +215,27 @@ def test_the_instruction_set_follows_pytorchs_reading_of_the_cpu(monkeypatch: py
 
 @needs_kernel
 def test_inference_takes_the_kernel_and_gives_the_same_logits(monkeypatch: pytest.MonkeyPatch) -> None:
-    """At inference (no gradient through Z) the bi-softmax attention runs in the kernel without writing P: the
-    model's logits and energies within 1e-5 of PyTorch's calls; with a gradient to take through Z it steps aside."""
+    """At inference (no gradient through Z) the bi-softmax attention and the trace's attention energy run in the
+    kernel without writing P: the model's logits and energies within 1e-5 of PyTorch's calls; with a gradient to
+    take through Z it steps aside."""
     from hyperset.config import preset_config
     from hyperset.energies import attn_energy_grad_heads
     from hyperset.models import HyperSETModel
 
-    calls = []
-    attention = cpu_kernels.bisoftmax_attention
+    calls, energy_calls = [], []
+    attention, energy = cpu_kernels.bisoftmax_attention, cpu_kernels.bisoftmax_energy
     monkeypatch.setattr(cpu_kernels, "bisoftmax_attention", lambda z, beta: calls.append(1) or attention(z, beta))
+    monkeypatch.setattr(cpu_kernels, "bisoftmax_energy", lambda z, beta: energy_calls.append(1) or energy(z, beta))
     torch.manual_seed(0)
     model = HyperSETModel(preset_config("sudoku-cpu")).eval()
     x = torch.randint(0, 10, (3, 81))
     with torch.no_grad():
         with cpu_kernels.using_cpu_kernels("off"):
             ref = model.run(x, trace=True)
-        assert not calls
+        assert not calls and not energy_calls
         with cpu_kernels.using_cpu_kernels("on"):
             out = model.run(x, trace=True)
-    assert len(calls) == model.cfg.iters
+    assert len(calls) == len(energy_calls) == model.cfg.iters
     torch.testing.assert_close(out.logits, ref.logits, rtol=1e-5, atol=1e-5)
     for name, values in ref.trace.energy.items():
         torch.testing.assert_close(torch.stack(out.trace.energy[name]), torch.stack(values), rtol=1e-5, atol=1e-5)

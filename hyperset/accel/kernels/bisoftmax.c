@@ -7,6 +7,7 @@
  *   forward:  P = softmax_rows(beta Zn Zn^T)             (N x N, saved for the backward pass; not written
  *                                                        where P is NULL, at inference)
  *             G = (P + P^T) Zn                            (N x p)
+ *   energy:   E = sum_i logsumexp_j(beta Zn Zn^T)_ij     (one number; the attention energy times beta)
  *   backward: given dG (N x p), with S = P + P^T,
  *             dP = softmax'(beta (dG Zn^T + Zn dG^T))     (the softmax's derivative at P)
  *             dZn = S dG + (dP + dP^T) Zn                 (N x p)
@@ -254,13 +255,14 @@ static inline vf vexp(vf x)
     return vscale2(y, n);
 }
 
-/* ROWS rows of the softmax at a time, so that their reductions' latencies overlap: p = softmax(beta a) over the
- * first n columns of each row of a (leading dimension ld) into pp (leading dimension ld, zero past n) */
+/* ROWS rows at a time, so that their reductions' latencies overlap: for each row of a (leading dimension ld), over
+ * its first n columns, vm = beta max_j a_j and vs = sum_j e^(beta a_j - vm) (both broadcast); the terms are stored
+ * into pp (leading dimension ld, zero past n) where pp is not NULL */
 #define ROWS 4
-static inline __attribute__((always_inline)) void softmax_rows(int rows, const float *a, float *pp, int64_t n,
-                                                               int64_t ld, float beta)
+static inline __attribute__((always_inline)) void exp_rows(int rows, const float *a, float *pp, int64_t n,
+                                                           int64_t ld, float beta, vf vm[ROWS], vf vs[ROWS])
 {
-    vf vm[ROWS], vs[ROWS], vb = vset1(beta);
+    vf vb = vset1(beta);
     for (int r = 0; r < ROWS; r++) {
         vm[r] = vset1(-INFINITY);
         vs[r] = vzero();
@@ -274,12 +276,31 @@ static inline __attribute__((always_inline)) void softmax_rows(int rows, const f
         for (int r = 0; r < rows; r++) {
             vf e = vkeep(m, vexp(vfmsub(vload(a + r * ld + j), vb, vm[r])));
             vs[r] = vadd(vs[r], e);
-            vstore(pp + r * ld + j, e);
+            if (pp) vstore(pp + r * ld + j, e);
         }
     }
+}
+
+/* p = softmax(beta a) over the first n columns of each of `rows` rows of a into pp (see exp_rows) */
+static inline __attribute__((always_inline)) void softmax_rows(int rows, const float *a, float *pp, int64_t n,
+                                                               int64_t ld, float beta)
+{
+    vf vm[ROWS], vs[ROWS];
+    exp_rows(rows, a, pp, n, ld, beta, vm, vs);
     for (int r = 0; r < rows; r++) vs[r] = vset1(1.0f / vsum(vs[r]));
     for (int64_t j = 0; j < ld; j += VL)
         for (int r = 0; r < rows; r++) vstore(pp + r * ld + j, vmul(vload(pp + r * ld + j), vs[r]));
+}
+
+/* sum over `rows` rows of a of logsumexp_j(beta a_j), the first n columns (see exp_rows) */
+static inline __attribute__((always_inline)) double logsumexp_rows(int rows, const float *a, int64_t n, int64_t ld,
+                                                                   float beta)
+{
+    vf vm[ROWS], vs[ROWS];
+    exp_rows(rows, a, NULL, n, ld, beta, vm, vs);
+    double total = 0.0;
+    for (int r = 0; r < rows; r++) total += (double)vhmax(vm[r]) + log((double)vsum(vs[r]));
+    return total;
 }
 
 /* ROWS rows of the softmax's derivative at a time: with p a row of P (leading dimension n) and q the same row of
@@ -384,6 +405,26 @@ int hs_bisoftmax_forward(int64_t b0, int64_t b1, int64_t n, int64_t p, float bet
         gemm(n, p, n, S, ld, z, p, 0, S, ld, z, p, G + b * n * p, p);
     }
     _mm_sfence();  /* the streaming stores of P reach memory before anything reads it */
+    free(w);
+    return 0;
+}
+
+int hs_bisoftmax_energy(int64_t b0, int64_t b1, int64_t n, int64_t p, float beta, const float *Zn, float *E)
+{
+    int64_t ld = padded(n);
+    float *w = scratch(ld, p);
+    if (!w) return 1;
+    float *A = w, *zt = w + 3 * ld * ld;
+    for (int64_t b = b0; b < b1; b++) {
+        const float *z = Zn + b * n * p;
+        transpose_into(z, n, p, zt, ld);
+        gemm(n, n, p, z, p, zt, ld, 0, z, p, zt, ld, A, ld);
+        if (b + 1 < b1) prefetch_lines(z + n * p, n * p);
+        double total = 0.0;
+        for (int64_t i = 0; i < n; i += ROWS)
+            total += logsumexp_rows(i + ROWS <= n ? ROWS : (int)(n - i), A + i * ld, n, ld, beta);
+        E[b] = (float)total;
+    }
     free(w);
     return 0;
 }
