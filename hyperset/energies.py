@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import config
-from .accel import policy
+from .accel import policy, reuse
 
 PHI = {
     "sigmoid": (torch.sigmoid, lambda u: torch.sigmoid(u) * (1 - torch.sigmoid(u))),
@@ -71,8 +71,18 @@ def merge_heads(z: Tensor) -> Tensor:
 
 
 def head_projections(X: Tensor, W: Tensor, heads: int, normalize: bool = True, eps: float = 1e-6) -> Tensor:
-    """z_i^h = W_h^T x_i (eq. 2), per head, optionally on the radius-sqrt(p) sphere (eq. 8): (B, H, N, p)."""
-    Z = split_heads(policy(X).matmul(X, W), heads)
+    """z_i^h = W_h^T x_i (eq. 2), per head, optionally on the radius-sqrt(p) sphere (eq. 8): (B, H, N, p).
+
+    At inference the normalised ones are handed on (``hyperset.accel.reuse``): the trace's energy at a state and
+    the update from it make them once."""
+    ops = policy(X)
+    if normalize and ops.reuse:
+        Zn = reuse.recall(X, W, heads, eps)
+        if Zn is None:
+            Zn = rms_normalize(split_heads(ops.matmul(X, W), heads), eps)
+            reuse.remember(X, W, heads, eps, Zn)
+        return Zn
+    Z = split_heads(ops.matmul(X, W), heads)
     return rms_normalize(Z, eps) if normalize else Z
 
 

@@ -23,6 +23,7 @@ from .energies import (
     attn_energy_grad_heads,
     ff_energy,
     ff_energy_grad_hidden,
+    head_projections,
     merge_heads,
     rms_normalize,
     split_heads,
@@ -195,9 +196,9 @@ class HyperSETLayer(nn.Module):
         ops = policy(X)
         if normalize and self.cfg.attention == "bisoftmax" and ops.bisoftmax_grad is not None:
             return ops.bisoftmax_grad(X, W, self.norm_attn.weight, self.cfg.heads, self.norm_attn.eps)
-        Z = split_heads(ops.matmul(X, W), self.cfg.heads)  # (B, H, N, p)
         if normalize:
-            return self.attn_grad_from_projections(rms_normalize(Z, self.norm_attn.eps), W)
+            return self.attn_grad_from_projections(head_projections(X, W, self.cfg.heads, True, self.norm_attn.eps), W)
+        Z = split_heads(ops.matmul(X, W), self.cfg.heads)  # (B, H, N, p)
         G = attn_energy_grad_heads(Z, self.cfg.attention, self.cfg.phi)
         return ops.matmul(merge_heads(G), W.transpose(0, 1))  # back-projection through the same W
 
@@ -267,7 +268,7 @@ class HyperSETLayer(nn.Module):
 
     def projections(self, x: Tensor, t: int | None = None) -> Tensor:
         W, _ = self.weights(t)
-        return rms_normalize(split_heads(policy(x).matmul(x, W), self.cfg.heads), self.cfg.norm_eps)
+        return head_projections(x, W, self.cfg.heads, True, self.cfg.norm_eps)
 
     def energy(self, x: Tensor, t: int | None = None) -> dict[str, Tensor]:
         """E_ATTN and E_FF "normalization first" (no learnable gains), per sample."""

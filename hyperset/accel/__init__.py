@@ -11,6 +11,7 @@ update of a tensor; where an entry is None, the written-out form runs. What the 
 - `cpu_kernels`: the bi-softmax attention maps fused per (board, head) in a C kernel on x86 CPUs with AVX-512 or
   AVX2 (``$HYPERSET_CPU_KERNELS``), built by `hyperset.cbuild` (the C loader the rated-puzzle generator shares).
 - `rows`: inference on a CPU in slices of rows that stay in cache.
+- `reuse`: the trace's head projections handed to the next update at inference.
 - `onnx_forms`: the forms an ONNX export writes so that ONNX Runtime runs them fast (the same values).
 
 ``with written_out():`` turns the optimised training paths off (the unoptimised path the tests compare with).
@@ -46,6 +47,7 @@ class Ops:
     attention_maps  (P + P^T) Z of the bi-softmax at inference, per (board, head) in C
     attention_energy  sum_i logsumexp_j(beta Z Z^T)_ij of the bi-softmax at inference, per (board, head) in C
     steps_once      whether step sizes that do not depend on t may be made once per pass under gradients
+    reuse           the trace's head projections handed to the next update (`reuse`), at inference
     onnx            the export's forms (`onnx_forms`) while an ONNX export traces the model
     """
 
@@ -55,6 +57,7 @@ class Ops:
     maps: bool = False  # the attention maps' C kernel
     steps_once: bool = True
     export: bool = False
+    reuse: bool = False
 
     @property
     def matmul(self) -> Callable[[Tensor, Tensor], Tensor]:
@@ -95,7 +98,7 @@ class Ops:
     by_rows = staticmethod(rows.by_rows)
 
 
-_OPS = {key: Ops(*key) for key in itertools.product((False, True), repeat=5)}
+_OPS = {key: Ops(*key) for key in itertools.product((False, True), repeat=7)}
 _EXPORT = Ops(export=True)
 
 
@@ -113,4 +116,4 @@ def policy(x: Tensor) -> Ops:
     cpu32 = x.is_cpu and plain and x.dtype is torch.float32
     onednn = cpu32 and fused.cpu_matmul_library() == "onednn" and not torch.compiler.is_exporting()
     maps = cpu32 and not (grad and x.requires_grad) and cpu_kernels.usable(x)
-    return _OPS[train, train or not grad, onednn, maps, on]
+    return _OPS[train, train or not grad, onednn, maps, on, False, on and not grad]
