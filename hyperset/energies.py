@@ -223,8 +223,12 @@ def ff_energy(X: Tensor, D: Tensor, kind: str = "relu", normalize: bool = True, 
 
     The ReLU energy is positively homogeneous, so the normalised one needs no normalised copy of U:
     -1/2 sum_m ReLU(u_m / rms(u))^2 = -1/2 |ReLU(u)|^2 / rms(u)^2 per token (rms with its eps)."""
-    U = policy(X).matmul(X, D)
+    ops = policy(X)
+    U = ops.matmul(X, D)
     if normalize and kind == "relu":
+        if ops.relu_norms is not None:  # both norms from one pass over U at inference
+            _, sq, relu_sq = ops.relu_norms(U, False)
+            return -0.5 * (relu_sq / (sq / U.shape[-1] + eps)).sum((-2, -1))
         relu_sq = sq_norm(F.relu(U))
         return -0.5 * (relu_sq * inv_rms(U, eps).square()).sum((-2, -1))
     return ff_energy_hidden(rms_normalize(U, eps) if normalize else U, kind, phi)

@@ -42,7 +42,8 @@ class Ops:
     matmul          a state (..., k) times a weight (k, n)
     bisoftmax_grad  dE_ATTN/dX of the normalised bi-softmax energy with its own backward pass (training)
     relu_descent    the normalised ReLU feedforward's step from folded weights, with its own backward (training)
-    folded_relu     the same at inference (returns the step first)
+    folded_relu     the same at inference (returns the step first; ReLU and the norm in one C pass where `maps`)
+    relu_norms      ReLU(U) and the squared norms of U and ReLU(U) per row in one pass of the C kernel, at inference
     fold_ff         (D, g) -> the folded feedforward weights those two take
     attention_maps  (P + P^T) Z of the bi-softmax at inference, per (board, head) in C
     attention_energy  sum_i logsumexp_j(beta Z Z^T)_ij of the bi-softmax at inference, per (board, head) in C
@@ -73,7 +74,13 @@ class Ops:
 
     @property
     def folded_relu(self) -> Callable[..., tuple[Tensor, ...]] | None:
-        return fused.folded_relu if self.fold else None
+        if not self.fold:
+            return None
+        return fused.folded_relu_rows if self.maps and not self.train else fused.folded_relu
+
+    @property
+    def relu_norms(self) -> Callable[..., tuple[Tensor | None, Tensor, Tensor]] | None:
+        return cpu_kernels.relu_rows if self.maps else None
 
     @property
     def fold_ff(self) -> Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]:

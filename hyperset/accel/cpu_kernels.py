@@ -13,7 +13,9 @@ P = softmax(beta Zn Zn^T) for the backward pass (S = P + P^T is recomputed there
 - inference (`bisoftmax_attention`, from ``hyperset.energies.attn_energy_grad_heads`` where no gradient is taken
   through it): G alone, P not written;
 - the energy at inference (`bisoftmax_energy`, from ``hyperset.energies.attn_energy_heads``, the trace's E_ATTN):
-  sum_i logsumexp_j(beta Zn Zn^T)_ij, the map never stored.
+  sum_i logsumexp_j(beta Zn Zn^T)_ij, the map never stored;
+- the feedforward's rows (`relu_rows`: ReLU(U) and the squared norms of U and ReLU(U) per row in one pass), for
+  its update (``hyperset.accel.fused.folded_relu``) and the trace's E_FF at inference.
 
 The values are the library path's within fp32 rounding (exp by Cephes' polynomial; the tests compare with it).
 The products of these small batched shapes run on MKL in PyTorch's x86 wheels, far below the CPU's peak on AMD
@@ -117,7 +119,9 @@ def _build() -> ctypes.CDLL:
     handle.hs_bisoftmax_forward.argtypes = [i64, i64, i64, i64, f32, ptr, ptr, ptr]
     handle.hs_bisoftmax_backward.argtypes = [i64, i64, i64, i64, f32, ptr, ptr, ptr, ptr]
     handle.hs_bisoftmax_energy.argtypes = [i64, i64, i64, i64, f32, ptr, ptr]
-    for fn in (handle.hs_bisoftmax_forward, handle.hs_bisoftmax_backward, handle.hs_bisoftmax_energy):
+    handle.hs_relu_rows.argtypes = [i64, i64, i64, ptr, ptr, ptr, ptr]
+    for fn in (handle.hs_bisoftmax_forward, handle.hs_bisoftmax_backward, handle.hs_bisoftmax_energy,
+               handle.hs_relu_rows):
         fn.restype = ctypes.c_int
     return handle
 
@@ -218,6 +222,22 @@ def _energy_fake(z: Tensor, beta: float) -> Tensor:
     return z.new_empty(z.shape[0])
 
 
+def _relu_rows(u: Tensor, relu: bool) -> tuple[Tensor, Tensor, Tensor]:
+    u = u.contiguous()
+    m = u.shape[-1]
+    rows = u.numel() // m
+    V = torch.empty_like(u) if relu else u.new_empty(0)
+    sq_all, sq_pos = u.new_empty(*u.shape[:-1], 1), u.new_empty(*u.shape[:-1], 1)
+    _run(_library().hs_relu_rows, rows, m, u.data_ptr(), V.data_ptr() if relu else None, sq_all.data_ptr(),
+         sq_pos.data_ptr())
+    return V, sq_all, sq_pos
+
+
+def _relu_rows_fake(u: Tensor, relu: bool) -> tuple[Tensor, Tensor, Tensor]:
+    return (torch.empty_like(u) if relu else u.new_empty(0), u.new_empty(*u.shape[:-1], 1),
+            u.new_empty(*u.shape[:-1], 1))
+
+
 def _like_z(z: Tensor, *args: Any) -> Tensor:
     return torch.empty_like(z)
 
@@ -227,6 +247,7 @@ define_op("bisoftmax_maps_backward", "(Tensor z, Tensor P, Tensor dG, float beta
           _like_z)
 define_op("bisoftmax_attention", "(Tensor z, float beta) -> Tensor", _attention, _like_z)
 define_op("bisoftmax_energy", "(Tensor z, float beta) -> Tensor", _energy, _energy_fake)
+define_op("relu_rows", "(Tensor u, bool relu) -> (Tensor, Tensor, Tensor)", _relu_rows, _relu_rows_fake)
 
 
 @register_flop_formula(torch.ops.hyperset.bisoftmax_maps)
@@ -266,6 +287,13 @@ def bisoftmax_energy(z: Tensor, beta: float) -> Tensor:
     """sum_i logsumexp_j(beta z z^T)_ij for z (..., N, p) -> (...): the bi-softmax energy of each map times beta,
     for inference (no gradient)."""
     return torch.ops.hyperset.bisoftmax_energy(z.reshape(-1, *z.shape[-2:]), float(beta)).view(z.shape[:-2])
+
+
+def relu_rows(u: Tensor, relu: bool = True) -> tuple[Tensor | None, Tensor, Tensor]:
+    """One pass over the rows of u (..., M): (ReLU(u) where `relu`, else None; |u|^2 and |ReLU(u)|^2 per row,
+    (..., 1) each), for the feedforward at inference."""
+    V, sq_all, sq_pos = torch.ops.hyperset.relu_rows(u, relu)
+    return (V if relu else None), sq_all, sq_pos
 
 
 def bisoftmax_maps_backward(z: Tensor, P: Tensor, dG: Tensor, beta: float) -> Tensor:

@@ -90,6 +90,31 @@ def test_the_fused_energy_equals_the_written_out_energy_within_fp32_rounding(n: 
 
 
 @needs_kernel
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("m", [512, 7, 16, 37])
+def test_the_feedforward_rows_equal_relu_and_its_norms(m: int, threads: int) -> None:
+    """ReLU(U) exactly, |U|^2 and |ReLU(U)|^2 per row within fp32 rounding of the fp64 sums, whole vectors and
+    tails; without the ReLU asked for, the norms alone."""
+    gen = torch.Generator().manual_seed(m)
+    u = torch.randn(3, 81, m, generator=gen) * 4
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with cpu_kernels.using_cpu_kernels("on"):
+            v, sq_all, sq_pos = cpu_kernels.relu_rows(u)
+            none, sq_all2, sq_pos2 = cpu_kernels.relu_rows(u, relu=False)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(v, torch.relu(u)) and none is None
+    u64 = u.double()
+    for ours, exact in ((sq_all, u64.square().sum(-1, keepdim=True)),
+                        (sq_pos, torch.relu(u64).square().sum(-1, keepdim=True))):
+        assert ours.shape == (3, 81, 1)
+        assert _rel(ours, exact) <= 1e-6
+    assert torch.equal(sq_all2, sq_all) and torch.equal(sq_pos2, sq_pos)
+
+
+@needs_kernel
 def test_the_attention_operator_with_the_kernel_equals_the_written_out_attention_within_1e_5() -> None:
     """`fused.bisoftmax_grad` at the Sudoku configuration (81 tokens, d=128, 4 heads) with the maps in the kernel:
     output and gradients of X, W and the gains within 1e-5 of the written-out attention in fp64 (relative to each
@@ -216,26 +241,28 @@ def test_the_instruction_set_follows_pytorchs_reading_of_the_cpu(monkeypatch: py
 @needs_kernel
 def test_inference_takes_the_kernel_and_gives_the_same_logits(monkeypatch: pytest.MonkeyPatch) -> None:
     """At inference (no gradient through Z) the bi-softmax attention and the trace's attention energy run in the
-    kernel without writing P: the model's logits and energies within 1e-5 of PyTorch's calls; with a gradient to
-    take through Z it steps aside."""
+    kernel without writing P, and the feedforward's ReLU and norms in its row pass: the model's logits and energies
+    within 1e-5 of PyTorch's calls; with a gradient to take through Z it steps aside."""
     from hyperset.config import preset_config
     from hyperset.energies import attn_energy_grad_heads
     from hyperset.models import HyperSETModel
 
-    calls, energy_calls = [], []
-    attention, energy = cpu_kernels.bisoftmax_attention, cpu_kernels.bisoftmax_energy
+    calls, energy_calls, row_calls = [], [], []
+    attention, energy, rows = cpu_kernels.bisoftmax_attention, cpu_kernels.bisoftmax_energy, cpu_kernels.relu_rows
     monkeypatch.setattr(cpu_kernels, "bisoftmax_attention", lambda z, beta: calls.append(1) or attention(z, beta))
     monkeypatch.setattr(cpu_kernels, "bisoftmax_energy", lambda z, beta: energy_calls.append(1) or energy(z, beta))
+    monkeypatch.setattr(cpu_kernels, "relu_rows", lambda u, relu=True: row_calls.append(relu) or rows(u, relu))
     torch.manual_seed(0)
     model = HyperSETModel(preset_config("sudoku-cpu")).eval()
     x = torch.randint(0, 10, (3, 81))
     with torch.no_grad():
         with cpu_kernels.using_cpu_kernels("off"):
             ref = model.run(x, trace=True)
-        assert not calls and not energy_calls
+        assert not calls and not energy_calls and not row_calls
         with cpu_kernels.using_cpu_kernels("on"):
             out = model.run(x, trace=True)
     assert len(calls) == len(energy_calls) == model.cfg.iters
+    assert row_calls == [True, False] * model.cfg.iters  # the update's ReLU and norm, then the energy's norms
     torch.testing.assert_close(out.logits, ref.logits, rtol=1e-5, atol=1e-5)
     for name, values in ref.trace.energy.items():
         torch.testing.assert_close(torch.stack(out.trace.energy[name]), torch.stack(values), rtol=1e-5, atol=1e-5)

@@ -457,3 +457,25 @@ int hs_bisoftmax_backward(int64_t b0, int64_t b1, int64_t n, int64_t p, float be
     free(w);
     return 0;
 }
+
+/* The feedforward's rows at inference, one pass over each row u (m values) of rows [r0, r1) of U: the squared
+ * norms sq_all = |u|^2 and sq_pos = |ReLU(u)|^2, and ReLU(u) into v where v is not NULL (sq_all or sq_pos may be
+ * NULL too). */
+int hs_relu_rows(int64_t r0, int64_t r1, int64_t m, const float *U, float *V, float *sq_all, float *sq_pos)
+{
+    for (int64_t i = r0; i < r1; i++) {
+        const float *u = U + i * m;
+        float *v = V ? V + i * m : NULL;
+        vf all = vzero(), pos = vzero();
+        for (int64_t j = 0; j < m; j += VL) {
+            vmask k = lanes(m - j);
+            vf x = vload_mask(k, u + j), y = vmax(x, vzero());
+            all = vfmadd(x, x, all);
+            pos = vfmadd(y, y, pos);
+            if (v) vstore_mask(v + j, k, y);
+        }
+        if (sq_all) sq_all[i] = vsum(all);
+        if (sq_pos) sq_pos[i] = vsum(pos);
+    }
+    return 0;
+}
