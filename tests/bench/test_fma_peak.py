@@ -47,3 +47,15 @@ def test_the_best_library_rate_of_a_shape_is_the_best_of_those_timed(monkeypatch
     best2, libs2 = onnx_bench.best_library_rates(flops, cfg, [2], 1, torch_rates)
     assert "numpy" not in libs2["rates"] and libs2["names"]["numpy"].startswith("not timed: ")
     assert all(best2[k] == max(libs2["rates"]["pytorch"][k], libs2["rates"]["onnxruntime"][k]) for k in best2)
+
+
+def test_the_flops_per_board_count_the_projections_once_per_iteration_where_shared() -> None:
+    """With the energy's X W shared with the next step (as every runner runs it), a pass counts one X W per
+    iteration plus the first step's: (iters - 1) products of 2 N d^2 fewer than with both made."""
+    cfg = preset_config("sudoku-cpu", dim=16, heads=2, ff_hidden=32, time_dim=16, iters=2)
+    N, d = cfg.seq_len, cfg.dim
+    for iters in (1, 5):
+        least, both = onnx_bench.flops_per_board(cfg, iters), onnx_bench.flops_per_board(cfg, iters,
+                                                                                         shared_projections=False)
+        assert both["total"] - least["total"] == (iters - 1) * 2 * N * d * d
+        assert onnx_bench.flops_per_board(cfg, iters, energies=False)["once_per_pass"] == least["head"]
