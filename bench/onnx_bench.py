@@ -4,10 +4,11 @@ Each runner is stated against two ceilings measured in the same run, at this thr
 
 * the best library's: the boards/s the model's matmuls alone would allow (forward pass with the trace's energy
   matmuls, fp32, each iteration's head projections made once for the energy and the next step, as every runner
-  makes them) if each matmul shape ran at the best rate any library here reaches at it: PyTorch's ATen or
-  oneDNN, numpy's BLAS, ONNX Runtime's MatMul/Gemm (`share_of_best_library_ceiling`; the shapes' rates by
-  library are in the JSON). A runner above it runs some shape faster than any library call here (the attention
-  maps' C kernel, ONNX Runtime's fused operators) or the rates were timed under load: `above_ceiling` says so;
+  makes them) if each product ran at the best rate any library here reaches at it, on the whole batch or in the
+  slices of rows the runners take (each product at its fastest): PyTorch's ATen or oneDNN, numpy's BLAS, ONNX
+  Runtime's MatMul/Gemm (`share_of_best_library_ceiling`; the shapes' rates by library are in the JSON). A runner
+  above it runs some product faster than any library call here (the attention maps' C kernel, fused operators)
+  or the rates were timed under load: `above_ceiling` says so;
 * the CPU's multiply-add peak (bench/fma_peak.py: independent vector FMA loops, fp32, and bf16 dot products where
   the CPU has them): the runner's counted FLOP/s over it (`share_of_fp32_fma_peak`, `share_of_bf16_fma_peak`).
 
@@ -174,6 +175,20 @@ def best_library_rates(F: Any, cfg: Any, batches: list[int], threads: int, torch
     return best, {"names": names, "rates": {lib: {k: r[k] for k in keys} for lib, r in by_library.items()}}
 
 
+def sliced_ceiling(F: Any, cfg: Any, steps: int, batch: int, slicings: list[int], best: dict[tuple, float]
+                   ) -> dict[str, Any]:
+    """Boards/s if each of the model's products (the least work, `F.matmuls` with shared projections) ran at the
+    best rate any library reaches at it (`best`, FLOP/s by shape key), the batch taken whole or in slices of any of
+    `slicings` rows (the runners' slices, which keep a product's operands in cache): per product the fastest of
+    those, and nothing else taking time."""
+    per_board = 0.0
+    layouts = {s: F.matmuls(cfg, s, energies=True, shared_projections=True) for s in slicings}
+    for i in range(len(layouts[slicings[0]])):
+        per_board += min((1 if mms[i].once else steps) * mms[i].flops / best[F._shape_key(mms[i])] / s
+                         for s, mms in layouts.items())
+    return {"roofline_boards_per_s": 1.0 / per_board, "rows_per_product_considered": slicings, "batch": batch}
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import flops as F
 
@@ -207,9 +222,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
              for k in iters_list for b in batches}
     least = {(k, b): F.roofline(F.matmuls(cfg, b, energies=True, shared_projections=True), k * cfg.n_layers, b,
                                 torch.float32, rates) for k in iters_list for b in batches}
-    best, libraries = best_library_rates(F, cfg, batches, args.threads, rates)
-    ceilings = {(k, b): F.roofline(F.matmuls(cfg, b, energies=True, shared_projections=True), k * cfg.n_layers, b,
-                                   torch.float32, dict(best)) for k in iters_list for b in batches}
+    slicings = {b: sorted({b, *(r for r in (rows, ort_rows) if r < b)}) for b in batches}
+    best, libraries = best_library_rates(F, cfg, sorted({r for v in slicings.values() for r in v}), args.threads,
+                                         rates)
+    ceilings = {(k, b): sliced_ceiling(F, cfg, k * cfg.n_layers, b, slicings[b], best)
+                for k in iters_list for b in batches}
     print("the CPU's multiply-add peak ...", flush=True)
     peak_start = fma_peak.measure(args.threads)
     peak = peak_start
@@ -303,11 +320,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                    for key, r in rates.items()]}
     report["best_library_ceiling"] = {
         "what": "boards/s if the model's matmuls (the least work: each iteration's head projections made once for "
-                "the trace's energy and the next step) ran, each shape, at the best rate any library here reaches at "
-                "it (PyTorch's ATen or oneDNN, numpy's BLAS, ONNX Runtime's MatMul/Gemm; fp32, this thread count, "
-                "timed in this run) and nothing else took time; a runner above it (`above_ceiling`) runs some shape "
-                "faster than any library call here (the attention maps' C kernel, fused operators) or the rates "
-                "were timed under load",
+                "the trace's energy and the next step) ran, each product, at the best rate any library here reaches "
+                "at it on the whole batch or in any of the runners' slices of rows (PyTorch's ATen or oneDNN, "
+                "numpy's BLAS, ONNX Runtime's MatMul/Gemm; fp32, this thread count, timed in this run) and nothing "
+                "else took time; a runner above it (`above_ceiling`) runs some product faster than any library call "
+                "here (the attention maps' C kernel, fused operators) or the rates were timed under load",
         "libraries": libraries["names"],
         "by_iters_and_batch": [{"iters": k, "batch": b, **r} for (k, b), r in ceilings.items()],
         "shapes": [{"m": key[0], "k": key[1], "n": key[2], "count": key[3], "layout": key[4],

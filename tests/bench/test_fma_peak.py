@@ -59,3 +59,22 @@ def test_the_flops_per_board_count_the_projections_once_per_iteration_where_shar
                                                                                          shared_projections=False)
         assert both["total"] - least["total"] == (iters - 1) * 2 * N * d * d
         assert onnx_bench.flops_per_board(cfg, iters, energies=False)["once_per_pass"] == least["head"]
+
+
+def test_the_ceiling_takes_each_product_at_its_fastest_slicing() -> None:
+    """Batch 8 whole or in slices of 2: with the sliced products twice as fast as the whole batch's, the ceiling
+    rises above the whole batch's roofline (by at most 2x); with them slower, it is the whole batch's."""
+    cfg = preset_config("sudoku-cpu", dim=16, heads=2, ff_hidden=32, time_dim=16, iters=2)
+    keys = {s: {flops._shape_key(mm) for mm in flops.matmuls(cfg, s, energies=True, shared_projections=True)}
+            for s in (2, 8)}
+    assert keys[2] - keys[8]
+    for sliced_rate in (2e9, 0.5e9):
+        best = {k: 1e9 for k in keys[8]} | {k: sliced_rate for k in keys[2] - keys[8]}
+        whole = flops.roofline(flops.matmuls(cfg, 8, energies=True, shared_projections=True), 3, 8,
+                               rates=dict(best))["roofline_boards_per_s"]
+        got = onnx_bench.sliced_ceiling(flops, cfg, 3, 8, [2, 8], best)
+        assert got["rows_per_product_considered"] == [2, 8]
+        if sliced_rate > 1e9:
+            assert whole * 1.2 < got["roofline_boards_per_s"] <= 2 * whole
+        else:
+            assert got["roofline_boards_per_s"] == pytest.approx(whole)
