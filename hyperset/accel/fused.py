@@ -138,12 +138,49 @@ def _onednn_mm_flops(a_shape: torch.Size, b_shape: torch.Size, *args, out_shape=
     return 2 * math.prod(a_shape) * b_shape[-1]
 
 
+CPU_PRECISIONS = ("fp32", "bf16")
+
+
+def _resolve_cpu_precision(name: str) -> str:
+    """"fp32" or "bf16" for a choice in CPU_PRECISIONS; bf16 only where the CPU has native bf16 dot products."""
+    if name not in CPU_PRECISIONS:
+        raise ValueError(f"CPU inference precision {name!r}: expected one of {', '.join(CPU_PRECISIONS)}")
+    return "bf16" if name == "bf16" and device.cpu_has_native_bf16() else "fp32"
+
+
+_cpu_precision = _resolve_cpu_precision(env_choice("HYPERSET_CPU_PRECISION", CPU_PRECISIONS))
+
+
+def cpu_precision() -> str:
+    """The operands' precision of `onednn_matmul`'s products at inference: "fp32" (the default) or "bf16"."""
+    return _cpu_precision
+
+
+@contextlib.contextmanager
+def using_cpu_precision(name: str) -> Iterator[str]:
+    """`onednn_matmul`'s products at inference with operands in `name` (fp32, bf16) inside the block, for the whole
+    process; yields the precision it resolved to (bf16 asked for on a CPU without native bf16 is fp32)."""
+    global _cpu_precision
+    before, _cpu_precision = _cpu_precision, _resolve_cpu_precision(name)
+    try:
+        yield _cpu_precision
+    finally:
+        _cpu_precision = before
+
+
 def onednn_matmul(a: Tensor, b: Tensor) -> Tensor:
     """a @ b on oneDNN's GEMM for a state a (..., k) and a weight-like b (k, n) where it can run there: fp32
     operands, b a matrix, no gradient to take through it; else ``a @ b``. For CPU tensors outside autocast, a
-    trace, an export and torch.func's transforms (`matmul` checks those; ``hyperset.accel.policy`` too)."""
+    trace, an export and torch.func's transforms (`matmul` checks those; ``hyperset.accel.policy`` too).
+
+    With `cpu_precision` "bf16" (``$HYPERSET_CPU_PRECISION``, `using_cpu_precision`), at inference, both operands
+    are rounded to bf16 and the product (oneDNN's bf16 GEMM: sums in fp32, the result rounded to bf16) comes back
+    in fp32: the CPU's bf16 dot products, about twice its fp32 multiply-add rate; the rest of the update stays fp32
+    (bench/bf16_check.py measures speed and accuracy)."""
     if (a.dtype == torch.float32 and b.dtype == torch.float32 and b.dim() == 2 and a.dim() >= 2
             and not (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad))):
+        if _cpu_precision == "bf16" and not torch.is_grad_enabled():
+            return _onednn_mm(a.to(torch.bfloat16), b.to(torch.bfloat16)).float()
         return _onednn_mm(a, b)
     return a @ b
 

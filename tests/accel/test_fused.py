@@ -265,3 +265,36 @@ def test_auto_takes_onednn_on_x86_cpus_not_made_by_intel(monkeypatch: pytest.Mon
         assert fused.env_choice("HYPERSET_CPU_MATMUL", fused.CPU_MATMULS) == "auto"
     monkeypatch.setenv("HYPERSET_CPU_MATMUL", "ATEN")
     assert fused.env_choice("HYPERSET_CPU_MATMUL", fused.CPU_MATMULS) == "aten"
+
+
+@pytest.mark.skipif(not ONEDNN_HERE, reason="PyTorch has no oneDNN here")
+def test_bf16_products_round_both_operands_at_inference_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the bf16 precision on a CPU with native bf16, a product at inference is that of the operands rounded to
+    bf16 (summed in fp32, the result rounded to bf16), returned in fp32; with a gradient to take, or without native
+    bf16 (asked for, fp32 is used), it is fp32's."""
+    gen = torch.Generator().manual_seed(1)
+    a, b = torch.randn(2, 9, 64, generator=gen), torch.randn(64, 24, generator=gen)
+    rounded = a.to(torch.bfloat16).float() @ b.to(torch.bfloat16).float()
+    native = fused.device.cpu_has_native_bf16()
+    monkeypatch.setattr(fused.device, "cpu_has_native_bf16", lambda: False)
+    with fused.using_cpu_precision("bf16") as used:
+        assert used == "fp32" == fused.cpu_precision()
+    monkeypatch.setattr(fused.device, "cpu_has_native_bf16", lambda: True)
+    with fused.using_cpu_precision("bf16") as used:
+        assert used == "bf16"
+        with torch.no_grad():
+            out = fused.onednn_matmul(a, b)
+        assert out.dtype == torch.float32
+        w = b.clone().requires_grad_()
+        exact = fused.onednn_matmul(a, w)  # gradients on: fp32 operands
+    torch.testing.assert_close(exact, a @ b, rtol=1e-6, atol=1e-5)
+    if native:  # the real bf16 GEMM: the rounded operands' product within one bf16 rounding of the result
+        torch.testing.assert_close(out, rounded, rtol=2 ** -7, atol=1e-3)
+        assert (out - a @ b).abs().max() > 1e-4
+    with fused.using_cpu_precision("fp32") as used:
+        assert used == "fp32"
+        with torch.no_grad():
+            torch.testing.assert_close(fused.onednn_matmul(a, b), a @ b, rtol=1e-6, atol=1e-5)
+    with pytest.raises(ValueError, match="expected one of fp32, bf16"):
+        with fused.using_cpu_precision("fp16"):
+            pass
