@@ -242,9 +242,11 @@ def count(cfg: ModelConfig, batch: int, iters: int | None = None, energies: bool
           steps_every_t: bool = False) -> dict[str, Any]:
     """FLOPs and bytes per board: per iteration and per pass by component, forward (inference, with or without the
     energy trace) and training step (forward + backward), at `iters` iterations per layer; with `steps_every_t`
-    the step sizes are made at every iteration (the authors' code)."""
+    the step sizes are made at every iteration (the authors' code). With the trace, the energy's head projections
+    are the next step's (`shared_projections`), as inference runs them, where the weights are the same at every t
+    (no depth-wise LoRA: hyperset.accel.reuse hands on projections of the same weight only)."""
     steps = (cfg.iters if iters is None else iters) * cfg.n_layers
-    fwd = matmuls(cfg, batch, energies, steps_every_t)
+    fwd = matmuls(cfg, batch, energies, steps_every_t, shared_projections=energies and cfg.lora_rank == 0)
     train = training_matmuls(cfg, batch, steps_every_t)
     ew = elementwise_bytes(cfg, batch, energies, steps_once(cfg) and not steps_every_t)
     flops_it, flops_once = _by_component(fwd, "flops", False), _by_component(fwd, "flops", True)
@@ -523,7 +525,11 @@ def share(boards_per_s: float, roof: dict[str, Any]) -> float:
 
 
 def load_average() -> float | None:
-    return os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    """The 1-minute load average (2 decimals), None where the system does not tell it."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):
+        return None
 
 
 ISA_LIMITS = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA")  # env vars that cap the SIMD

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import config
-from .accel import policy, reuse
+from .accel import policy
 
 PHI = {
     "sigmoid": (torch.sigmoid, lambda u: torch.sigmoid(u) * (1 - torch.sigmoid(u))),
@@ -76,11 +76,11 @@ def head_projections(X: Tensor, W: Tensor, heads: int, normalize: bool = True, e
     At inference the normalised ones are handed on (``hyperset.accel.reuse``): the trace's energy at a state and
     the update from it make them once."""
     ops = policy(X)
-    if normalize and ops.reuse:
-        Zn = reuse.recall(X, W, heads, eps)
+    if normalize and ops.memo is not None:
+        Zn = ops.memo.recall(X, W, heads, eps)
         if Zn is None:
             Zn = rms_normalize(split_heads(ops.matmul(X, W), heads), eps)
-            reuse.remember(X, W, heads, eps, Zn)
+            ops.memo.remember(X, W, heads, eps, Zn)
         return Zn
     Z = split_heads(ops.matmul(X, W), heads)
     return rms_normalize(Z, eps) if normalize else Z

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from .. import device
-from . import cpu_kernels, fused, onnx_forms, rows
+from . import cpu_kernels, fused, onnx_forms, reuse, rows
 from .fused import written_out
 
 __all__ = ["Ops", "policy", "written_out"]
@@ -48,7 +48,7 @@ class Ops:
     attention_maps  (P + P^T) Z of the bi-softmax at inference, per (board, head) in C
     attention_energy  sum_i logsumexp_j(beta Z Z^T)_ij of the bi-softmax at inference, per (board, head) in C
     steps_once      whether step sizes that do not depend on t may be made once per pass under gradients
-    reuse           the trace's head projections handed to the next update (`reuse`), at inference
+    memo            the trace's head projections handed to the next update (the `reuse` module), at inference
     onnx            the export's forms (`onnx_forms`) while an ONNX export traces the model
     """
 
@@ -58,7 +58,7 @@ class Ops:
     maps: bool = False  # the attention maps' C kernel
     steps_once: bool = True
     export: bool = False
-    reuse: bool = False
+    hand_on: bool = False  # the trace's head projections to the next update
 
     @property
     def matmul(self) -> Callable[[Tensor, Tensor], Tensor]:
@@ -93,6 +93,10 @@ class Ops:
     @property
     def attention_energy(self) -> Callable[[Tensor, float], Tensor] | None:
         return cpu_kernels.bisoftmax_energy if self.maps else None
+
+    @property
+    def memo(self) -> Any:
+        return reuse if self.hand_on else None
 
     @property
     def onnx(self) -> Any:
