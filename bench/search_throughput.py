@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import bench_args
-from flops import machine
+from flops import load_average, machine
 from search_bench import puzzles_of, run_stats
 
 from hyperset.checkpoint import atomic_write_json
@@ -37,13 +37,6 @@ from hyperset.sudoku import rated
 
 BACKENDS = ("torch", "onnx")
 WARMUP = 8  # puzzles of the bucket solved first (kernels, ONNX Runtime's allocations)
-
-
-def load_average() -> float | None:
-    try:
-        return round(os.getloadavg()[0], 2)
-    except OSError:
-        return None
 
 
 def measure(solver: Solver, ps: list[rated.RatedPuzzle], batch_size: int | None = None,
