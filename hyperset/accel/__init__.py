@@ -91,7 +91,7 @@ class Ops:
         return cpu_kernels.bisoftmax_attention if self.maps else None
 
     @property
-    def attention_energy(self) -> Callable[[Tensor, float], Tensor] | None:
+    def attention_energy(self) -> Callable[..., Tensor] | None:
         return cpu_kernels.bisoftmax_energy if self.maps else None
 
     @property

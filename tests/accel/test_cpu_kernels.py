@@ -69,17 +69,19 @@ def test_the_fused_maps_equal_the_written_out_maps_within_fp32_rounding(n: int, 
 @pytest.mark.parametrize(("n", "p"), [(81, 32), (5, 3), (17, 16), (65, 64), (100, 24)])
 def test_the_fused_energy_equals_the_written_out_energy_within_fp32_rounding(n: int, p: int, threads: int) -> None:
     """sum_i logsumexp_j(beta Zn Zn^T)_ij per map against the written-out energy in fp64, for sizes that fill whole
-    vectors and that leave a tail, on spheres (the trace's case) and far off them (large scores: the max is taken)."""
+    vectors and that leave a tail: on spheres with the scores' bound given (the trace's case: the upper triangle,
+    no max), far off them without a bound (large scores: the max is taken), and off them with a bound that holds."""
     gen = torch.Generator().manual_seed(n * 100 + p + 7)
     beta = 1.0 / math.sqrt(p)
     before = torch.get_num_threads()
-    for radius in (1.0, 6.0):
+    cases = [(1.0, math.sqrt(p)), (6.0, None)] + [(6.0, 36 * math.sqrt(p))] * (36 * math.sqrt(p) <= 80)
+    for radius, bound in cases:
         z = torch.randn(2, 3, n, p, generator=gen)
         z = z / z.pow(2).mean(-1, keepdim=True).sqrt() * radius
         torch.set_num_threads(threads)
         try:
             with cpu_kernels.using_cpu_kernels("on"):
-                ours = cpu_kernels.bisoftmax_energy(z, beta)
+                ours = cpu_kernels.bisoftmax_energy(z, beta, bound)
         finally:
             torch.set_num_threads(before)
         z64 = z.double()
@@ -250,7 +252,8 @@ def test_inference_takes_the_kernel_and_gives_the_same_logits(monkeypatch: pytes
     calls, energy_calls, row_calls = [], [], []
     attention, energy, rows = cpu_kernels.bisoftmax_attention, cpu_kernels.bisoftmax_energy, cpu_kernels.relu_rows
     monkeypatch.setattr(cpu_kernels, "bisoftmax_attention", lambda z, beta: calls.append(1) or attention(z, beta))
-    monkeypatch.setattr(cpu_kernels, "bisoftmax_energy", lambda z, beta: energy_calls.append(1) or energy(z, beta))
+    monkeypatch.setattr(cpu_kernels, "bisoftmax_energy",
+                        lambda z, beta, bound=None: energy_calls.append(bound) or energy(z, beta, bound))
     monkeypatch.setattr(cpu_kernels, "relu_rows", lambda u, relu=True: row_calls.append(relu) or rows(u, relu))
     torch.manual_seed(0)
     model = HyperSETModel(preset_config("sudoku-cpu")).eval()
@@ -262,6 +265,7 @@ def test_inference_takes_the_kernel_and_gives_the_same_logits(monkeypatch: pytes
         with cpu_kernels.using_cpu_kernels("on"):
             out = model.run(x, trace=True)
     assert len(calls) == len(energy_calls) == model.cfg.iters
+    assert energy_calls == [math.sqrt(model.cfg.head_dim)] * model.cfg.iters  # on spheres: the bounded form
     assert row_calls == [True, False] * model.cfg.iters  # the update's ReLU and norm, then the energy's norms
     torch.testing.assert_close(out.logits, ref.logits, rtol=1e-5, atol=1e-5)
     for name, values in ref.trace.energy.items():

@@ -7,7 +7,8 @@
  *   forward:  P = softmax_rows(beta Zn Zn^T)             (N x N, saved for the backward pass; not written
  *                                                        where P is NULL, at inference)
  *             G = (P + P^T) Zn                            (N x p)
- *   energy:   E = sum_i logsumexp_j(beta Zn Zn^T)_ij     (one number; the attention energy times beta)
+ *   energy:   E = sum_i logsumexp_j(beta Zn Zn^T)_ij     (one number; the attention energy times beta; where
+ *                                                        the scores are bounded, from the upper triangle)
  *   backward: given dG (N x p), with S = P + P^T,
  *             dP = softmax'(beta (dG Zn^T + Zn dG^T))     (the softmax's derivative at P)
  *             dZn = S dG + (dP + dP^T) Zn                 (N x p)
@@ -204,18 +205,21 @@ static void tile_rows(int R, int64_t k1, const float *a, int64_t lda, const floa
     }
 }
 
-/* C (m x n, leading dimension ldc) = A B [+ A2 B2]; A (m x k1), B (k1 x n), A2 (m x k2), B2 (k2 x n) */
+/* C (m x n, leading dimension ldc) = A B [+ A2 B2]; A (m x k1), B (k1 x n), A2 (m x k2), B2 (k2 x n). With
+ * `upper`, for a symmetric C: only the blocks of 2 VL columns at and right of the diagonal, each from row 0 to its
+ * last column (every entry C_ij with j >= i; some below the diagonal) */
 static void gemm(int64_t m, int64_t n, int64_t k1, const float *a, int64_t lda, const float *b, int64_t ldb,
-                 int64_t k2, const float *a2, int64_t lda2, const float *b2, int64_t ldb2, float *c, int64_t ldc)
+                 int64_t k2, const float *a2, int64_t lda2, const float *b2, int64_t ldb2, float *c, int64_t ldc,
+                 int upper)
 {
     for (int64_t j = 0; j < n; j += 2 * VL) {
         vmask m0 = lanes(n - j), m1 = lanes(n - j - VL);
-        int64_t i = 0;
-        for (; i + RMAX <= m; i += RMAX)
+        int64_t i = 0, rows = upper && j + 2 * VL < m ? j + 2 * VL : m;
+        for (; i + RMAX <= rows; i += RMAX)
             tile(RMAX, k1, a + i * lda, lda, b + j, ldb, k2, a2 + i * lda2, lda2, b2 + j, ldb2, c + i * ldc + j,
                  ldc, m0, m1);
-        if (i < m)
-            tile_rows((int)(m - i), k1, a + i * lda, lda, b + j, ldb, k2, a2 + i * lda2, lda2, b2 + j, ldb2,
+        if (i < rows)
+            tile_rows((int)(rows - i), k1, a + i * lda, lda, b + j, ldb, k2, a2 + i * lda2, lda2, b2 + j, ldb2,
                       c + i * ldc + j, ldc, m0, m1);
     }
 }
@@ -290,6 +294,30 @@ static inline __attribute__((always_inline)) void softmax_rows(int rows, const f
     for (int r = 0; r < rows; r++) vs[r] = vset1(1.0f / vsum(vs[r]));
     for (int64_t j = 0; j < ld; j += VL)
         for (int r = 0; r < rows; r++) vstore(pp + r * ld + j, vmul(vload(pp + r * ld + j), vs[r]));
+}
+
+/* sum_i logsumexp_j(beta a_ij) for a symmetric n x n matrix a (leading dimension ld) whose entries are known to
+ * satisfy |beta a_ij| <= 80 (the scores of rows on a sphere of small radius): e^(beta a_ij) with no max taken, each
+ * pair i < j once, added to row i's sum and kept for row j's in col (ld floats of scratch) */
+static double logsumexp_symmetric(const float *a, int64_t n, int64_t ld, float beta, float *col)
+{
+    vf vb = vset1(beta);
+    double total = 0.0;
+    memset(col, 0, (size_t)ld * sizeof(float));
+    for (int64_t i = 0; i < n; i++) {
+        const float *row = a + i * ld;
+        int64_t j0 = i / VL * VL;
+        float before = col[i];  /* sum_{j < i} e^(beta a_ji), from the rows above */
+        vf s = vzero();
+        for (int64_t j = j0; j < n; j += VL) {
+            vf e = vkeep(lanes(n - j), vexp(vmul(vload(row + j), vb)));
+            if (j == j0) e = vkeep(vnot(lanes(i - j0)), e);  /* columns j >= i */
+            s = vadd(s, e);
+            vstore(col + j, vadd(vload(col + j), e));
+        }
+        total += log((double)vsum(s) + (double)before);
+    }
+    return total;
 }
 
 /* sum over `rows` rows of a of logsumexp_j(beta a_j), the first n columns (see exp_rows) */
@@ -396,33 +424,37 @@ int hs_bisoftmax_forward(int64_t b0, int64_t b1, int64_t n, int64_t p, float bet
         const float *z = Zn + b * n * p;
         float *pb = P ? P + b * n * n : NULL;
         transpose_into(z, n, p, zt, ld);
-        gemm(n, n, p, z, p, zt, ld, 0, z, p, zt, ld, A, ld);
+        gemm(n, n, p, z, p, zt, ld, 0, z, p, zt, ld, A, ld, 0);
         if (b + 1 < b1) prefetch_lines(z + n * p, n * p);
         for (int64_t i = 0; i < n; i += ROWS)
             softmax_rows(i + ROWS <= n ? ROWS : (int)(n - i), A + i * ld, Pp + i * ld, n, ld, beta);
         if (pb) store_streaming(Pp, ld, n, pb);
         add_transpose(Pp, S, ld);
-        gemm(n, p, n, S, ld, z, p, 0, S, ld, z, p, G + b * n * p, p);
+        gemm(n, p, n, S, ld, z, p, 0, S, ld, z, p, G + b * n * p, p, 0);
     }
     _mm_sfence();  /* the streaming stores of P reach memory before anything reads it */
     free(w);
     return 0;
 }
 
-int hs_bisoftmax_energy(int64_t b0, int64_t b1, int64_t n, int64_t p, float beta, const float *Zn, float *E)
+int hs_bisoftmax_energy(int64_t b0, int64_t b1, int64_t n, int64_t p, float beta, int bounded, const float *Zn,
+                        float *E)
 {
     int64_t ld = padded(n);
     float *w = scratch(ld, p);
     if (!w) return 1;
-    float *A = w, *zt = w + 3 * ld * ld;
+    float *A = w, *col = w + ld * ld, *zt = w + 3 * ld * ld;
     for (int64_t b = b0; b < b1; b++) {
         const float *z = Zn + b * n * p;
         transpose_into(z, n, p, zt, ld);
-        gemm(n, n, p, z, p, zt, ld, 0, z, p, zt, ld, A, ld);
+        gemm(n, n, p, z, p, zt, ld, 0, z, p, zt, ld, A, ld, bounded);
         if (b + 1 < b1) prefetch_lines(z + n * p, n * p);
         double total = 0.0;
-        for (int64_t i = 0; i < n; i += ROWS)
-            total += logsumexp_rows(i + ROWS <= n ? ROWS : (int)(n - i), A + i * ld, n, ld, beta);
+        if (bounded)
+            total = logsumexp_symmetric(A, n, ld, beta, col);
+        else
+            for (int64_t i = 0; i < n; i += ROWS)
+                total += logsumexp_rows(i + ROWS <= n ? ROWS : (int)(n - i), A + i * ld, n, ld, beta);
         E[b] = (float)total;
     }
     free(w);
@@ -443,7 +475,7 @@ int hs_bisoftmax_backward(int64_t b0, int64_t b1, int64_t n, int64_t p, float be
             prefetch_lines(g + n * p, n * p);
         }
         transpose_into(z, n, p, zt, ld);
-        gemm(n, n, p, g, p, zt, ld, 0, g, p, zt, ld, Q, ld);
+        gemm(n, n, p, g, p, zt, ld, 0, g, p, zt, ld, Q, ld, 0);
         add_transpose(Q, Q, ld);  /* dG Zn^T + Zn dG^T */
         for (int64_t i = 0; i < n; i += ROWS) {
             if (b + 1 < b1) prefetch_lines(pb + n * n + i * n, (i + ROWS <= n ? ROWS : n - i) * n);
@@ -452,7 +484,7 @@ int hs_bisoftmax_backward(int64_t b0, int64_t b1, int64_t n, int64_t p, float be
         }
         add_transpose(Q, Q, ld);  /* beta (dP + dP^T) */
         add_transpose(Pp, S, ld);
-        gemm(n, p, n, S, ld, g, p, n, Q, ld, z, p, dZn + b * n * p, p);
+        gemm(n, p, n, S, ld, g, p, n, Q, ld, z, p, dZn + b * n * p, p, 0);
     }
     free(w);
     return 0;
