@@ -144,10 +144,10 @@ def _scores(Z: Tensor, beta: float) -> Tensor:
 
 
 def _bisoftmax(Z: Tensor, beta: float, phi: str, normalized: bool) -> Tensor:
-    bound = math.sqrt(Z.shape[-1]) if normalized else None  # |beta z_i.z_j| <= beta p on the radius-sqrt(p) sphere
     energy = policy(Z).attention_energy  # fused per (board, head) at inference
     if energy is not None:
-        return energy(Z, beta, bound).sum(dim=1) / beta
+        return energy(Z, beta).sum(dim=1) / beta
+    bound = math.sqrt(Z.shape[-1]) if normalized else None
     return logsumexp(_scores(Z, beta), dim=-1, bound=bound).sum(dim=(1, 2)) / beta
 
 

@@ -11,9 +11,11 @@ P = softmax(beta Zn Zn^T) for the backward pass (S = P + P^T is recomputed there
 - backward: dZn = S dG + (dP + dP^T) Zn from Zn, P and dG, dP the softmax's derivative along
   beta (dG Zn^T + Zn dG^T);
 - inference (`bisoftmax_attention`, from ``hyperset.energies.attn_energy_grad_heads`` where no gradient is taken
-  through it): G alone, P not written;
+  through it): G alone, P not written; where every score is bounded (|beta z_i.z_j| <= 80 by Cauchy-Schwarz from
+  the rows' norms, as on the layer's spheres), from the symmetric scores' upper triangle, each pair's exponential
+  made once and no max taken;
 - the energy at inference (`bisoftmax_energy`, from ``hyperset.energies.attn_energy_heads``, the trace's E_ATTN):
-  sum_i logsumexp_j(beta Zn Zn^T)_ij, the map never stored;
+  sum_i logsumexp_j(beta Zn Zn^T)_ij, the map never stored (bounded scores as for the attention);
 - the feedforward's rows (`relu_rows`: ReLU(U) and the squared norms of U and ReLU(U) per row in one pass), for
   its update (``hyperset.accel.fused.folded_relu``) and the trace's E_FF at inference.
 
@@ -118,7 +120,7 @@ def _build() -> ctypes.CDLL:
     i64, f32, ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
     handle.hs_bisoftmax_forward.argtypes = [i64, i64, i64, i64, f32, ptr, ptr, ptr]
     handle.hs_bisoftmax_backward.argtypes = [i64, i64, i64, i64, f32, ptr, ptr, ptr, ptr]
-    handle.hs_bisoftmax_energy.argtypes = [i64, i64, i64, i64, f32, ctypes.c_int, ptr, ptr]
+    handle.hs_bisoftmax_energy.argtypes = [i64, i64, i64, i64, f32, ptr, ptr]
     handle.hs_relu_rows.argtypes = [i64, i64, i64, ptr, ptr, ptr, ptr]
     for fn in (handle.hs_bisoftmax_forward, handle.hs_bisoftmax_backward, handle.hs_bisoftmax_energy,
                handle.hs_relu_rows):
@@ -210,15 +212,15 @@ def _attention(z: Tensor, beta: float) -> Tensor:
     return G
 
 
-def _energy(z: Tensor, beta: float, bounded: bool) -> Tensor:
+def _energy(z: Tensor, beta: float) -> Tensor:
     z = z.contiguous()
     b, n, p = z.shape
     E = z.new_empty(b)
-    _run(_library().hs_bisoftmax_energy, b, n, p, beta, int(bounded), z.data_ptr(), E.data_ptr())
+    _run(_library().hs_bisoftmax_energy, b, n, p, beta, z.data_ptr(), E.data_ptr())
     return E
 
 
-def _energy_fake(z: Tensor, beta: float, bounded: bool) -> Tensor:
+def _energy_fake(z: Tensor, beta: float) -> Tensor:
     return z.new_empty(z.shape[0])
 
 
@@ -246,7 +248,7 @@ define_op("bisoftmax_maps", "(Tensor z, float beta) -> (Tensor, Tensor)", _maps,
 define_op("bisoftmax_maps_backward", "(Tensor z, Tensor P, Tensor dG, float beta) -> Tensor", _maps_backward,
           _like_z)
 define_op("bisoftmax_attention", "(Tensor z, float beta) -> Tensor", _attention, _like_z)
-define_op("bisoftmax_energy", "(Tensor z, float beta, bool bounded) -> Tensor", _energy, _energy_fake)
+define_op("bisoftmax_energy", "(Tensor z, float beta) -> Tensor", _energy, _energy_fake)
 define_op("relu_rows", "(Tensor u, bool relu) -> (Tensor, Tensor, Tensor)", _relu_rows, _relu_rows_fake)
 
 
@@ -283,15 +285,10 @@ def bisoftmax_attention(z: Tensor, beta: float) -> Tensor:
     return torch.ops.hyperset.bisoftmax_attention(z.reshape(-1, *z.shape[-2:]), float(beta)).view(z.shape)
 
 
-BOUND = 80.0  # |beta z_i.z_j| below it: e^(beta z_i.z_j) needs no max taken first (fp32 holds e^88)
-
-
-def bisoftmax_energy(z: Tensor, beta: float, bound: float | None = None) -> Tensor:
+def bisoftmax_energy(z: Tensor, beta: float) -> Tensor:
     """sum_i logsumexp_j(beta z z^T)_ij for z (..., N, p) -> (...): the bi-softmax energy of each map times beta,
-    for inference (no gradient). `bound` >= |beta z_i.z_j|, where known (rows on a sphere): below `BOUND` the
-    kernel computes the symmetric scores' upper triangle and their exponentials once per pair, without a max."""
-    bounded = bound is not None and bound <= BOUND
-    return torch.ops.hyperset.bisoftmax_energy(z.reshape(-1, *z.shape[-2:]), float(beta), bounded).view(z.shape[:-2])
+    for inference (no gradient)."""
+    return torch.ops.hyperset.bisoftmax_energy(z.reshape(-1, *z.shape[-2:]), float(beta)).view(z.shape[:-2])
 
 
 def relu_rows(u: Tensor, relu: bool = True) -> tuple[Tensor | None, Tensor, Tensor]:

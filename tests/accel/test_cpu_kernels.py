@@ -69,19 +69,18 @@ def test_the_fused_maps_equal_the_written_out_maps_within_fp32_rounding(n: int, 
 @pytest.mark.parametrize(("n", "p"), [(81, 32), (5, 3), (17, 16), (65, 64), (100, 24)])
 def test_the_fused_energy_equals_the_written_out_energy_within_fp32_rounding(n: int, p: int, threads: int) -> None:
     """sum_i logsumexp_j(beta Zn Zn^T)_ij per map against the written-out energy in fp64, for sizes that fill whole
-    vectors and that leave a tail: on spheres with the scores' bound given (the trace's case: the upper triangle,
-    no max), far off them without a bound (large scores: the max is taken), and off them with a bound that holds."""
+    vectors and that leave a tail: on spheres (the trace's case: bounded scores, the upper triangle and no max) and
+    far off them (scores past the bound: the max is taken)."""
     gen = torch.Generator().manual_seed(n * 100 + p + 7)
     beta = 1.0 / math.sqrt(p)
     before = torch.get_num_threads()
-    cases = [(1.0, math.sqrt(p)), (6.0, None)] + [(6.0, 36 * math.sqrt(p))] * (36 * math.sqrt(p) <= 80)
-    for radius, bound in cases:
+    for radius in (1.0, 20.0):
         z = torch.randn(2, 3, n, p, generator=gen)
         z = z / z.pow(2).mean(-1, keepdim=True).sqrt() * radius
         torch.set_num_threads(threads)
         try:
             with cpu_kernels.using_cpu_kernels("on"):
-                ours = cpu_kernels.bisoftmax_energy(z, beta, bound)
+                ours = cpu_kernels.bisoftmax_energy(z, beta)
         finally:
             torch.set_num_threads(before)
         z64 = z.double()
@@ -89,6 +88,29 @@ def test_the_fused_energy_equals_the_written_out_energy_within_fp32_rounding(n: 
         fp32 = torch.logsumexp(beta * z @ z.transpose(-1, -2), dim=-1).sum(-1)
         assert ours.shape == (2, 3)
         assert _rel(ours, exact) <= max(4 * _rel(fp32, exact), 2e-6)
+
+
+@needs_kernel
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(("n", "p"), [(81, 32), (5, 3), (17, 16), (65, 64), (100, 24)])
+def test_the_attention_at_inference_equals_the_written_out_maps(n: int, p: int, threads: int) -> None:
+    """(P + P^T) z without P written, against the maps written out in fp64: on spheres with a gain (bounded scores:
+    each pair's exponential once, no max) and far off them (the softmax with its max), maps of both kinds in one
+    call; the kernel's error is of the size of PyTorch's fp32 calls'."""
+    gen = torch.Generator().manual_seed(n * 10 + p)
+    z = torch.randn(4, n, p, generator=gen)
+    z = z / z.pow(2).mean(-1, keepdim=True).sqrt() * torch.tensor([1.0, 1.5, 20.0, 1.0]).view(4, 1, 1)
+    beta = 1.0 / math.sqrt(p)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with cpu_kernels.using_cpu_kernels("on"):
+            G = cpu_kernels.bisoftmax_attention(z, beta)
+    finally:
+        torch.set_num_threads(before)
+    G64, G32 = _maps(z.double(), beta)[1], _maps(z, beta)[1]
+    for k in range(4):
+        assert _rel(G[k], G64[k]) <= max(4 * _rel(G32[k], G64[k]), 2e-6), k
 
 
 @needs_kernel
@@ -252,8 +274,7 @@ def test_inference_takes_the_kernel_and_gives_the_same_logits(monkeypatch: pytes
     calls, energy_calls, row_calls = [], [], []
     attention, energy, rows = cpu_kernels.bisoftmax_attention, cpu_kernels.bisoftmax_energy, cpu_kernels.relu_rows
     monkeypatch.setattr(cpu_kernels, "bisoftmax_attention", lambda z, beta: calls.append(1) or attention(z, beta))
-    monkeypatch.setattr(cpu_kernels, "bisoftmax_energy",
-                        lambda z, beta, bound=None: energy_calls.append(bound) or energy(z, beta, bound))
+    monkeypatch.setattr(cpu_kernels, "bisoftmax_energy", lambda z, beta: energy_calls.append(1) or energy(z, beta))
     monkeypatch.setattr(cpu_kernels, "relu_rows", lambda u, relu=True: row_calls.append(relu) or rows(u, relu))
     torch.manual_seed(0)
     model = HyperSETModel(preset_config("sudoku-cpu")).eval()
@@ -265,7 +286,6 @@ def test_inference_takes_the_kernel_and_gives_the_same_logits(monkeypatch: pytes
         with cpu_kernels.using_cpu_kernels("on"):
             out = model.run(x, trace=True)
     assert len(calls) == len(energy_calls) == model.cfg.iters
-    assert energy_calls == [math.sqrt(model.cfg.head_dim)] * model.cfg.iters  # on spheres: the bounded form
     assert row_calls == [True, False] * model.cfg.iters  # the update's ReLU and norm, then the energy's norms
     torch.testing.assert_close(out.logits, ref.logits, rtol=1e-5, atol=1e-5)
     for name, values in ref.trace.energy.items():

@@ -297,7 +297,7 @@ static inline __attribute__((always_inline)) void softmax_rows(int rows, const f
 }
 
 /* sum_i logsumexp_j(beta a_ij) for a symmetric n x n matrix a (leading dimension ld) whose entries are known to
- * satisfy |beta a_ij| <= 80 (the scores of rows on a sphere of small radius): e^(beta a_ij) with no max taken, each
+ * satisfy |beta a_ij| <= BOUND (bounded_scores): e^(beta a_ij) with no max taken, each
  * pair i < j once, added to row i's sum and kept for row j's in col (ld floats of scratch) */
 static double logsumexp_symmetric(const float *a, int64_t n, int64_t ld, float beta, float *col)
 {
@@ -404,6 +404,71 @@ static void transpose_into(const float *z, int64_t n, int64_t p, float *zt, int6
         for (int64_t k = (i < nb ? pb : 0); k < p; k++) zt[k * ld + i] = z[i * p + k];
 }
 
+/* Whether every score beta z_i.z_j of z (n x p) is known to lie within +-BOUND (Cauchy-Schwarz: |z_i.z_j| <=
+ * max_i |z_i|^2): then e^(beta z_i.z_j) needs no max taken first (fp32 holds e^88), and the symmetric scores can be
+ * made and exponentiated once per pair (rows on a small sphere, as the layer's projections are) */
+#define BOUND 80.0f
+static int bounded_scores(const float *z, int64_t n, int64_t p, float beta)
+{
+    float most = 0.0f;
+    for (int64_t i = 0; i < n; i++) {
+        vf acc = vzero();
+        for (int64_t k = 0; k < p; k += VL) {
+            vf v = vload_mask(lanes(p - k), z + i * p + k);
+            acc = vfmadd(v, v, acc);
+        }
+        float sq = vsum(acc);
+        if (sq > most) most = sq;
+    }
+    return beta * most <= BOUND;
+}
+
+/* The upper triangle of the symmetric n x n scores a (leading dimension ld; `gemm` with `upper`) -> e^(beta a_ij)
+ * for j >= i in place, and sums[i] = sum_j e^(beta a_ij) over the whole row i (each pair exponentiated once; the
+ * scores bounded, see bounded_scores) */
+static void exp_upper(float *a, int64_t n, int64_t ld, float beta, float *sums)
+{
+    vf vb = vset1(beta);
+    memset(sums, 0, (size_t)ld * sizeof(float));
+    for (int64_t i = 0; i < n; i++) {
+        float *row = a + i * ld;
+        int64_t j0 = i / VL * VL;
+        float before = sums[i];  /* sum_{j < i} e^(beta a_ji), from the rows above */
+        vf s = vzero();
+        for (int64_t j = j0; j < n; j += VL) {
+            vf e = vkeep(lanes(n - j), vexp(vmul(vload(row + j), vb)));
+            if (j == j0) e = vkeep(vnot(lanes(i - j0)), e);  /* columns j >= i */
+            s = vadd(s, e);
+            vstore(sums + j, vadd(vload(sums + j), e));
+            vstore(row + j, e);
+        }
+        sums[i] = vsum(s) + before;
+    }
+}
+
+/* S = P + P^T from the exponentials e_ij (j >= i) in a and the row sums s (`exp_upper`): S_ij = e_ij (1/s_i + 1/s_j),
+ * written into y (leading dimension ld) as its upper triangle with the diagonal halved and zeros below, then
+ * y + y^T (add_transpose) */
+static void symmetric_maps(const float *a, const float *sums, int64_t n, int64_t ld, float *r, float *y)
+{
+    for (int64_t i = 0; i < n; i++) r[i] = 1.0f / sums[i];
+    for (int64_t i = 0; i < n; i++) {
+        const float *row = a + i * ld;
+        float *out = y + i * ld;
+        int64_t j0 = i / VL * VL;
+        vf ri = vset1(r[i]);
+        for (int64_t j = 0; j < j0; j += VL) vstore(out + j, vzero());
+        for (int64_t j = j0; j < ld; j += VL) {
+            vmask m = lanes(n - j);
+            vf e = vkeep(m, vload(row + j));
+            if (j == j0) e = vkeep(vnot(lanes(i - j0)), e);
+            vstore(out + j, vmul(e, vadd(ri, vload_mask(m, r + j))));
+        }
+        out[i] *= 0.5f;
+    }
+    add_transpose(y, y, ld);
+}
+
 /* scratch per thread: three ld x ld maps and the p x ld transposed operand, zeroed once (the padding stays 0) */
 static float *scratch(int64_t ld, int64_t p)
 {
@@ -423,13 +488,19 @@ int hs_bisoftmax_forward(int64_t b0, int64_t b1, int64_t n, int64_t p, float bet
     for (int64_t b = b0; b < b1; b++) {
         const float *z = Zn + b * n * p;
         float *pb = P ? P + b * n * n : NULL;
+        int sym = !pb && bounded_scores(z, n, p, beta);  /* at inference, scores bounded: each pair once */
         transpose_into(z, n, p, zt, ld);
-        gemm(n, n, p, z, p, zt, ld, 0, z, p, zt, ld, A, ld, 0);
+        gemm(n, n, p, z, p, zt, ld, 0, z, p, zt, ld, A, ld, sym);
         if (b + 1 < b1) prefetch_lines(z + n * p, n * p);
-        for (int64_t i = 0; i < n; i += ROWS)
-            softmax_rows(i + ROWS <= n ? ROWS : (int)(n - i), A + i * ld, Pp + i * ld, n, ld, beta);
-        if (pb) store_streaming(Pp, ld, n, pb);
-        add_transpose(Pp, S, ld);
+        if (sym) {
+            exp_upper(A, n, ld, beta, Pp);
+            symmetric_maps(A, Pp, n, ld, Pp + ld, S);
+        } else {
+            for (int64_t i = 0; i < n; i += ROWS)
+                softmax_rows(i + ROWS <= n ? ROWS : (int)(n - i), A + i * ld, Pp + i * ld, n, ld, beta);
+            if (pb) store_streaming(Pp, ld, n, pb);
+            add_transpose(Pp, S, ld);
+        }
         gemm(n, p, n, S, ld, z, p, 0, S, ld, z, p, G + b * n * p, p, 0);
     }
     _mm_sfence();  /* the streaming stores of P reach memory before anything reads it */
@@ -437,8 +508,7 @@ int hs_bisoftmax_forward(int64_t b0, int64_t b1, int64_t n, int64_t p, float bet
     return 0;
 }
 
-int hs_bisoftmax_energy(int64_t b0, int64_t b1, int64_t n, int64_t p, float beta, int bounded, const float *Zn,
-                        float *E)
+int hs_bisoftmax_energy(int64_t b0, int64_t b1, int64_t n, int64_t p, float beta, const float *Zn, float *E)
 {
     int64_t ld = padded(n);
     float *w = scratch(ld, p);
@@ -446,6 +516,7 @@ int hs_bisoftmax_energy(int64_t b0, int64_t b1, int64_t n, int64_t p, float beta
     float *A = w, *col = w + ld * ld, *zt = w + 3 * ld * ld;
     for (int64_t b = b0; b < b1; b++) {
         const float *z = Zn + b * n * p;
+        int bounded = bounded_scores(z, n, p, beta);
         transpose_into(z, n, p, zt, ld);
         gemm(n, n, p, z, p, zt, ld, 0, z, p, zt, ld, A, ld, bounded);
         if (b + 1 < b1) prefetch_lines(z + n * p, n * p);
