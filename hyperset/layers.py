@@ -107,6 +107,17 @@ class StepSizes(nn.Module):
         self.L1.reset_parameters()
         return True
 
+    @torch.no_grad()
+    def restart_positive(self) -> bool:
+        """Start the output layer L3 again as a new model with step_sign "positive" starts it (zero weight, bias
+        log(e^step_init - 1): alpha = gamma = step_init for every token), for weights trained with signed steps,
+        whose raw outputs mean nothing under the softplus. Returns whether it applied (adaptive positive steps)."""
+        if self.cfg.step == "fixed" or self.cfg.step_sign != "positive":
+            return False
+        nn.init.zeros_(self.L3.weight)
+        nn.init.constant_(self.L3.bias, math.log(math.expm1(self.cfg.step_init)))
+        return True
+
     @eager_only  # reads a weight: under torch.compile the answer is taken in eager mode, not traced
     def constant_in_t(self) -> bool:
         """Whether the step sizes depend on the condition only: fixed steps, or a time network whose L2 weight is

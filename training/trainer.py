@@ -30,6 +30,7 @@ from hyperset.checkpoint import (
     check_finite,
     checkpoint_dir,
     load_weights_into,
+    read_config,
     read_json_file,
 )
 from hyperset.cli_options import stdout_to_devnull
@@ -539,15 +540,21 @@ class Trainer:
 
     def _start_from(self, model: torch.nn.Module, directory: Path) -> None:
         """Load another checkpoint's weights (same shapes) into a new run's model; a time network trained dead
-        (time_init "zero") is revived when this run's model asks for a live one (outputs unchanged)."""
-        load_weights_into(model, checkpoint_dir(directory), "weights to start from")
+        (time_init "zero") is revived when this run's model asks for a live one (outputs unchanged), and the step
+        sizes' output layer starts again where this run's model constrains them positive and the source's were
+        signed (`StepSizes.restart_positive`)."""
+        source = checkpoint_dir(directory)
+        load_weights_into(model, source, "weights to start from")
         check_finite(model, directory, "finite weights to start from (--init-from)")
-        revived = False
+        notes = []
         core = getattr(model, "core", None)
-        if core is not None and core.step_sizes is not None and core.cfg.time_init == "live":
-            revived = core.step_sizes.revive_time_network()
-        self._say(f"weights from {directory}" + ("; its dead time network revived (L1 re-initialised)"
-                                                  if revived else ""))
+        sizes = core.step_sizes if core is not None else None
+        if sizes is not None and core.cfg.time_init == "live" and sizes.revive_time_network():
+            notes.append("its dead time network revived (L1 re-initialised)")
+        signed = read_config(source).get("model", {}).get("step_sign", "signed") != "positive"
+        if sizes is not None and signed and sizes.restart_positive():
+            notes.append("its signed step sizes' output layer restarted positive (alpha = gamma = step_init)")
+        self._say(f"weights from {directory}" + "".join(f"; {n}" for n in notes))
 
     # ------------------------------------------------------------------------------------------------ a step
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -253,6 +254,33 @@ def test_init_from_starts_a_new_run_from_a_checkpoint_and_revives_its_time_netwo
     assert trainer.model.core.step_sizes.L1.weight.any()  # revived
     moved = (trainer.model.core.layers[0].W - src.core.layers[0].W).abs().max()
     assert moved < 5e-3  # one Adam step from the source weights, not a new initialisation (std 0.02)
+
+
+def test_init_from_signed_steps_into_positive_ones_restarts_the_step_output(data_dir: Path, tmp_path: Path) -> None:
+    """A positive-step run from a signed checkpoint keeps every weight but L3, which starts as a new positive model
+    starts it (alpha = gamma = step_init); from a positive checkpoint L3 is kept."""
+    torch.manual_seed(5)
+    cfg = task(data_dir).model_config()
+    src = HyperSETModel(cfg)
+    with torch.no_grad():
+        src.core.step_sizes.L3.weight.normal_(0, 0.05)
+    save_checkpoint(tmp_path / "signed", src)
+    positive = task(data_dir)
+    positive.model = cfg.replace(step_sign="positive")
+    still = TrainConfig(steps=1, batch_size=8, amp="off", eval_every=1000, threads=1, lr=1e-12,
+                        min_lr=0.0)  # one step, ~no move
+    trainer = Trainer(positive, still, tmp_path / "run", quiet=True, init_from=str(tmp_path / "signed"))
+    trainer.fit()
+    sizes = trainer.model.core.step_sizes
+    start = math.log(math.expm1(cfg.step_init))
+    assert sizes.L3.weight.abs().max() < 1e-9 and torch.allclose(sizes.L3.bias, torch.full_like(sizes.L3.bias, start))
+    assert torch.allclose(trainer.model.core.layers[0].W, src.core.layers[0].W, atol=1e-9)  # the rest as loaded
+    with torch.no_grad():
+        trainer.model.core.step_sizes.L3.weight.fill_(0.01)
+    save_checkpoint(tmp_path / "positive", trainer.model)
+    again = Trainer(positive, still, tmp_path / "run2", quiet=True, init_from=str(tmp_path / "positive"))
+    again.fit()
+    assert torch.allclose(again.model.core.step_sizes.L3.weight, torch.full_like(sizes.L3.weight, 0.01), atol=1e-9)
 
 
 def test_the_best_checkpoint_can_be_chosen_at_another_depth(data_dir: Path) -> None:
