@@ -4,10 +4,12 @@ cannot run, the operator on PyTorch's calls with the reason stated."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -32,6 +34,18 @@ def _maps_backward(z: torch.Tensor, P: torch.Tensor, dG: torch.Tensor, beta: flo
     return torch.autograd.grad(G, z, dG)[0]
 
 
+@contextlib.contextmanager
+def _kernel_on(threads: int) -> Iterator[None]:
+    """The kernel on, PyTorch (and so the kernel) on `threads` threads, inside the block."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with cpu_kernels.using_cpu_kernels("on"):
+            yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.double() - b.double()).abs().max() / b.abs().max()).item()
 
@@ -47,14 +61,9 @@ def test_the_fused_maps_equal_the_written_out_maps_within_fp32_rounding(n: int, 
     z = z / z.pow(2).mean(-1, keepdim=True).sqrt() * 1.5  # on the sphere of radius sqrt(p), a gain of 1.5
     dG = torch.randn(6, n, p, generator=gen)
     beta = 1.0 / math.sqrt(p)
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        with cpu_kernels.using_cpu_kernels("on"):
-            P, G = cpu_kernels.bisoftmax_maps(z, beta)
-            dz = cpu_kernels.bisoftmax_maps_backward(z, P, dG, beta)
-    finally:
-        torch.set_num_threads(before)
+    with _kernel_on(threads):
+        P, G = cpu_kernels.bisoftmax_maps(z, beta)
+        dz = cpu_kernels.bisoftmax_maps_backward(z, P, dG, beta)
     P64, G64 = _maps(z.double(), beta)
     dz64 = _maps_backward(z.double(), P64, dG.double(), beta)
     P32, G32 = _maps(z, beta)
@@ -73,16 +82,11 @@ def test_the_fused_energy_equals_the_written_out_energy_within_fp32_rounding(n: 
     far off them (scores past the bound: the max is taken)."""
     gen = torch.Generator().manual_seed(n * 100 + p + 7)
     beta = 1.0 / math.sqrt(p)
-    before = torch.get_num_threads()
     for radius in (1.0, 20.0):
         z = torch.randn(2, 3, n, p, generator=gen)
         z = z / z.pow(2).mean(-1, keepdim=True).sqrt() * radius
-        torch.set_num_threads(threads)
-        try:
-            with cpu_kernels.using_cpu_kernels("on"):
-                ours = cpu_kernels.bisoftmax_energy(z, beta)
-        finally:
-            torch.set_num_threads(before)
+        with _kernel_on(threads):
+            ours = cpu_kernels.bisoftmax_energy(z, beta)
         z64 = z.double()
         exact = torch.logsumexp(beta * z64 @ z64.transpose(-1, -2), dim=-1).sum(-1)
         fp32 = torch.logsumexp(beta * z @ z.transpose(-1, -2), dim=-1).sum(-1)
@@ -101,13 +105,8 @@ def test_the_attention_at_inference_equals_the_written_out_maps(n: int, p: int, 
     z = torch.randn(4, n, p, generator=gen)
     z = z / z.pow(2).mean(-1, keepdim=True).sqrt() * torch.tensor([1.0, 1.5, 20.0, 1.0]).view(4, 1, 1)
     beta = 1.0 / math.sqrt(p)
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        with cpu_kernels.using_cpu_kernels("on"):
-            G = cpu_kernels.bisoftmax_attention(z, beta)
-    finally:
-        torch.set_num_threads(before)
+    with _kernel_on(threads):
+        G = cpu_kernels.bisoftmax_attention(z, beta)
     G64, G32 = _maps(z.double(), beta)[1], _maps(z, beta)[1]
     for k in range(4):
         assert _rel(G[k], G64[k]) <= max(4 * _rel(G32[k], G64[k]), 2e-6), k
@@ -121,14 +120,9 @@ def test_the_feedforward_rows_equal_relu_and_its_norms(m: int, threads: int) -> 
     tails; without the ReLU asked for, the norms alone."""
     gen = torch.Generator().manual_seed(m)
     u = torch.randn(3, 81, m, generator=gen) * 4
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        with cpu_kernels.using_cpu_kernels("on"):
-            v, sq_all, sq_pos = cpu_kernels.relu_rows(u)
-            none, sq_all2, sq_pos2 = cpu_kernels.relu_rows(u, relu=False)
-    finally:
-        torch.set_num_threads(before)
+    with _kernel_on(threads):
+        v, sq_all, sq_pos = cpu_kernels.relu_rows(u)
+        none, sq_all2, sq_pos2 = cpu_kernels.relu_rows(u, relu=False)
     assert torch.equal(v, torch.relu(u)) and none is None
     u64 = u.double()
     for ours, exact in ((sq_all, u64.square().sum(-1, keepdim=True)),

@@ -296,30 +296,6 @@ static inline __attribute__((always_inline)) void softmax_rows(int rows, const f
         for (int r = 0; r < rows; r++) vstore(pp + r * ld + j, vmul(vload(pp + r * ld + j), vs[r]));
 }
 
-/* sum_i logsumexp_j(beta a_ij) for a symmetric n x n matrix a (leading dimension ld) whose entries are known to
- * satisfy |beta a_ij| <= BOUND (bounded_scores): e^(beta a_ij) with no max taken, each
- * pair i < j once, added to row i's sum and kept for row j's in col (ld floats of scratch) */
-static double logsumexp_symmetric(const float *a, int64_t n, int64_t ld, float beta, float *col)
-{
-    vf vb = vset1(beta);
-    double total = 0.0;
-    memset(col, 0, (size_t)ld * sizeof(float));
-    for (int64_t i = 0; i < n; i++) {
-        const float *row = a + i * ld;
-        int64_t j0 = i / VL * VL;
-        float before = col[i];  /* sum_{j < i} e^(beta a_ji), from the rows above */
-        vf s = vzero();
-        for (int64_t j = j0; j < n; j += VL) {
-            vf e = vkeep(lanes(n - j), vexp(vmul(vload(row + j), vb)));
-            if (j == j0) e = vkeep(vnot(lanes(i - j0)), e);  /* columns j >= i */
-            s = vadd(s, e);
-            vstore(col + j, vadd(vload(col + j), e));
-        }
-        total += log((double)vsum(s) + (double)before);
-    }
-    return total;
-}
-
 /* sum over `rows` rows of a of logsumexp_j(beta a_j), the first n columns (see exp_rows) */
 static inline __attribute__((always_inline)) double logsumexp_rows(int rows, const float *a, int64_t n, int64_t ld,
                                                                    float beta)
@@ -423,10 +399,11 @@ static int bounded_scores(const float *z, int64_t n, int64_t p, float beta)
     return beta * most <= BOUND;
 }
 
-/* The upper triangle of the symmetric n x n scores a (leading dimension ld; `gemm` with `upper`) -> e^(beta a_ij)
- * for j >= i in place, and sums[i] = sum_j e^(beta a_ij) over the whole row i (each pair exponentiated once; the
- * scores bounded, see bounded_scores) */
-static void exp_upper(float *a, int64_t n, int64_t ld, float beta, float *sums)
+/* The upper triangle of the symmetric n x n scores a (leading dimension ld; `gemm` with `upper`), bounded (see
+ * bounded_scores): sums[i] = sum_j e^(beta a_ij) over the whole row i, each pair's exponential made once (added to
+ * row i's sum and kept in sums[j] for row j's), and with `store` the exponentials written over a for j >= i */
+static inline __attribute__((always_inline)) void exp_upper(float *a, int64_t n, int64_t ld, float beta,
+                                                            float *sums, int store)
 {
     vf vb = vset1(beta);
     memset(sums, 0, (size_t)ld * sizeof(float));
@@ -440,7 +417,7 @@ static void exp_upper(float *a, int64_t n, int64_t ld, float beta, float *sums)
             if (j == j0) e = vkeep(vnot(lanes(i - j0)), e);  /* columns j >= i */
             s = vadd(s, e);
             vstore(sums + j, vadd(vload(sums + j), e));
-            vstore(row + j, e);
+            if (store) vstore(row + j, e);
         }
         sums[i] = vsum(s) + before;
     }
@@ -493,7 +470,7 @@ int hs_bisoftmax_forward(int64_t b0, int64_t b1, int64_t n, int64_t p, float bet
         gemm(n, n, p, z, p, zt, ld, 0, z, p, zt, ld, A, ld, sym);
         if (b + 1 < b1) prefetch_lines(z + n * p, n * p);
         if (sym) {
-            exp_upper(A, n, ld, beta, Pp);
+            exp_upper(A, n, ld, beta, Pp, 1);
             symmetric_maps(A, Pp, n, ld, Pp + ld, S);
         } else {
             for (int64_t i = 0; i < n; i += ROWS)
@@ -521,9 +498,10 @@ int hs_bisoftmax_energy(int64_t b0, int64_t b1, int64_t n, int64_t p, float beta
         gemm(n, n, p, z, p, zt, ld, 0, z, p, zt, ld, A, ld, bounded);
         if (b + 1 < b1) prefetch_lines(z + n * p, n * p);
         double total = 0.0;
-        if (bounded)
-            total = logsumexp_symmetric(A, n, ld, beta, col);
-        else
+        if (bounded) {
+            exp_upper(A, n, ld, beta, col, 0);
+            for (int64_t i = 0; i < n; i++) total += log((double)col[i]);
+        } else
             for (int64_t i = 0; i < n; i += ROWS)
                 total += logsumexp_rows(i + ROWS <= n ? ROWS : (int)(n - i), A + i * ld, n, ld, beta);
         E[b] = (float)total;
