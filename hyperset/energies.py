@@ -76,14 +76,17 @@ def head_projections(X: Tensor, W: Tensor, heads: int, normalize: bool = True, e
     At inference the normalised ones are handed on (``hyperset.accel.reuse``): the trace's energy at a state and
     the update from it make them once."""
     ops = policy(X)
-    if normalize and ops.memo is not None:
-        Zn = ops.memo.recall(X, W, heads, eps)
-        if Zn is None:
-            Zn = rms_normalize(split_heads(ops.matmul(X, W), heads), eps)
-            ops.memo.remember(X, W, heads, eps, Zn)
-        return Zn
+    memo = ops.memo if normalize else None
+    kept = memo.recall(X, W, heads, eps) if memo is not None else None
+    if kept is not None:
+        return kept
     Z = split_heads(ops.matmul(X, W), heads)
-    return rms_normalize(Z, eps) if normalize else Z
+    if not normalize:
+        return Z
+    Zn = rms_normalize(Z, eps)
+    if memo is not None:
+        memo.remember(X, W, heads, eps, Zn)
+    return Zn
 
 
 # ---------------------------------------------------------------------------------------------------------------

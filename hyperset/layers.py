@@ -90,8 +90,14 @@ class StepSizes(nn.Module):
             for lin in (self.L1, self.L2):
                 nn.init.zeros_(lin.weight)
                 nn.init.zeros_(lin.bias)
+        self._start_output()
+
+    @torch.no_grad()
+    def _start_output(self) -> None:
+        """L3 as a new model starts it: zero weight and a bias that gives alpha = gamma = step_init for every token
+        (with a softplus the raw output starts at log(e^s - 1))."""
+        cfg = self.cfg
         nn.init.zeros_(self.L3.weight)
-        # with a softplus the raw output starts at log(e^s - 1), so that alpha = gamma = step_init still
         bias = math.log(math.expm1(cfg.step_init)) if cfg.step_sign == "positive" else cfg.step_init
         nn.init.constant_(self.L3.bias, bias)
 
@@ -107,15 +113,13 @@ class StepSizes(nn.Module):
         self.L1.reset_parameters()
         return True
 
-    @torch.no_grad()
     def restart_positive(self) -> bool:
-        """Start the output layer L3 again as a new model with step_sign "positive" starts it (zero weight, bias
-        log(e^step_init - 1): alpha = gamma = step_init for every token), for weights trained with signed steps,
-        whose raw outputs mean nothing under the softplus. Returns whether it applied (adaptive positive steps)."""
+        """Start the output layer L3 again as a new model with step_sign "positive" starts it (`_start_output`), for
+        weights trained with signed steps, whose raw outputs mean nothing under the softplus. Returns whether it
+        applied (adaptive positive steps)."""
         if self.cfg.step == "fixed" or self.cfg.step_sign != "positive":
             return False
-        nn.init.zeros_(self.L3.weight)
-        nn.init.constant_(self.L3.bias, math.log(math.expm1(self.cfg.step_init)))
+        self._start_output()
         return True
 
     @eager_only  # reads a weight: under torch.compile the answer is taken in eager mode, not traced

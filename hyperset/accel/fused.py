@@ -194,9 +194,12 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
     return a @ b
 
 
-def _inv_rms(x: Tensor, eps: float) -> Tensor:
-    """1 / rms of each row, (..., 1), as hyperset.energies.inv_rms computes it."""
-    return torch.rsqrt(torch.linalg.vector_norm(x, dim=-1, keepdim=True).square() / x.shape[-1] + eps)
+def _inv_rms(x: Tensor, eps: float, sq: Tensor | None = None) -> Tensor:
+    """1 / rms of each row, (..., 1), as hyperset.energies.inv_rms computes it; `sq`: the rows' squared norms,
+    where already made."""
+    if sq is None:
+        sq = torch.linalg.vector_norm(x, dim=-1, keepdim=True).square()
+    return torch.rsqrt(sq / x.shape[-1] + eps)
 
 
 def _rows(t: Tensor) -> Tensor:
@@ -219,7 +222,7 @@ def folded_relu(X: Tensor, Ds: Tensor, Dg: Tensor, eps: float, rows: bool = Fals
     U = matmul(X, Ds)  # (B, N, M): X D with the columns of negative gain flipped
     if rows:
         V, sq, _ = cpu_kernels.relu_rows(U)
-        r = torch.rsqrt(sq / U.shape[-1] + eps)
+        r = _inv_rms(U, eps, sq)
     else:
         r = _inv_rms(U, eps)  # (B, N, 1)
         V = torch.relu(U)
