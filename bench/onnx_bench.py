@@ -59,36 +59,30 @@ import fma_peak  # noqa: E402
 
 
 def flops_per_board(cfg: Any, iters: int, energies: bool = True, shared_projections: bool = True) -> dict[str, Any]:
-    """Multiply-add FLOPs (2 per MAC) of one board through a Hyper-SET model, from the config alone.
+    """Multiply-add FLOPs (2 per MAC) of one board through a Hyper-SET model: the products of bench/flops.py's
+    model of a forward pass (`flops.matmuls`, the one count the ceilings use), per iteration by component and once
+    per pass.
 
-    Counted, per iteration (N tokens, d = dim, M = ff_hidden, p = d / H):
-      attention step   X W (2Nd^2), scores Z Z^T per head (2N^2 d), (P + P^T) Z (2N^2 d), back-projection (2Nd^2)
-      feedforward step X D (2NdM), ReLU(U) D^T (2NdM)
-      step sizes       L3 on the condition (2N d 2d); the time MLP L1, L2 (2 t_dim d + 2 d^2), which is shared by
-                       the whole batch but counted per board (an upper bound; it is < 1 % of the total)
-      energies         X W (2Nd^2), Z Z^T (2N^2 d), X D (2NdM): the trace evaluates both energies after every
-                       update (what the solver and all three runners compute); with `shared_projections` the
-                       energy's X W is the next attention step's, made once per iteration (one more for the first
-                       step, once per pass)
-    and once: the head (2 N d C). Not counted: the embedding lookups, the RMSNorms, softmax/logsumexp, GELU/ReLU
-    and the residual additions (elementwise, O(N d) or O(N^2 H) each). Only the Hyper-SET layer is modelled.
+    Per iteration: the attention step's X W and back-projection, its per-head scores and (P + P^T) Z, the
+    feedforward's X D and ReLU(U) D^T, the step sizes where they depend on t (made once per pass where they do not:
+    conditioned on x0 with a dead time network, as the model runs them), and with `energies` the trace's E_ATTN and
+    E_FF after every update (X W, the scores, X D); with `shared_projections` the energy's X W is the next attention
+    step's, made once per iteration (one more for the first step, once per pass). Once: the head and what is made
+    once per pass. Not counted: the embedding lookups, the RMSNorms, softmax/logsumexp, GELU/ReLU and the residual
+    additions (elementwise, O(N d) or O(N^2 H) each). Only the Hyper-SET layer is modelled.
     """
+    import flops as F
+
     if cfg.layer != "hyperset":
         raise ValueError(f"FLOP model only for the hyperset layer, not {cfg.layer!r}")
-    N, d, M, C = cfg.seq_len, cfg.dim, cfg.ff_hidden, cfg.num_classes
-    per_iter = {
-        "attention_projections": 2 * (2 * N * d * d),
-        "attention_scores_and_AV": 2 * (2 * N * N * d),
-        "feedforward": 2 * (2 * N * d * M),
-        "step_sizes": (2 * N * d * 2 * d + (2 * cfg.time_dim * d + 2 * d * d if cfg.time_mlp else 0))
-        if cfg.step == "adaptive" else 0,
-        "energies": ((0 if shared_projections else 2 * N * d * d) + 2 * N * N * d + 2 * N * d * M)
-        if energies else 0,
-    }
+    mms = F.matmuls(cfg, 1, energies=energies, shared_projections=energies and shared_projections)
+    per_iter = {c: sum(mm.flops for mm in mms if mm.component == c and not mm.once)
+                for c in dict.fromkeys(mm.component for mm in mms)}
+    per_iter = {c: v for c, v in per_iter.items() if v}
+    once = sum(mm.flops for mm in mms if mm.once)
     steps = iters * cfg.n_layers
-    once = 2 * N * d * C + (2 * N * d * d * cfg.n_layers if energies and shared_projections else 0)
-    return {"per_iteration": per_iter, "head": 2 * N * d * C, "once_per_pass": once, "iterations": steps,
-            "total": steps * sum(per_iter.values()) + once}
+    return {"per_iteration": per_iter, "head": sum(mm.flops for mm in mms if mm.component == "readout"),
+            "once_per_pass": once, "iterations": steps, "total": steps * sum(per_iter.values()) + once}
 
 
 def matmul_flops(dtype: torch.dtype, n: int, repeats: int) -> dict[str, Any]:

@@ -58,7 +58,27 @@ def test_the_flops_per_board_count_the_projections_once_per_iteration_where_shar
         least, both = onnx_bench.flops_per_board(cfg, iters), onnx_bench.flops_per_board(cfg, iters,
                                                                                          shared_projections=False)
         assert both["total"] - least["total"] == (iters - 1) * 2 * N * d * d
-        assert onnx_bench.flops_per_board(cfg, iters, energies=False)["once_per_pass"] == least["head"]
+        assert onnx_bench.flops_per_board(cfg, iters, energies=False)["head"] == least["head"] == 2 * N * d * 9
+
+
+def test_the_flops_per_board_count_step_sizes_once_where_the_model_makes_them_once() -> None:
+    """Conditioned on x0 with a dead time network (time_init "zero", as the shipped Sudoku model), the step sizes
+    are made once per pass (RecurrentCore._fixed_steps): counted once, not at every iteration; with a live time
+    network at every iteration. The count is bench/flops.py's, the one the ceilings use."""
+    live = preset_config("sudoku-cpu", dim=16, heads=2, ff_hidden=32, time_dim=16, iters=2, time_init="live")
+    dead = preset_config("sudoku-cpu", dim=16, heads=2, ff_hidden=32, time_dim=16, iters=2, time_init="zero")
+    N, d, td = live.seq_len, live.dim, live.time_dim
+    per_pass = 2 * N * d * 2 * d + 2 * td * d + 2 * d * d  # L3 per token, the time MLP's L1 and L2
+    for iters in (1, 4):
+        a, b = onnx_bench.flops_per_board(live, iters), onnx_bench.flops_per_board(dead, iters)
+        assert a["per_iteration"]["step_sizes"] == per_pass and "step_sizes" not in b["per_iteration"]
+        assert b["once_per_pass"] - a["once_per_pass"] == per_pass
+        assert a["total"] - b["total"] == (iters - 1) * per_pass
+        total = sum(mm.flops for mm in flops.matmuls(dead, 1, energies=True, shared_projections=True)
+                    if not mm.once) * iters + sum(mm.flops for mm in flops.matmuls(dead, 1, energies=True,
+                                                                                    shared_projections=True)
+                                                  if mm.once)
+        assert b["total"] == total
 
 
 def test_the_ceiling_takes_each_product_at_its_fastest_slicing() -> None:
