@@ -80,10 +80,10 @@ def head_projections(X: Tensor, W: Tensor, heads: int, normalize: bool = True, e
     kept = memo.recall(X, W, heads, eps) if memo is not None else None
     if kept is not None:
         return kept
-    Z = split_heads(ops.matmul(X, W), heads)
+    XW = ops.matmul(X, W)
     if not normalize:
-        return Z
-    Zn = rms_normalize(Z, eps)
+        return split_heads(XW, heads)
+    Zn = ops.heads_rms(XW, heads, eps) if ops.heads_rms is not None else rms_normalize(split_heads(XW, heads), eps)
     if memo is not None:
         memo.remember(X, W, heads, eps, Zn)
     return Zn

@@ -220,8 +220,12 @@ class HyperSETLayer(nn.Module):
     def attn_grad_from_projections(self, Z: Tensor, W: Tensor) -> Tensor:
         """`attn_grad` from the head projections already on their spheres, `projections(X)` (B, H, N, p): their
         gain, the attention operator, the back-projection through W."""
-        G = attn_energy_grad_heads(Z * self.norm_attn.weight, self.cfg.attention, self.cfg.phi)
-        return policy(G).matmul(merge_heads(G), W.transpose(0, 1))
+        ops = policy(Z)
+        if self.cfg.attention == "bisoftmax" and ops.attention_heads is not None:  # the gain and the merge fused
+            G = ops.attention_heads(Z, self.norm_attn.weight, 1.0 / math.sqrt(Z.shape[-1]))
+        else:
+            G = merge_heads(attn_energy_grad_heads(Z * self.norm_attn.weight, self.cfg.attention, self.cfg.phi))
+        return ops.matmul(G, W.transpose(0, 1))
 
     def ff_descent(self, X: Tensor, D: Tensor, normalize: bool = True,
                    folded: tuple[Tensor, Tensor] | None = None) -> Tensor:

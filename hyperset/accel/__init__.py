@@ -47,6 +47,9 @@ class Ops:
     fold_ff         (D, g) -> the folded feedforward weights those two take
     attention_maps  (P + P^T) Z of the bi-softmax at inference, per (board, head) in C
     attention_energy  sum_i logsumexp_j(beta Z Z^T)_ij of the bi-softmax at inference, per (board, head) in C
+    attention_heads the attention step's merge((P + P^T) (Z g)) from head-major projections and the gain, in one
+                    C call, at inference (no gradient)
+    heads_rms       the head projections of X W on their spheres, head-major, in one C pass, at inference
     steps_once      whether step sizes that do not depend on t may be made once per pass under gradients
     memo            the trace's head projections handed to the next update (the `reuse` module), at inference
     onnx            the export's forms (`onnx_forms`) while an ONNX export traces the model
@@ -93,6 +96,14 @@ class Ops:
     @property
     def attention_energy(self) -> Callable[..., Tensor] | None:
         return cpu_kernels.bisoftmax_energy if self.maps else None
+
+    @property
+    def attention_heads(self) -> Callable[[Tensor, Tensor, float], Tensor] | None:
+        return cpu_kernels.bisoftmax_attention_heads if self.maps and self.hand_on else None
+
+    @property
+    def heads_rms(self) -> Callable[[Tensor, int, float], Tensor] | None:
+        return cpu_kernels.heads_rms if self.maps and self.hand_on else None
 
     @property
     def memo(self) -> Any:

@@ -122,8 +122,10 @@ def _build() -> ctypes.CDLL:
     handle.hs_bisoftmax_backward.argtypes = [i64, i64, i64, i64, f32, ptr, ptr, ptr, ptr]
     handle.hs_bisoftmax_energy.argtypes = [i64, i64, i64, i64, f32, ptr, ptr]
     handle.hs_relu_rows.argtypes = [i64, i64, i64, ptr, ptr, ptr, ptr]
+    handle.hs_bisoftmax_attention_heads.argtypes = [i64, i64, i64, i64, i64, f32, ptr, ptr, ptr]
+    handle.hs_heads_rms.argtypes = [i64, i64, i64, i64, i64, f32, ptr, ptr]
     for fn in (handle.hs_bisoftmax_forward, handle.hs_bisoftmax_backward, handle.hs_bisoftmax_energy,
-               handle.hs_relu_rows):
+               handle.hs_relu_rows, handle.hs_bisoftmax_attention_heads, handle.hs_heads_rms):
         fn.restype = ctypes.c_int
     return handle
 
@@ -244,12 +246,41 @@ def _like_z(z: Tensor, *args: Any) -> Tensor:
     return torch.empty_like(z)
 
 
+def _attention_heads(zn: Tensor, g: Tensor, beta: float) -> Tensor:
+    zn, g = zn.contiguous(), g.contiguous()
+    b, h, n, p = zn.shape
+    Gm = zn.new_empty(b, n, h * p)
+    _run(_library().hs_bisoftmax_attention_heads, b * h, n, p, h, beta, zn.data_ptr(), g.data_ptr(), Gm.data_ptr())
+    return Gm
+
+
+def _attention_heads_fake(zn: Tensor, g: Tensor, beta: float) -> Tensor:
+    b, h, n, p = zn.shape
+    return zn.new_empty(b, n, h * p)
+
+
+def _heads_rms(xw: Tensor, heads: int, eps: float) -> Tensor:
+    xw = xw.contiguous()
+    b, n, d = xw.shape
+    Zn = xw.new_empty(b, heads, n, d // heads)
+    _run(_library().hs_heads_rms, b, n, heads, d // heads, eps, xw.data_ptr(), Zn.data_ptr())
+    return Zn
+
+
+def _heads_rms_fake(xw: Tensor, heads: int, eps: float) -> Tensor:
+    b, n, d = xw.shape
+    return xw.new_empty(b, heads, n, d // heads)
+
+
 define_op("bisoftmax_maps", "(Tensor z, float beta) -> (Tensor, Tensor)", _maps, _maps_fake)
 define_op("bisoftmax_maps_backward", "(Tensor z, Tensor P, Tensor dG, float beta) -> Tensor", _maps_backward,
           _like_z)
 define_op("bisoftmax_attention", "(Tensor z, float beta) -> Tensor", _attention, _like_z)
 define_op("bisoftmax_energy", "(Tensor z, float beta) -> Tensor", _energy, _energy_fake)
 define_op("relu_rows", "(Tensor u, bool relu) -> (Tensor, Tensor, Tensor)", _relu_rows, _relu_rows_fake)
+define_op("bisoftmax_attention_heads", "(Tensor zn, Tensor g, float beta) -> Tensor", _attention_heads,
+          _attention_heads_fake)
+define_op("heads_rms", "(Tensor xw, int heads, float eps) -> Tensor", _heads_rms, _heads_rms_fake)
 
 
 @register_flop_formula(torch.ops.hyperset.bisoftmax_maps)
@@ -261,6 +292,12 @@ def _maps_flops(z_shape: torch.Size, *args, out_shape=None, **kwargs) -> int:
 @register_flop_formula(torch.ops.hyperset.bisoftmax_attention)
 def _attention_flops(z_shape: torch.Size, *args, out_shape=None, **kwargs) -> int:
     return _maps_flops(z_shape)
+
+
+@register_flop_formula(torch.ops.hyperset.bisoftmax_attention_heads)
+def _attention_heads_flops(zn_shape: torch.Size, *args, out_shape=None, **kwargs) -> int:
+    b, h, n, p = zn_shape
+    return _maps_flops(torch.Size((b * h, n, p)))
 
 
 @register_flop_formula(torch.ops.hyperset.bisoftmax_energy)
@@ -289,6 +326,18 @@ def bisoftmax_energy(z: Tensor, beta: float) -> Tensor:
     """sum_i logsumexp_j(beta z z^T)_ij for z (..., N, p) -> (...): the bi-softmax energy of each map times beta,
     for inference (no gradient)."""
     return torch.ops.hyperset.bisoftmax_energy(z.reshape(-1, *z.shape[-2:]), float(beta)).view(z.shape[:-2])
+
+
+def bisoftmax_attention_heads(zn: Tensor, g: Tensor, beta: float) -> Tensor:
+    """merge((P + P^T) (zn g)) for head-major zn (B, H, N, p) and a gain g (p,), P = softmax(beta (zn g)(zn g)^T):
+    `bisoftmax_attention` of zn * g with the heads merged, (B, N, H*p), in one call (no gradient; inference)."""
+    return torch.ops.hyperset.bisoftmax_attention_heads(zn, g, float(beta))
+
+
+def heads_rms(xw: Tensor, heads: int, eps: float) -> Tensor:
+    """The head projections of xw (B, N, H*p) on their spheres, head-major and contiguous (B, H, N, p):
+    ``rms_normalize(split_heads(xw, heads), eps)`` in one pass (no gradient; inference)."""
+    return torch.ops.hyperset.heads_rms(xw, int(heads), float(eps))
 
 
 def relu_rows(u: Tensor, relu: bool = True) -> tuple[Tensor | None, Tensor, Tensor]:

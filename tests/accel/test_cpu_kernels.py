@@ -114,6 +114,35 @@ def test_the_attention_at_inference_equals_the_written_out_maps(n: int, p: int, 
 
 @needs_kernel
 @pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(("n", "heads", "p"), [(81, 4, 32), (5, 2, 3), (17, 3, 16), (65, 2, 40), (9, 1, 8)])
+def test_the_head_projections_and_the_merged_attention_at_inference_equal_the_written_out_ones(
+        n: int, heads: int, p: int, threads: int) -> None:
+    """heads_rms: split_heads + rms_normalize of X W in one pass, head-major and contiguous, within fp32 rounding;
+    bisoftmax_attention_heads: merge((P + P^T) (Zn g)) with the gain and the merge in the same call, against the
+    maps written out in fp64 on the same gained projections (maps of several boards and heads in one call, split
+    over the threads mid-board where the count is odd), with a gain far from 1 on one head so that its scores
+    need the softmax's max."""
+    gen = torch.Generator().manual_seed(n * 100 + heads * 10 + p)
+    xw = torch.randn(3, n, heads * p, generator=gen) * 3.0
+    g = torch.rand(p, generator=gen) + 0.5
+    beta = 1.0 / math.sqrt(p)
+    with _kernel_on(threads):
+        zn = cpu_kernels.heads_rms(xw, heads, 1e-6)
+        Gm = cpu_kernels.bisoftmax_attention_heads(zn, g, beta)
+        G_far = cpu_kernels.bisoftmax_attention_heads(zn, g * 20.0, beta)
+    ref = rms_normalize(split_heads(xw, heads), 1e-6)
+    assert zn.shape == (3, heads, n, p) and zn.is_contiguous()
+    torch.testing.assert_close(zn, ref, rtol=2e-6, atol=2e-6)
+    for gain, got in ((g, Gm), (g * 20.0, G_far)):
+        zg = (ref * gain).reshape(-1, n, p)
+        G64 = merge_heads(_maps(zg.double(), beta)[1].view(3, heads, n, p))
+        G32 = merge_heads(_maps(zg, beta)[1].view(3, heads, n, p))
+        assert got.shape == (3, n, heads * p)
+        assert _rel(got, G64) <= max(4 * _rel(G32, G64), 2e-6)
+
+
+@needs_kernel
+@pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("m", [512, 7, 16, 37])
 def test_the_feedforward_rows_equal_relu_and_its_norms(m: int, threads: int) -> None:
     """ReLU(U) exactly, |U|^2 and |ReLU(U)|^2 per row within fp32 rounding of the fp64 sums, whole vectors and
@@ -258,16 +287,21 @@ def test_the_instruction_set_follows_pytorchs_reading_of_the_cpu(monkeypatch: py
 
 @needs_kernel
 def test_inference_takes_the_kernel_and_gives_the_same_logits(monkeypatch: pytest.MonkeyPatch) -> None:
-    """At inference (no gradient through Z) the bi-softmax attention and the trace's attention energy run in the
-    kernel without writing P, and the feedforward's ReLU and norms in its row pass: the model's logits and energies
-    within 1e-5 of PyTorch's calls; with a gradient to take through Z it steps aside."""
+    """At inference (no gradient through Z) the bi-softmax attention (from the head-major projections, the gain and
+    the merge in the same call) and the trace's attention energy run in the kernel without writing P, the head
+    projections go on their spheres in one pass, and the feedforward's ReLU and norms in its row pass: the model's
+    logits and energies within 1e-5 of PyTorch's calls; with a gradient to take through Z it steps aside."""
     from hyperset.config import preset_config
     from hyperset.energies import attn_energy_grad_heads
     from hyperset.models import HyperSETModel
 
-    calls, energy_calls, row_calls = [], [], []
+    calls, energy_calls, row_calls, rms_calls = [], [], [], []
     attention, energy, rows = cpu_kernels.bisoftmax_attention, cpu_kernels.bisoftmax_energy, cpu_kernels.relu_rows
+    heads, rms = cpu_kernels.bisoftmax_attention_heads, cpu_kernels.heads_rms
     monkeypatch.setattr(cpu_kernels, "bisoftmax_attention", lambda z, beta: calls.append(1) or attention(z, beta))
+    monkeypatch.setattr(cpu_kernels, "bisoftmax_attention_heads",
+                        lambda z, g, beta: calls.append(1) or heads(z, g, beta))
+    monkeypatch.setattr(cpu_kernels, "heads_rms", lambda xw, h, eps: rms_calls.append(1) or rms(xw, h, eps))
     monkeypatch.setattr(cpu_kernels, "bisoftmax_energy", lambda z, beta: energy_calls.append(1) or energy(z, beta))
     monkeypatch.setattr(cpu_kernels, "relu_rows", lambda u, relu=True: row_calls.append(relu) or rows(u, relu))
     torch.manual_seed(0)
@@ -276,10 +310,11 @@ def test_inference_takes_the_kernel_and_gives_the_same_logits(monkeypatch: pytes
     with torch.no_grad():
         with cpu_kernels.using_cpu_kernels("off"):
             ref = model.run(x, trace=True)
-        assert not calls and not energy_calls and not row_calls
+        assert not calls and not energy_calls and not row_calls and not rms_calls
         with cpu_kernels.using_cpu_kernels("on"):
             out = model.run(x, trace=True)
     assert len(calls) == len(energy_calls) == model.cfg.iters
+    assert len(rms_calls) == model.cfg.iters + 1  # each energy's, handed to the next update; the first update's
     assert row_calls == [True, False] * model.cfg.iters  # the update's ReLU and norm, then the energy's norms
     torch.testing.assert_close(out.logits, ref.logits, rtol=1e-5, atol=1e-5)
     for name, values in ref.trace.energy.items():

@@ -9,6 +9,9 @@
  *             G = (P + P^T) Zn                            (N x p)
  *   energy:   E = sum_i logsumexp_j(beta Zn Zn^T)_ij     (one number; the attention energy times beta; where
  *                                                        the scores are bounded, from the upper triangle)
+ *   heads:    at inference, the same G for head-major maps with a gain, written with the heads merged
+ *             (hs_bisoftmax_attention_heads), and the head projections put on their spheres head-major
+ *             (hs_heads_rms)
  *   backward: given dG (N x p), with S = P + P^T,
  *             dP = softmax'(beta (dG Zn^T + Zn dG^T))     (the softmax's derivative at P)
  *             dZn = S dG + (dP + dP^T) Zn                 (N x p)
@@ -455,33 +458,92 @@ static float *scratch(int64_t ld, int64_t p)
     return w;
 }
 
+/* One map: P (where pb is not NULL) and G = (P + P^T) z for z (n x p, contiguous), G written with leading dimension
+ * ldg; w the thread's scratch (`scratch`), `next` the next map's operand to ask the cache for (or NULL) */
+static void forward_map(const float *z, int64_t n, int64_t p, float beta, float *pb, float *g, int64_t ldg,
+                        float *w, const float *next)
+{
+    int64_t ld = padded(n);
+    float *A = w, *Pp = w + ld * ld, *S = w + 2 * ld * ld, *zt = w + 3 * ld * ld;
+    int sym = !pb && bounded_scores(z, n, p, beta);  /* at inference, scores bounded: each pair once */
+    transpose_into(z, n, p, zt, ld);
+    gemm(n, n, p, z, p, zt, ld, 0, z, p, zt, ld, A, ld, sym);
+    if (next) prefetch_lines(next, n * p);
+    if (sym) {
+        exp_upper(A, n, ld, beta, Pp, 1);
+        symmetric_maps(A, Pp, n, ld, Pp + ld, S);
+    } else {
+        for (int64_t i = 0; i < n; i += ROWS)
+            softmax_rows(i + ROWS <= n ? ROWS : (int)(n - i), A + i * ld, Pp + i * ld, n, ld, beta);
+        if (pb) store_streaming(Pp, ld, n, pb);
+        add_transpose(Pp, S, ld);
+    }
+    gemm(n, p, n, S, ld, z, p, 0, S, ld, z, p, g, ldg, 0);
+}
+
 int hs_bisoftmax_forward(int64_t b0, int64_t b1, int64_t n, int64_t p, float beta, const float *Zn, float *P,
                          float *G)
 {
-    int64_t ld = padded(n);
-    float *w = scratch(ld, p);
+    float *w = scratch(padded(n), p);
     if (!w) return 1;
-    float *A = w, *Pp = w + ld * ld, *S = w + 2 * ld * ld, *zt = w + 3 * ld * ld;
-    for (int64_t b = b0; b < b1; b++) {
-        const float *z = Zn + b * n * p;
-        float *pb = P ? P + b * n * n : NULL;
-        int sym = !pb && bounded_scores(z, n, p, beta);  /* at inference, scores bounded: each pair once */
-        transpose_into(z, n, p, zt, ld);
-        gemm(n, n, p, z, p, zt, ld, 0, z, p, zt, ld, A, ld, sym);
-        if (b + 1 < b1) prefetch_lines(z + n * p, n * p);
-        if (sym) {
-            exp_upper(A, n, ld, beta, Pp, 1);
-            symmetric_maps(A, Pp, n, ld, Pp + ld, S);
-        } else {
-            for (int64_t i = 0; i < n; i += ROWS)
-                softmax_rows(i + ROWS <= n ? ROWS : (int)(n - i), A + i * ld, Pp + i * ld, n, ld, beta);
-            if (pb) store_streaming(Pp, ld, n, pb);
-            add_transpose(Pp, S, ld);
-        }
-        gemm(n, p, n, S, ld, z, p, 0, S, ld, z, p, G + b * n * p, p, 0);
-    }
+    for (int64_t b = b0; b < b1; b++)
+        forward_map(Zn + b * n * p, n, p, beta, P ? P + b * n * n : NULL, G + b * n * p, p, w,
+                    b + 1 < b1 ? Zn + (b + 1) * n * p : NULL);
     _mm_sfence();  /* the streaming stores of P reach memory before anything reads it */
     free(w);
+    return 0;
+}
+
+/* At inference, for the maps [m0, m1) of head-major projections Zn (boards x heads maps of n x p, map m = board
+ * m / heads, head m % heads) and a gain g (p): G = (P + P^T) (Zn g) with P = softmax(beta (Zn g)(Zn g)^T), written
+ * token-major with the heads merged: row i of board b at Gm + (b n + i) heads p, head h at columns h p .. h p + p
+ * (the layout the back-projection reads) */
+int hs_bisoftmax_attention_heads(int64_t m0, int64_t m1, int64_t n, int64_t p, int64_t heads, float beta,
+                                 const float *Zn, const float *g, float *Gm)
+{
+    float *w = scratch(padded(n), p), *zg = aligned_alloc(64, (size_t)((n * p + 15) / 16 * 16) * sizeof(float));
+    if (!w || !zg) {
+        free(w);
+        free(zg);
+        return 1;
+    }
+    for (int64_t m = m0; m < m1; m++) {
+        const float *z = Zn + m * n * p;
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t k = 0; k < p; k += VL) {
+                vmask k_lanes = lanes(p - k);
+                vstore_mask(zg + i * p + k, k_lanes, vmul(vload_mask(k_lanes, z + i * p + k), vload_mask(k_lanes, g + k)));
+            }
+        forward_map(zg, n, p, beta, NULL, Gm + (m / heads) * n * heads * p + (m % heads) * p, heads * p, w,
+                    m + 1 < m1 ? z + n * p : NULL);
+    }
+    free(zg);
+    free(w);
+    return 0;
+}
+
+/* The head projections of boards [b0, b1) on their spheres: XW holds n rows of heads x p values per board (head h
+ * at columns h p .. h p + p); each head's row z goes to Zn head-major (board, head, token) as z / sqrt(mean(z^2) +
+ * eps) */
+int hs_heads_rms(int64_t b0, int64_t b1, int64_t n, int64_t heads, int64_t p, float eps, const float *XW,
+                 float *Zn)
+{
+    for (int64_t b = b0; b < b1; b++)
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t h = 0; h < heads; h++) {
+                const float *z = XW + ((b * n + i) * heads + h) * p;
+                float *out = Zn + ((b * heads + h) * n + i) * p;
+                vf acc = vzero();
+                for (int64_t k = 0; k < p; k += VL) {
+                    vf v = vload_mask(lanes(p - k), z + k);
+                    acc = vfmadd(v, v, acc);
+                }
+                vf s = vset1(1.0f / sqrtf(vsum(acc) / (float)p + eps));
+                for (int64_t k = 0; k < p; k += VL) {
+                    vmask k_lanes = lanes(p - k);
+                    vstore_mask(out + k, k_lanes, vmul(vload_mask(k_lanes, z + k), s));
+                }
+            }
     return 0;
 }
 
