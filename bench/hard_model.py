@@ -118,8 +118,15 @@ def _solve(solver: Solver, ps: list[rated.RatedPuzzle], **kw: Any) -> dict[str, 
     out: dict[str, Any] = {"solved": float(np.mean([r.valid for r in res])), "seconds": round(dt, 2)}
     if res and res[0].search is not None:
         nodes = [r.search["nodes"] for r in res]
+        # the nodes on the way to an answer (its decisions' ancestors, and the node itself where the model's
+        # prediction answered) against the rest, spent on decisions taken back
+        path = [r.search["decisions"] + int(r.search["by_model"]) for r in res if r.valid]
+        wasted = [r.search["nodes"] - k for r, k in zip([r for r in res if r.valid], path)]
         out.update(nodes_median=statistics.median(nodes), nodes_mean=statistics.mean(nodes),
                    no_backtrack=float(np.mean([r.valid and r.search["backtracks"] == 0 for r in res])))
+        if path:
+            out.update(path_nodes_median=statistics.median(path), path_nodes_mean=statistics.mean(path),
+                       off_path_nodes_median=statistics.median(wasted), off_path_nodes_mean=statistics.mean(wasted))
     return out
 
 

@@ -63,7 +63,9 @@ class SearchInfo:
     """How a board's search went: `status` "solved", "no solution" or "budget"; `nodes` (model calls, or
     expansions with the uniform prior), `backtracks` (decisions taken back), `decisions` (cells fixed by a choice
     on the way to the answer), `propagated` (cells the exact checks placed), `depth` (decisions of the node
-    reached); with views, which view answered."""
+    reached), `by_model` (the answer was the model's prediction at a node, not the checks' propagation); with
+    views, which view answered. The nodes on the way to the answer are its `decisions` ancestors, and the node
+    itself where `by_model`: the rest of `nodes` went into decisions taken back."""
 
     status: str = "running"
     nodes: int = 0
@@ -79,7 +81,7 @@ class SearchInfo:
     def to_json(self) -> dict[str, object]:
         out: dict[str, object] = {"status": self.status, "nodes": self.nodes, "backtracks": self.backtracks,
                                   "decisions": self.decisions, "propagated": self.propagated,
-                                  "model_iterations": self.model_iterations}
+                                  "by_model": self.by_model, "model_iterations": self.model_iterations}
         if self.views:
             out["views"], out["view"] = self.views, self.view
         return out

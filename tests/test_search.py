@@ -134,6 +134,32 @@ def test_a_model_whose_beliefs_are_the_solution_needs_no_backtrack() -> None:
     assert all(r.search.nodes == 1 and r.search.backtracks == 0 and r.search.by_model for r in results)
 
 
+@pytest.mark.parametrize("first_look", [True, False])
+def test_the_nodes_on_the_way_to_the_answer_are_its_decisions_and_the_answering_node(model, first_look) -> None:
+    """Depth-first, every node whose board agrees with the unique solution is on the way to the answer: counted by
+    recording the boards the model is asked about, they are the answer's `decisions` ancestors plus the node itself
+    where the model's prediction answered (`by_model`), and the other nodes went into decisions taken back."""
+    seen: list[list[int]] = []
+
+    class Recording(TorchBackend):
+        def run(self, boards, iters, energies=True):
+            seen.extend(boards.tolist())
+            return super().run(boards, iters, energies)
+
+        def iterate(self, boards, iters):
+            seen.extend(boards.tolist())
+            return super().iterate(boards, iters)
+
+    for p in HARD:
+        seen.clear()
+        (r,) = _run(Recording(model, "cpu"), [p], first_look=first_look)
+        sol = [int(c) for c in solve(p)]
+        on_path = sum(all(d in (0, s) for d, s in zip(b, sol)) for b in seen)
+        assert r.search.status == "solved" and len(seen) == r.search.nodes and r.search.backtracks > 0
+        assert on_path == r.search.decisions + int(r.search.by_model)
+        assert r.search.to_json()["by_model"] == r.search.by_model
+
+
 def test_the_solver_reports_nodes_backtracks_and_how_per_board(tmp_path: Path) -> None:
     solver = Solver.load(write_tiny_sudoku_checkpoint(tmp_path / "m"), "cpu")
     results = solver.solve(HARD + [NO_SOLUTION], iters=2)

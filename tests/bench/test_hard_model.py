@@ -27,3 +27,22 @@ def test_the_long_run_starts_at_the_shipped_model_and_follows_its_checkpoints(tm
     alone = tmp_path / "alone.png"
     hard_model.training_curve([_row("shipped", 0.5)], alone)  # one point is no curve
     assert not alone.exists()
+
+
+def test_the_search_row_splits_the_nodes_into_the_way_to_the_answer_and_the_rest(tmp_path: Path) -> None:
+    """`_solve` on the search: besides the nodes, the nodes on the way to each answer (its decisions, and the node
+    whose prediction answered) and those spent on decisions taken back, which add up to the nodes."""
+    from conftest import write_tiny_sudoku_checkpoint
+
+    from hyperset.solve import Solver
+    from hyperset.sudoku import rated
+
+    hard = ["060040200000807000020000000009308060001090004070000000005000009900150008000002100",
+            "000000200200000109000050000010400900060080030008000060400300000580040600006002004"]
+    puzzles = [rated.RatedPuzzle(p, "", 64) for p in hard]
+    solver = Solver.load(write_tiny_sudoku_checkpoint(tmp_path / "m"), "cpu")
+    for kw in ({}, {"first_look": False}, {"prior": "uniform"}):
+        row = hard_model._solve(solver, puzzles, **kw)
+        assert row["solved"] == 1.0
+        assert row["path_nodes_mean"] + row["off_path_nodes_mean"] == row["nodes_mean"]
+        assert row["path_nodes_median"] >= 1 and row["off_path_nodes_mean"] > 0
