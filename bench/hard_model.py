@@ -5,6 +5,7 @@
     python bench/hard_model.py measure --checkpoint runs/ablations/hard-deep4/best --name hard-deep4 --rrn DIR
     python bench/hard_model.py tune --checkpoint runs/sudoku-cpu-hard2/best --name hard-cpu2 [--write]
     python bench/hard_model.py search --checkpoint sudoku --name shipped      # the default strategy, every bucket
+    python bench/hard_model.py paths --checkpoints sudoku runs/sudoku-cpu-hard2/best   # where the nodes go
     python bench/hard_model.py table                                               # every arm: JSON + PNG
 
 `data` writes `train.csv.gz` (the RRN-style training puzzles and rated minimal puzzles of hyperset.sudoku.rated,
@@ -23,6 +24,10 @@ puzzles (the seeds of `data`'s valid.csv.gz, never the measurements'): the commi
 (the most puzzles solved over all buckets, the fewest iterations among ties) and the search's iterations per node
 (the fewest model iterations, nodes x iterations per node, in all); bench/results/hard_model/tune-NAME.json, and
 with `--write` the checkpoint's config.json `solve_iterations` / `search_iterations` with a note saying how.
+`paths` runs the search on the hardest bucket's held-out puzzles
+at equal checks (the checks first, no first look) for each checkpoint at its own iterations per node and with the
+uniform prior, and splits each search's nodes into those on the way to the answer (its decisions, and the node
+whose prediction answered) and those spent on decisions taken back (bench/results/hard_model/search-paths.json).
 `table` gathers them into bench/results/hard_model.json and .png (one pass by depth), and hard_model_training.png: the
 long run's accuracy per bucket against its training CPU-hours (`LONG_RUN`).
 """
@@ -205,6 +210,26 @@ def search_per_bucket(checkpoint: str, n: int, seed: int, threads: int) -> dict[
     return out
 
 
+def search_paths(checkpoints: list[str], n: int, seed: int, threads: int) -> dict[str, Any]:
+    """The search on the first `n` held-out puzzles of the hardest bucket (the draw `measure` takes) at equal
+    checks, for each checkpoint and with the uniform prior: nodes, and how many were on the way to the answer."""
+    torch.set_num_threads(threads)
+    bucket = rated.BUCKETS[-1]
+    ps = puzzles_of(bucket, 200, seed, threads)[:n]
+    out: dict[str, Any] = {"bucket": bucket, "seed": seed, "puzzles": len(ps), "models": {}}
+    solver = None
+    for ckpt in checkpoints:
+        solver = Solver.load(resolve(ckpt), "cpu")
+        out["models"][ckpt] = {"search_iterations": solver.search_iters,
+                               "equal_checks": _solve(solver, ps, first_look=False)}
+        r = out["models"][ckpt]["equal_checks"]
+        print(f"  {ckpt}: nodes median {r['nodes_median']:g} (mean {r['nodes_mean']:.2f}); on the way to the "
+              f"answer {r['path_nodes_median']:g} ({r['path_nodes_mean']:.2f}), taken back "
+              f"{r['off_path_nodes_median']:g} ({r['off_path_nodes_mean']:.2f})", file=sys.stderr)
+    out["uniform"] = _solve(solver, ps, prior="uniform")
+    return out
+
+
 def write_choice(checkpoint: Path, choice: dict[str, Any], command: str) -> None:
     """The tuned defaults into the checkpoint's config.json, each with a note saying how they were chosen."""
     path = checkpoint / "config.json"
@@ -373,6 +398,11 @@ def main(argv: list[str] | None = None) -> None:
     sr.add_argument("--n", type=bench_args.count, default=200, help="held-out puzzles per bucket")
     sr.add_argument("--seed", type=int, default=11, help="the rated puzzles' seed (held out from training)")
     sr.add_argument("--threads", type=bench_args.count, default=1)
+    pa = sub.add_parser("paths", help="the hardest bucket's search at equal checks: nodes on the way to the answer")
+    pa.add_argument("--checkpoints", nargs="+", required=True, help="checkpoint folders or shipped model names")
+    pa.add_argument("--n", type=bench_args.count, default=100, help="held-out puzzles (at most 200)")
+    pa.add_argument("--seed", type=int, default=11, help="the rated puzzles' seed (held out from training)")
+    pa.add_argument("--threads", type=bench_args.count, default=1)
     tab = sub.add_parser("table")
     tab.add_argument("--markdown", action="store_true", help="also print the docs' table")
     args = ap.parse_args(argv)
@@ -399,6 +429,13 @@ def main(argv: list[str] | None = None) -> None:
         result.update(name=args.name, device=f"{cpu_model()}, {args.threads} thread(s)",
                       command="python bench/hard_model.py " + " ".join(sys.argv[1:] if argv is None else argv))
         atomic_write_json(RESULTS / f"search-{args.name}.json", result)
+    elif args.cmd == "paths":
+        if args.n > 200:
+            raise bench_args.BenchInputError(f"--n: at most the 200 held-out puzzles measure draws, got {args.n}")
+        result = search_paths(args.checkpoints, args.n, args.seed, args.threads)
+        result.update(device=f"{cpu_model()}, {args.threads} thread(s)",
+                      command="python bench/hard_model.py " + " ".join(sys.argv[1:] if argv is None else argv))
+        atomic_write_json(RESULTS / "search-paths.json", result)
     elif args.cmd == "tune":
         if args.n > 200:
             raise bench_args.BenchInputError(f"--n: the selection split holds 200 puzzles a bucket, got {args.n}")

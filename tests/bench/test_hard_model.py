@@ -46,3 +46,22 @@ def test_the_search_row_splits_the_nodes_into_the_way_to_the_answer_and_the_rest
         assert row["solved"] == 1.0
         assert row["path_nodes_mean"] + row["off_path_nodes_mean"] == row["nodes_mean"]
         assert row["path_nodes_median"] >= 1 and row["off_path_nodes_mean"] > 0
+
+
+def test_paths_runs_each_checkpoint_and_the_uniform_prior_on_the_same_puzzles(tmp_path, monkeypatch) -> None:
+    from conftest import write_tiny_sudoku_checkpoint
+
+    from hyperset.sudoku import rated
+
+    hard = ["060040200000807000020000000009308060001090004070000000005000009900150008000002100",
+            "000000200200000109000050000010400900060080030008000060400300000580040600006002004"]
+    asked = []
+    monkeypatch.setattr(hard_model, "puzzles_of", lambda b, n, seed, threads: asked.append((b, n, seed)) or
+                        [rated.RatedPuzzle(p, "", 64) for p in hard * 3])
+    ckpt = str(write_tiny_sudoku_checkpoint(tmp_path / "m"))
+    out = hard_model.search_paths([ckpt], 4, 11, 1)
+    assert asked == [("51+", 200, 11)] and out["puzzles"] == 4
+    row = out["models"][ckpt]["equal_checks"]
+    assert row["solved"] == out["uniform"]["solved"] == 1.0
+    assert out["uniform"]["path_nodes_mean"] + out["uniform"]["off_path_nodes_mean"] == out["uniform"]["nodes_mean"]
+    assert row["path_nodes_mean"] + row["off_path_nodes_mean"] == row["nodes_mean"]
