@@ -229,9 +229,8 @@ def ff_energy(X: Tensor, D: Tensor, kind: str = "relu", normalize: bool = True, 
     ops = policy(X)
     U = ops.matmul(X, D)
     if normalize and kind == "relu":
-        if ops.relu_norms is not None:  # both norms from one pass over U at inference
-            _, sq, relu_sq = ops.relu_norms(U, False)
-            return -0.5 * (relu_sq / (sq / U.shape[-1] + eps)).sum((-2, -1))
+        if ops.relu_energy is not None:  # one pass over U at inference
+            return ops.relu_energy(U, eps)
         relu_sq = sq_norm(F.relu(U))
         return -0.5 * (relu_sq * inv_rms(U, eps).square()).sum((-2, -1))
     return ff_energy_hidden(rms_normalize(U, eps) if normalize else U, kind, phi)

@@ -241,6 +241,8 @@ class HyperSETLayer(nn.Module):
             Ds, Dg = folded if folded is not None else ops.fold_ff(D, self.norm_ff.weight)
             if ops.relu_descent is not None:
                 return ops.relu_descent(X, Ds, Dg, self.norm_ff.eps)
+            if ops.relu_step is not None:
+                return ops.relu_step(X, Ds, Dg, self.norm_ff.eps)
             return ops.folded_relu(X, Ds, Dg, self.norm_ff.eps)[0]
         U = ops.matmul(X, D)  # (B, N, M)
         if normalize:
@@ -261,8 +263,9 @@ class HyperSETLayer(nn.Module):
         pass's `pass_weights`."""
         alpha, gamma = steps
         W, D = self.weights(t)
-        y = x - alpha * self.attn_grad(x, W)
-        y = y + gamma * self.ff_descent(y, D, folded=shared)
+        add = policy(x).add_scaled  # a + c s v in one pass
+        y = add(x, alpha, self.attn_grad(x, W), -1.0)  # x - alpha dE_ATTN/dX
+        y = add(y, gamma, self.ff_descent(y, D, folded=shared), 1.0)  # y - gamma dE_FF/dY
         return self.backtrack(x, y, t) if self.cfg.step_control == "backtrack" else y
 
     def backtrack(self, x: Tensor, y: Tensor, t: int | Tensor | None) -> Tensor:

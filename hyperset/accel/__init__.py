@@ -42,8 +42,10 @@ class Ops:
     matmul          a state (..., k) times a weight (k, n)
     bisoftmax_grad  dE_ATTN/dX of the normalised bi-softmax energy with its own backward pass (training)
     relu_descent    the normalised ReLU feedforward's step from folded weights, with its own backward (training)
-    folded_relu     the same at inference (returns the step first; ReLU and the norm in one C pass where `maps`)
-    relu_norms      ReLU(U) and the squared norms of U and ReLU(U) per row in one pass of the C kernel, at inference
+    folded_relu     the same without gradients (returns the step first)
+    relu_step       the same at inference on the C kernel (returns the step alone: ReLU and the row scale in one
+                    call before the second product)
+    relu_energy     the normalised ReLU energy of U = X D per sample in one pass of the C kernel, at inference
     fold_ff         (D, g) -> the folded feedforward weights those two take
     attention_maps  (P + P^T) Z of the bi-softmax at inference, per (board, head) in C
     attention_energy  sum_i logsumexp_j(beta Z Z^T)_ij of the bi-softmax at inference, per (board, head) in C
@@ -51,6 +53,8 @@ class Ops:
                     C call, at inference (no gradient)
     heads_rms       the head projections of X W on their spheres, head-major, in one C pass, at inference
     steps_once      whether step sizes that do not depend on t may be made once per pass under gradients
+    add_scaled      x + c s v for a step s (tensor) along v, c a number: one pass (torch.addcmul, the same values as
+                    written out), written out in an export
     memo            the trace's head projections handed to the next update (the `reuse` module), at inference
     onnx            the export's forms (`onnx_forms`) while an ONNX export traces the model
     """
@@ -77,13 +81,15 @@ class Ops:
 
     @property
     def folded_relu(self) -> Callable[..., tuple[Tensor, ...]] | None:
-        if not self.fold:
-            return None
-        return fused.folded_relu_rows if self.maps and not self.train else fused.folded_relu
+        return fused.folded_relu if self.fold else None
 
     @property
-    def relu_norms(self) -> Callable[..., tuple[Tensor | None, Tensor, Tensor]] | None:
-        return cpu_kernels.relu_rows if self.maps else None
+    def relu_step(self) -> Callable[..., Tensor] | None:
+        return fused.folded_relu_rows if self.fold and self.maps and not self.train else None
+
+    @property
+    def relu_energy(self) -> Callable[[Tensor, float], Tensor] | None:
+        return cpu_kernels.relu_energy if self.maps else None
 
     @property
     def fold_ff(self) -> Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]:
@@ -106,6 +112,10 @@ class Ops:
         return cpu_kernels.heads_rms if self.maps and self.hand_on else None
 
     @property
+    def add_scaled(self) -> Callable[[Tensor, Tensor, Tensor, float], Tensor]:
+        return _add_scaled_written if self.export else _add_scaled
+
+    @property
     def memo(self) -> Any:
         return reuse if self.hand_on else None
 
@@ -118,6 +128,18 @@ class Ops:
         return rows.slice_rows(cfg, batch, where)
 
     by_rows = staticmethod(rows.by_rows)
+
+
+def _add_scaled(x: Tensor, s: Tensor, v: Tensor, c: float) -> Tensor:
+    return torch.addcmul(x, s, v, value=c)
+
+
+def _add_scaled_written(x: Tensor, s: Tensor, v: Tensor, c: float) -> Tensor:
+    if c == 1:
+        return x + s * v
+    if c == -1:
+        return x - s * v
+    return x + c * s * v
 
 
 _OPS = {key: Ops(*key) for key in itertools.product((False, True), repeat=7)}

@@ -16,8 +16,9 @@ P = softmax(beta Zn Zn^T) for the backward pass (S = P + P^T is recomputed there
   made once and no max taken;
 - the energy at inference (`bisoftmax_energy`, from ``hyperset.energies.attn_energy_heads``, the trace's E_ATTN):
   sum_i logsumexp_j(beta Zn Zn^T)_ij, the map never stored (bounded scores as for the attention);
-- the feedforward's rows (`relu_rows`: ReLU(U) and the squared norms of U and ReLU(U) per row in one pass), for
-  its update (``hyperset.accel.fused.folded_relu``) and the trace's E_FF at inference.
+- the feedforward at inference: its normalised ReLU for the update (`relu_rms`: ReLU(U) scaled by each row's
+  1/rms, one call, for ``hyperset.accel.fused.folded_relu_rows``) and the trace's E_FF (`relu_energy`, one pass
+  over U per board).
 
 The values are the library path's within fp32 rounding (exp by Cephes' polynomial; the tests compare with it).
 The products of these small batched shapes run on MKL in PyTorch's x86 wheels, far below the CPU's peak on AMD
@@ -121,11 +122,13 @@ def _build() -> ctypes.CDLL:
     handle.hs_bisoftmax_forward.argtypes = [i64, i64, i64, i64, f32, ptr, ptr, ptr]
     handle.hs_bisoftmax_backward.argtypes = [i64, i64, i64, i64, f32, ptr, ptr, ptr, ptr]
     handle.hs_bisoftmax_energy.argtypes = [i64, i64, i64, i64, f32, ptr, ptr]
-    handle.hs_relu_rows.argtypes = [i64, i64, i64, ptr, ptr, ptr, ptr]
+    handle.hs_relu_rms_rows.argtypes = [i64, i64, i64, f32, ptr, ptr]
+    handle.hs_relu_energy.argtypes = [i64, i64, i64, i64, f32, ptr, ptr]
     handle.hs_bisoftmax_attention_heads.argtypes = [i64, i64, i64, i64, i64, f32, ptr, ptr, ptr]
     handle.hs_heads_rms.argtypes = [i64, i64, i64, i64, i64, f32, ptr, ptr]
     for fn in (handle.hs_bisoftmax_forward, handle.hs_bisoftmax_backward, handle.hs_bisoftmax_energy,
-               handle.hs_relu_rows, handle.hs_bisoftmax_attention_heads, handle.hs_heads_rms):
+               handle.hs_relu_rms_rows, handle.hs_relu_energy, handle.hs_bisoftmax_attention_heads,
+               handle.hs_heads_rms):
         fn.restype = ctypes.c_int
     return handle
 
@@ -226,20 +229,24 @@ def _energy_fake(z: Tensor, beta: float) -> Tensor:
     return z.new_empty(z.shape[0])
 
 
-def _relu_rows(u: Tensor, relu: bool) -> tuple[Tensor, Tensor, Tensor]:
+def _relu_rms(u: Tensor, eps: float) -> Tensor:
     u = u.contiguous()
     m = u.shape[-1]
-    rows = u.numel() // m
-    V = torch.empty_like(u) if relu else u.new_empty(0)
-    sq_all, sq_pos = u.new_empty(*u.shape[:-1], 1), u.new_empty(*u.shape[:-1], 1)
-    _run(_library().hs_relu_rows, rows, m, u.data_ptr(), V.data_ptr() if relu else None, sq_all.data_ptr(),
-         sq_pos.data_ptr())
-    return V, sq_all, sq_pos
+    V = torch.empty_like(u)
+    _run(_library().hs_relu_rms_rows, u.numel() // m, m, eps, u.data_ptr(), V.data_ptr())
+    return V
 
 
-def _relu_rows_fake(u: Tensor, relu: bool) -> tuple[Tensor, Tensor, Tensor]:
-    return (torch.empty_like(u) if relu else u.new_empty(0), u.new_empty(*u.shape[:-1], 1),
-            u.new_empty(*u.shape[:-1], 1))
+def _relu_energy(u: Tensor, eps: float) -> Tensor:
+    u = u.contiguous()
+    b, n, m = u.shape
+    E = u.new_empty(b)
+    _run(_library().hs_relu_energy, b, n, m, eps, u.data_ptr(), E.data_ptr())
+    return E
+
+
+def _relu_energy_fake(u: Tensor, eps: float) -> Tensor:
+    return u.new_empty(u.shape[0])
 
 
 def _like_z(z: Tensor, *args: Any) -> Tensor:
@@ -277,7 +284,8 @@ define_op("bisoftmax_maps_backward", "(Tensor z, Tensor P, Tensor dG, float beta
           _like_z)
 define_op("bisoftmax_attention", "(Tensor z, float beta) -> Tensor", _attention, _like_z)
 define_op("bisoftmax_energy", "(Tensor z, float beta) -> Tensor", _energy, _energy_fake)
-define_op("relu_rows", "(Tensor u, bool relu) -> (Tensor, Tensor, Tensor)", _relu_rows, _relu_rows_fake)
+define_op("relu_rms", "(Tensor u, float eps) -> Tensor", _relu_rms, _like_z)
+define_op("relu_energy", "(Tensor u, float eps) -> Tensor", _relu_energy, _relu_energy_fake)
 define_op("bisoftmax_attention_heads", "(Tensor zn, Tensor g, float beta) -> Tensor", _attention_heads,
           _attention_heads_fake)
 define_op("heads_rms", "(Tensor xw, int heads, float eps) -> Tensor", _heads_rms, _heads_rms_fake)
@@ -340,11 +348,16 @@ def heads_rms(xw: Tensor, heads: int, eps: float) -> Tensor:
     return torch.ops.hyperset.heads_rms(xw, int(heads), float(eps))
 
 
-def relu_rows(u: Tensor, relu: bool = True) -> tuple[Tensor | None, Tensor, Tensor]:
-    """One pass over the rows of u (..., M): (ReLU(u) where `relu`, else None; |u|^2 and |ReLU(u)|^2 per row,
-    (..., 1) each), for the feedforward at inference."""
-    V, sq_all, sq_pos = torch.ops.hyperset.relu_rows(u, relu)
-    return (V if relu else None), sq_all, sq_pos
+def relu_rms(u: Tensor, eps: float) -> Tensor:
+    """ReLU(u) / sqrt(mean(u^2) + eps) per row of u (..., M), the rms over the whole row, in one call: the
+    feedforward's normalised ReLU with its gain folded into the weights, at inference (no gradient)."""
+    return torch.ops.hyperset.relu_rms(u, float(eps))
+
+
+def relu_energy(u: Tensor, eps: float) -> Tensor:
+    """-1/2 sum_i |ReLU(u_i)|^2 / (mean(u_i^2) + eps) over the rows u_i of each sample of u (B, N, M) -> (B,): the
+    normalised ReLU energy E_FF of hidden activations u = X D, in one pass over u, at inference (no gradient)."""
+    return torch.ops.hyperset.relu_energy(u, float(eps))
 
 
 def bisoftmax_maps_backward(z: Tensor, P: Tensor, dG: Tensor, beta: float) -> Tensor:

@@ -214,25 +214,21 @@ def fold_ff(D: Tensor, g: Tensor) -> tuple[Tensor, Tensor]:
     return D * s, D * g.abs()
 
 
-def folded_relu(X: Tensor, Ds: Tensor, Dg: Tensor, eps: float, rows: bool = False) -> tuple[Tensor, ...]:
+def folded_relu(X: Tensor, Ds: Tensor, Dg: Tensor, eps: float) -> tuple[Tensor, ...]:
     """ReLU(RMSNorm_g(X D)) D^T from the folded weights (Ds, Dg) = `fold_ff(D, g)`: (the result, U, ReLU(U), r, Y0)
     with U = X (D s), r = 1/rms(U) = 1/rms(X D) per token and Y0 = ReLU(U) (D |g|)^T; the result is r Y0. The
-    inference path (``HyperSETLayer.ff_descent``) and `relu_descent`'s forward both run this; `rows`: ReLU(U) and
-    the norm from one pass of the C kernel (`folded_relu_rows`, at inference)."""
+    inference path (``HyperSETLayer.ff_descent``) and `relu_descent`'s forward both run this."""
     U = matmul(X, Ds)  # (B, N, M): X D with the columns of negative gain flipped
-    if rows:
-        V, sq, _ = cpu_kernels.relu_rows(U)
-        r = _inv_rms(U, eps, sq)
-    else:
-        r = _inv_rms(U, eps)  # (B, N, 1)
-        V = torch.relu(U)
+    r = _inv_rms(U, eps)  # (B, N, 1)
+    V = torch.relu(U)
     Y0 = matmul(V, Dg.transpose(0, 1))
     return Y0 * r, U, V, r, Y0
 
 
-def folded_relu_rows(X: Tensor, Ds: Tensor, Dg: Tensor, eps: float) -> tuple[Tensor, ...]:
-    """`folded_relu` with ReLU(U) and its norm from one pass over U in the C kernel (``cpu_kernels.relu_rows``)."""
-    return folded_relu(X, Ds, Dg, eps, rows=True)
+def folded_relu_rows(X: Tensor, Ds: Tensor, Dg: Tensor, eps: float) -> Tensor:
+    """`folded_relu`'s result alone, at inference on the C kernel: (r ReLU(U)) (D |g|)^T, the row scale r taken with
+    the ReLU in one call (``cpu_kernels.relu_rms``) before the product, the same value within fp32 rounding."""
+    return matmul(cpu_kernels.relu_rms(matmul(X, Ds), eps), Dg.transpose(0, 1))
 
 
 class _ReLUDescent(torch.autograd.Function):

@@ -144,21 +144,22 @@ def test_the_head_projections_and_the_merged_attention_at_inference_equal_the_wr
 @needs_kernel
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("m", [512, 7, 16, 37])
-def test_the_feedforward_rows_equal_relu_and_its_norms(m: int, threads: int) -> None:
-    """ReLU(U) exactly, |U|^2 and |ReLU(U)|^2 per row within fp32 rounding of the fp64 sums, whole vectors and
-    tails; without the ReLU asked for, the norms alone."""
+def test_the_feedforward_rows_equal_the_normalised_relu_and_its_energy(m: int, threads: int) -> None:
+    """ReLU(U) / rms(U) per row and the normalised ReLU energy per sample within fp32 rounding of fp64, whole
+    vectors and tails, rows far from the unit sphere and rows near zero (where eps matters)."""
     gen = torch.Generator().manual_seed(m)
     u = torch.randn(3, 81, m, generator=gen) * 4
+    u[1, :5] *= 1e-4
+    eps = 1e-6
     with _kernel_on(threads):
-        v, sq_all, sq_pos = cpu_kernels.relu_rows(u)
-        none, sq_all2, sq_pos2 = cpu_kernels.relu_rows(u, relu=False)
-    assert torch.equal(v, torch.relu(u)) and none is None
+        v = cpu_kernels.relu_rms(u, eps)
+        e = cpu_kernels.relu_energy(u, eps)
     u64 = u.double()
-    for ours, exact in ((sq_all, u64.square().sum(-1, keepdim=True)),
-                        (sq_pos, torch.relu(u64).square().sum(-1, keepdim=True))):
-        assert ours.shape == (3, 81, 1)
-        assert _rel(ours, exact) <= 1e-6
-    assert torch.equal(sq_all2, sq_all) and torch.equal(sq_pos2, sq_pos)
+    inv = torch.rsqrt(u64.square().mean(-1, keepdim=True) + eps)
+    assert v.shape == u.shape and _rel(v, torch.relu(u64) * inv) <= 1e-6
+    exact = -0.5 * (torch.relu(u64).square().sum(-1) * inv.squeeze(-1).square()).sum(-1)
+    assert e.shape == (3,) and _rel(e, exact) <= 1e-6
+    assert torch.equal(v >= 0, torch.ones_like(v, dtype=torch.bool)) and torch.equal(v > 0, u > 0)
 
 
 @needs_kernel
@@ -289,21 +290,24 @@ def test_the_instruction_set_follows_pytorchs_reading_of_the_cpu(monkeypatch: py
 def test_inference_takes_the_kernel_and_gives_the_same_logits(monkeypatch: pytest.MonkeyPatch) -> None:
     """At inference (no gradient through Z) the bi-softmax attention (from the head-major projections, the gain and
     the merge in the same call) and the trace's attention energy run in the kernel without writing P, the head
-    projections go on their spheres in one pass, and the feedforward's ReLU and norms in its row pass: the model's
-    logits and energies within 1e-5 of PyTorch's calls; with a gradient to take through Z it steps aside."""
+    projections go on their spheres in one pass, and the feedforward's normalised ReLU and its energy in row passes:
+    the model's logits and energies within 1e-5 of PyTorch's calls; with a gradient to take through Z it steps
+    aside."""
     from hyperset.config import preset_config
     from hyperset.energies import attn_energy_grad_heads
     from hyperset.models import HyperSETModel
 
     calls, energy_calls, row_calls, rms_calls = [], [], [], []
-    attention, energy, rows = cpu_kernels.bisoftmax_attention, cpu_kernels.bisoftmax_energy, cpu_kernels.relu_rows
+    attention, energy = cpu_kernels.bisoftmax_attention, cpu_kernels.bisoftmax_energy
+    relu_rms, relu_energy = cpu_kernels.relu_rms, cpu_kernels.relu_energy
     heads, rms = cpu_kernels.bisoftmax_attention_heads, cpu_kernels.heads_rms
     monkeypatch.setattr(cpu_kernels, "bisoftmax_attention", lambda z, beta: calls.append(1) or attention(z, beta))
     monkeypatch.setattr(cpu_kernels, "bisoftmax_attention_heads",
                         lambda z, g, beta: calls.append(1) or heads(z, g, beta))
     monkeypatch.setattr(cpu_kernels, "heads_rms", lambda xw, h, eps: rms_calls.append(1) or rms(xw, h, eps))
     monkeypatch.setattr(cpu_kernels, "bisoftmax_energy", lambda z, beta: energy_calls.append(1) or energy(z, beta))
-    monkeypatch.setattr(cpu_kernels, "relu_rows", lambda u, relu=True: row_calls.append(relu) or rows(u, relu))
+    monkeypatch.setattr(cpu_kernels, "relu_rms", lambda u, eps: row_calls.append("step") or relu_rms(u, eps))
+    monkeypatch.setattr(cpu_kernels, "relu_energy", lambda u, eps: row_calls.append("energy") or relu_energy(u, eps))
     torch.manual_seed(0)
     model = HyperSETModel(preset_config("sudoku-cpu")).eval()
     x = torch.randint(0, 10, (3, 81))
@@ -315,7 +319,7 @@ def test_inference_takes_the_kernel_and_gives_the_same_logits(monkeypatch: pytes
             out = model.run(x, trace=True)
     assert len(calls) == len(energy_calls) == model.cfg.iters
     assert len(rms_calls) == model.cfg.iters + 1  # each energy's, handed to the next update; the first update's
-    assert row_calls == [True, False] * model.cfg.iters  # the update's ReLU and norm, then the energy's norms
+    assert row_calls == ["step", "energy"] * model.cfg.iters  # the update's normalised ReLU, then the energy
     torch.testing.assert_close(out.logits, ref.logits, rtol=1e-5, atol=1e-5)
     for name, values in ref.trace.energy.items():
         torch.testing.assert_close(torch.stack(out.trace.energy[name]), torch.stack(values), rtol=1e-5, atol=1e-5)

@@ -601,24 +601,47 @@ int hs_bisoftmax_backward(int64_t b0, int64_t b1, int64_t n, int64_t p, float be
     return 0;
 }
 
-/* The feedforward's rows at inference, one pass over each row u (m values) of rows [r0, r1) of U: the squared
- * norms sq_all = |u|^2 and sq_pos = |ReLU(u)|^2, and ReLU(u) into v where v is not NULL (sq_all or sq_pos may be
- * NULL too). */
-int hs_relu_rows(int64_t r0, int64_t r1, int64_t m, const float *U, float *V, float *sq_all, float *sq_pos)
+/* The feedforward's normalised ReLU at inference, rows [r0, r1) of U (m values each): v = ReLU(u) / sqrt(|u|^2 / m +
+ * eps), the rms over the whole row u, into V (which may be U): the update's ReLU(RMSNorm(u)) with the gain folded
+ * into the weights, its row scale taken before the product instead of after (the same values within fp32
+ * rounding). The second pass reads the row again from the core's first-level cache. */
+int hs_relu_rms_rows(int64_t r0, int64_t r1, int64_t m, float eps, const float *U, float *V)
 {
     for (int64_t i = r0; i < r1; i++) {
         const float *u = U + i * m;
-        float *v = V ? V + i * m : NULL;
-        vf all = vzero(), pos = vzero();
+        float *v = V + i * m;
+        vf all = vzero();
+        for (int64_t j = 0; j < m; j += VL) {
+            vf x = vload_mask(lanes(m - j), u + j);
+            all = vfmadd(x, x, all);
+        }
+        vf r = vset1(1.0f / sqrtf(vsum(all) / (float)m + eps));
         for (int64_t j = 0; j < m; j += VL) {
             vmask k = lanes(m - j);
-            vf x = vload_mask(k, u + j), y = vmax(x, vzero());
-            all = vfmadd(x, x, all);
-            pos = vfmadd(y, y, pos);
-            if (v) vstore_mask(v + j, k, y);
+            vstore_mask(v + j, k, vmul(vmax(vload_mask(k, u + j), vzero()), r));
         }
-        if (sq_all) sq_all[i] = vsum(all);
-        if (sq_pos) sq_pos[i] = vsum(pos);
+    }
+    return 0;
+}
+
+/* The feedforward energy at inference, boards [b0, b1) of n rows of m values each in U (U = X D): E[b] =
+ * -1/2 sum_i |ReLU(u_i)|^2 / (|u_i|^2 / m + eps), the ReLU energy of the rows put on their spheres (it is positively
+ * homogeneous, so no normalised copy is made), one pass over each row, the sum over rows in double */
+int hs_relu_energy(int64_t b0, int64_t b1, int64_t n, int64_t m, float eps, const float *U, float *E)
+{
+    for (int64_t b = b0; b < b1; b++) {
+        double total = 0.0;
+        for (int64_t i = 0; i < n; i++) {
+            const float *u = U + (b * n + i) * m;
+            vf all = vzero(), pos = vzero();
+            for (int64_t j = 0; j < m; j += VL) {
+                vf x = vload_mask(lanes(m - j), u + j), y = vmax(x, vzero());
+                all = vfmadd(x, x, all);
+                pos = vfmadd(y, y, pos);
+            }
+            total += (double)(vsum(pos) / (vsum(all) / (float)m + eps));
+        }
+        E[b] = (float)(-0.5 * total);
     }
     return 0;
 }
