@@ -221,6 +221,13 @@ class RecurrentCore(nn.Module):
         inference on a CPU a batch larger than a slice (``Ops.slice_rows``) runs one slice of rows through all the
         iterations at a time: its activations stay in cache from one update to the next, which beats slicing each
         update (measured in docs/onnx.md, "Speed on a CPU")."""
+        if torch.is_grad_enabled() or torch.compiler.is_compiling():
+            return self._run_sliced(x0, iters, trace, geometry, keep_states, skip, detach_every)
+        with policy(x0).hold(x0):  # at inference the updates' choices are made once for the pass
+            return self._run_sliced(x0, iters, trace, geometry, keep_states, skip, detach_every)
+
+    def _run_sliced(self, x0: Tensor, iters: int | None, trace: bool, geometry: bool, keep_states: bool, skip: int,
+                    detach_every: int) -> CoreOutput:
         rows = policy(x0).slice_rows(self.cfg, len(x0), x0.device)
         if rows:
             parts = [self._run(x0[i:i + rows], iters, trace, geometry, keep_states, skip, detach_every)

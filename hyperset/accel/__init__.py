@@ -19,8 +19,10 @@ update of a tensor; where an entry is None, the written-out form runs. What the 
 
 from __future__ import annotations
 
+import contextlib
 import itertools
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +33,7 @@ from .. import device
 from . import cpu_kernels, fused, onnx_forms, reuse, rows
 from .fused import written_out
 
-__all__ = ["Ops", "policy", "written_out"]
+__all__ = ["Ops", "held", "policy", "written_out"]
 
 
 @dataclass(frozen=True)
@@ -129,6 +131,11 @@ class Ops:
 
     by_rows = staticmethod(rows.by_rows)
 
+    @staticmethod
+    def hold(x: Tensor) -> contextlib.AbstractContextManager[None]:
+        """`held`: the choice for the state x kept for the block, at inference (a pass's updates)."""
+        return held(x)
+
 
 def _add_scaled(x: Tensor, s: Tensor, v: Tensor, c: float) -> Tensor:
     return torch.addcmul(x, s, v, value=c)
@@ -146,11 +153,39 @@ _OPS = {key: Ops(*key) for key in itertools.product((False, True), repeat=7)}
 _EXPORT = Ops(export=True)
 
 
+_held = threading.local()
+
+
+@contextlib.contextmanager
+def held(x: Tensor) -> Iterator[None]:
+    """`policy`'s choice for a state x kept for the block where no gradient is taken (an inference pass, whose
+    updates ask it about a dozen times each, in a context that does not change within the pass): tensors on x's
+    device and of its dtype get it while gradients stay off; anything else is asked as usual. With gradients on it
+    keeps nothing."""
+    if torch.is_grad_enabled():
+        yield
+        return
+    before = getattr(_held, "choice", None)
+    _held.choice = (x.device, x.dtype, policy(x))
+    try:
+        yield
+    finally:
+        _held.choice = before
+
+
 def policy(x: Tensor) -> Ops:
     """The implementations for an update of `x` (a state (B, N, d) or its head projections (B, H, N, p)), from the
     context: gradients on or off, autocast, a trace, an ONNX export or torch.func's transforms, torch.compile, the
     device and dtype, and the process's choices (``written_out``, ``$HYPERSET_CPU_MATMUL``,
-    ``$HYPERSET_CPU_KERNELS``). The fast paths compute the reference's values (the tests compare them)."""
+    ``$HYPERSET_CPU_KERNELS``); inside `held`, the choice it keeps. The fast paths compute the reference's values
+    (the tests compare them)."""
+    kept = getattr(_held, "choice", None)
+    if kept is not None and x.dtype is kept[1] and not torch.is_grad_enabled() and x.device == kept[0]:
+        return kept[2]
+    return _choose(x)
+
+
+def _choose(x: Tensor) -> Ops:
     if device.in_onnx_export():
         return _EXPORT
     on = fused.enabled()

@@ -72,3 +72,24 @@ def test_a_kept_projection_serves_only_the_same_state_and_weight_once() -> None:
     reuse.remember(X, W, 2, 1e-6, Z)
     reuse.forget()
     assert reuse.recall(X, W, 2, 1e-6) is None
+
+
+def test_a_held_choice_serves_the_pass_and_nothing_else() -> None:
+    """Inside `held` at inference the policy answers with the choice made for the state, for tensors of its device
+    and dtype; a float64 tensor, and any tensor once gradients are on again, are asked as usual; outside the block,
+    and with gradients on at its start, nothing is kept."""
+    import hyperset.accel as accel
+
+    x = torch.randn(2, 9, 8)
+    with torch.no_grad():
+        made = accel.policy(x)
+        with accel.policy(x).hold(x):
+            assert accel.policy(torch.randn(2, 4, 9, 2)) is made
+            assert accel._held.choice[2] is made
+            wider = accel.policy(x.double())
+            assert wider is accel._choose(x.double())
+            with torch.enable_grad():
+                assert accel.policy(x) is accel._choose(x) and accel.policy(x).train
+        assert getattr(accel._held, "choice", None) is None
+    with accel.held(x):
+        assert getattr(accel._held, "choice", None) is None

@@ -426,27 +426,29 @@ static inline __attribute__((always_inline)) void exp_upper(float *a, int64_t n,
     }
 }
 
-/* S = P + P^T from the exponentials e_ij (j >= i) in a and the row sums s (`exp_upper`): S_ij = e_ij (1/s_i + 1/s_j),
- * written into y (leading dimension ld) as its upper triangle with the diagonal halved and zeros below, then
- * y + y^T (add_transpose) */
+/* S = P + P^T from the exponentials e_ij (j >= i) in a and the row sums s (`exp_upper`): S_ij = e_ij (1/s_i + 1/s_j)
+ * for j >= i and S_ji = S_ij, into y (leading dimension ld, the rows and columns below n), one VL x VL block at and
+ * right of the diagonal at a time, each written with its transpose; a diagonal block is its upper triangle (a holds
+ * zeros left of the diagonal there, and past n) plus its transpose, the diagonal taken once */
 static void symmetric_maps(const float *a, const float *sums, int64_t n, int64_t ld, float *r, float *y)
 {
-    for (int64_t i = 0; i < n; i++) r[i] = 1.0f / sums[i];
-    for (int64_t i = 0; i < n; i++) {
-        const float *row = a + i * ld;
-        float *out = y + i * ld;
-        int64_t j0 = i / VL * VL;
-        vf ri = vset1(r[i]);
-        for (int64_t j = 0; j < j0; j += VL) vstore(out + j, vzero());
-        for (int64_t j = j0; j < ld; j += VL) {
-            vmask m = lanes(n - j);
-            vf e = vkeep(m, vload(row + j));
-            if (j == j0) e = vkeep(vnot(lanes(i - j0)), e);
-            vstore(out + j, vmul(e, vadd(ri, vload_mask(m, r + j))));
+    for (int64_t i = 0; i < ld; i++) r[i] = i < n ? 1.0f / sums[i] : 0.0f;
+    for (int64_t bi = 0; bi < n; bi += VL)
+        for (int64_t bj = bi; bj < n; bj += VL) {
+            vf s[VL], rj = vload(r + bj);
+            for (int q = 0; q < VL; q++) s[q] = vmul(vload(a + (bi + q) * ld + bj), vadd(vset1(r[bi + q]), rj));
+            if (bj == bi) {
+                vf t[VL];
+                for (int q = 0; q < VL; q++) t[q] = s[q];
+                transpose_block(t);
+                for (int q = 0; q < VL; q++) vstore(y + (bi + q) * ld + bj, vadd(s[q], t[q]));
+                for (int q = 0; q < VL; q++) y[(bi + q) * ld + bi + q] *= 0.5f;
+            } else {
+                for (int q = 0; q < VL; q++) vstore(y + (bi + q) * ld + bj, s[q]);
+                transpose_block(s);
+                for (int q = 0; q < VL; q++) vstore(y + (bj + q) * ld + bi, s[q]);
+            }
         }
-        out[i] *= 0.5f;
-    }
-    add_transpose(y, y, ld);
 }
 
 /* scratch per thread: three ld x ld maps and the p x ld transposed operand, zeroed once (the padding stays 0) */
