@@ -89,6 +89,12 @@ ARMS: dict[str, dict[str, Any]] = {
                           "note": "revived time network + deep supervision over 4 detached segments of T"},
     "cls-ft-dead-deep2": {"family": "classify", "set": DEAD + CLS_FINETUNE + ["objective.segments=2"],
                           "note": "dead time network + deep supervision over 2 detached segments of T"},
+    "cls-ft-live-deep2-rand": {"family": "classify",
+                               "set": CLS_FINETUNE + ["objective.segments=2", "objective.train_iters=[8, 16]"],
+                               "note": "revived time network + 2 detached segments of 8-16 iterations drawn per step"},
+    "cls-ft-live-deep4-rand": {"family": "classify",
+                               "set": CLS_FINETUNE + ["objective.segments=4", "objective.train_iters=[6, 12]"],
+                               "note": "revived time network + 4 detached segments of 6-12 iterations drawn per step"},
 }
 RECIPES = {"finetune": ("sudoku", "sudoku-cpu", "sudoku"), "scratch": ("sudoku", "sudoku-cpu", None),
            "classify": ("classify", "cifar10-cpu", "classifier")}  # family -> task, recipe, shipped start

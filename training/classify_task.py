@@ -50,11 +50,12 @@ from hyperset.vision.data import (
 )
 
 from .epochs import epochs_to_steps
-from .task import Task, check_segments, segment_mean, segment_outputs
+from .task import Task, check_depth_range, check_segments, draw_depth, segment_mean, segment_outputs
 
 CIFAR_SIZE = 32
 DATA_KEYS = ("dataset", "val_fraction", "seed", "n_train", "n_val", "image_size", "eval_mode", "classes", "workers")
-OBJECTIVE_KEYS = ("label_smoothing", "eval_iters", "eval_batch", "segments", "segment_weights")
+OBJECTIVE_KEYS = ("label_smoothing", "eval_iters", "eval_batch", "segments", "segment_weights", "train_iters",
+                  "select_iters")
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -289,6 +290,9 @@ class ClassifyTask(Task):
     # detached between them (1: the paper's loss at T only); weighted equally or by segment_weights
     segments: int = 1
     segment_weights: list[float] = field(default_factory=list)
+    # [lo, hi]: the iterations of each segment drawn per step from (seed, step), uniform in lo..hi (empty: T)
+    train_iters: list[int] = field(default_factory=list)
+    select_iters: int = 0  # the depth at which the best checkpoint is chosen on val (0: the trained depth)
     epochs: float | None = None
     steps_per_epoch: int = 0
     name: str = "classify"
@@ -302,6 +306,11 @@ class ClassifyTask(Task):
             raise ValueError(f"objective.eval_iters must hold iteration counts in [1, {MAX_ITERS}], "
                              f"got {self.eval_iters}")
         check_segments(self.segments, self.segment_weights)
+        check_depth_range("train_iters", self.train_iters)
+        if (isinstance(self.select_iters, bool) or not isinstance(self.select_iters, int)
+                or not 0 <= self.select_iters <= MAX_ITERS):
+            raise ValueError(f"objective.select_iters must be a whole number in [0, {MAX_ITERS}] (0: the trained "
+                             f"depth), got {self.select_iters!r}")
         self.train = load_split(self.data, "train")
         if self.data.n_train:
             if self.data.n_train > len(self.train):
@@ -316,9 +325,11 @@ class ClassifyTask(Task):
             raise ValueError(f"{self.data.data_dir}: the training part ({len(self.train)} images) and the held-out "
                              f"val part ({len(self.val)} images) must both be non-empty; adjust data.val_fraction")
         self.eval_iters = [int(i) for i in self.eval_iters] or [self.model.iters, 2 * self.model.iters]
-        self.select_metric = f"val/top1@{self.model.iters}"
-        if self.model.iters not in self.eval_iters:
-            self.eval_iters.insert(0, self.model.iters)
+        self.select_iters = self.select_iters or self.model.iters
+        self.select_metric = f"val/top1@{self.select_iters}"
+        for depth in sorted({self.model.iters, self.select_iters}, reverse=True):
+            if depth not in self.eval_iters:
+                self.eval_iters.insert(0, depth)
 
     def model_config(self) -> ModelConfig:
         return self.model
@@ -335,7 +346,8 @@ class ClassifyTask(Task):
             "augmentation": "random crop (pad 4) + horizontal flip" if d.is_cifar
             else "RandomResizedCrop (0.08-1) + horizontal flip",
             "label_smoothing": self.label_smoothing, "segments": self.segments,
-            "segment_weights": self.segment_weights or None, "selection": f"{self.select_metric} (held out from train)",
+            "segment_weights": self.segment_weights or None, "train_iters": self.train_iters or None,
+            "selection": f"{self.select_metric} (held out from train)",
             "epochs": self.epochs, "steps_per_epoch": self.steps_per_epoch,
         }
         if not d.is_cifar:
@@ -347,12 +359,26 @@ class ClassifyTask(Task):
         """Deterministic in (seed, step): epochs are seeded permutations, augmentation is seeded per step."""
         idx = self.batch_indices(step, batch_size, seed)
         images, labels = self.train.batch(idx, seed=[seed, step, 1])
-        return {"images": images.to(device), "labels": labels.to(device)}
+        out = {"images": images.to(device), "labels": labels.to(device)}
+        if self.train_iters:  # on the CPU: the loss reads it as a Python int, which must not wait for the device
+            out["depth"] = torch.tensor(self.depth_draw(step, seed)).expand(len(labels))
+        return out
+
+    def depth_draw(self, step: int, seed: int) -> int:
+        """The iterations per segment of step `step`: drawn from `train_iters`, else the trained depth."""
+        return draw_depth(np.random.default_rng([seed, step, 2]), self.train_iters, self.model.iters)
+
+    def build_model(self) -> HyperSETModel:
+        model = super().build_model()
+        # a depth drawn at every step: under torch.compile one graph per update, compiled once for every depth
+        model.core.graph_per_update = bool(self.train_iters)
+        return model
 
     def loss(self, model: HyperSETModel, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
         labels = batch["labels"]
-        if self.segments > 1:
-            every = segment_outputs(model, batch["images"], self.model.iters, self.segments)
+        iters = int(batch["depth"][0]) if "depth" in batch else self.model.iters
+        if self.segments > 1 or iters != self.model.iters:
+            every = segment_outputs(model, batch["images"], iters, self.segments)
             losses = torch.stack([F.cross_entropy(lg.float(), labels, label_smoothing=self.label_smoothing)
                                   for lg in every])
             loss, logits = segment_mean(losses, self.segment_weights), every[-1]

@@ -17,7 +17,7 @@ from hyperset.sudoku import extreme
 from hyperset.sudoku.board import UNITS
 from hyperset.sudoku.data import augment, find_split, load_csv, protocol_indices, protocol_split
 
-from .task import Task
+from .task import Task, check_depth_range, draw_depth
 
 
 @dataclass
@@ -125,11 +125,8 @@ class SudokuTask(Task):
             raise ValueError(f"{valid_file}: no validation puzzles for data.n_val = {self.data.n_val} "
                              f"and data.n_select = {self.data.n_select} (the best checkpoint is chosen on them)")
         self.eval_iters = self.eval_iters or [self.model.iters, 2 * self.model.iters]
-        for key in ("train_iters", "skip_iters"):
-            r = getattr(self, key)
-            if r and not (len(r) == 2 and 0 <= r[0] <= r[1] and (key == "skip_iters" or r[0] >= 1)):
-                raise ValueError(f"objective.{key} must be [lo, hi] with {0 if key == 'skip_iters' else 1} <= lo <= "
-                                 f"hi, got {r}")
+        check_depth_range("train_iters", self.train_iters)
+        check_depth_range("skip_iters", self.skip_iters, lo_min=0)
         check_choice("objective", "supervise", self.supervise, ("all", "last"))
         if self.segments < 1:
             raise ValueError(f"objective.segments must be >= 1, got {self.segments}")
@@ -173,10 +170,7 @@ class SudokuTask(Task):
     def depth_draw(self, step: int, seed: int) -> tuple[int, int]:
         """(iterations per segment, no-grad prefix) for a step: the model's depth, or draws from the ranges."""
         rng = np.random.default_rng([seed, step, 2])
-        iters = int(rng.integers(self.train_iters[0], self.train_iters[1] + 1)) if self.train_iters else \
-            self.model.iters
-        skip = int(rng.integers(self.skip_iters[0], self.skip_iters[1] + 1)) if self.skip_iters else 0
-        return iters, skip
+        return draw_depth(rng, self.train_iters, self.model.iters), draw_depth(rng, self.skip_iters, 0)
 
     def loss(self, model: HyperSETModel, batch: dict[str, torch.Tensor]
              ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

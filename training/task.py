@@ -82,6 +82,23 @@ class Task(abc.ABC):
         return {}
 
 
+# ---------------------------------------------------------------------- depths drawn per step
+
+
+def check_depth_range(key: str, value: Any, lo_min: int = 1) -> None:
+    """Raise a ValueError naming ``objective.KEY`` unless ``value`` is empty (off) or [lo, hi], whole numbers with
+    lo_min <= lo <= hi."""
+    if value and not (isinstance(value, (list, tuple)) and len(value) == 2
+                      and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+                      and lo_min <= value[0] <= value[1]):
+        raise ValueError(f"objective.{key} must be [lo, hi] with {lo_min} <= lo <= hi, got {value}")
+
+
+def draw_depth(rng: np.random.Generator, value: list[int], default: int) -> int:
+    """An iteration count drawn uniformly from [lo, hi] = ``value``, or ``default`` where ``value`` is empty."""
+    return int(rng.integers(value[0], value[1] + 1)) if value else default
+
+
 # ---------------------------------------------------------------------- deep supervision over detached segments
 
 

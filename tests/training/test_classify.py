@@ -509,3 +509,83 @@ def test_deep_supervision_is_the_mean_of_the_losses_after_each_segment(cifar10: 
         recipe["objective"] = {"label_smoothing": 0.1, **bad}
         with pytest.raises(ValueError, match=f"objective.{key}"):
             build_classify_task(preset_config(recipe["preset"], **TINY), recipe, str(cifar10))
+
+
+# ---------------------------------------------------------------------------------------------------- depth
+
+
+def _deep_task(root: Path, **objective: object):
+    recipe = _recipe()
+    recipe["objective"].update(objective)
+    return build_classify_task(preset_config(recipe["preset"], **TINY), recipe, str(root))
+
+
+def test_a_drawn_depth_is_in_range_a_function_of_the_step_and_what_the_loss_runs(cifar10: Path) -> None:
+    """objective.train_iters = [lo, hi]: each step's iterations per segment drawn from (seed, step) in lo..hi, the
+    loss running segments x that many iterations, detached every that many; the model built with a graph per
+    update (compiled once for every depth); without it, the trained depth."""
+    task = _deep_task(cifar10, segments=2, train_iters=[1, 4])
+    draws = [task.depth_draw(step, 0) for step in range(60)]
+    assert draws == [task.depth_draw(step, 0) for step in range(60)] and set(draws) == {1, 2, 3, 4}
+    assert task.build_model().core.graph_per_update and task.describe()["train_iters"] == [1, 4]
+    batch = task.batch(5, 8, 0, torch.device("cpu"))
+    assert batch["depth"].shape == (8,) and int(batch["depth"][0]) == task.depth_draw(5, 0)
+    model = HyperSETModel(task.model)
+    seen = []
+    model.register_forward_hook(lambda m, args, kw, out: seen.append(kw), with_kwargs=True)
+    loss, _ = task.loss(model, batch)
+    k = task.depth_draw(5, 0)
+    assert seen[0]["iters"] == 2 * k and seen[0]["detach_every"] == k and torch.isfinite(loss)
+    plain = _deep_task(cifar10)
+    assert "depth" not in plain.batch(5, 8, 0, torch.device("cpu")) and not plain.build_model().core.graph_per_update
+
+
+def test_the_best_classifier_can_be_chosen_at_another_depth(cifar10: Path) -> None:
+    task = _deep_task(cifar10, select_iters=5, eval_iters=[2])
+    assert task.select_metric == "val/top1@5" and task.eval_iters == [5, 2]
+    metrics = task.evaluate(HyperSETModel(task.model), torch.device("cpu"), contextlib.nullcontext)
+    assert set(metrics) == {"val/top1@5", "val/top1@2"}
+    assert _deep_task(cifar10).select_metric == "val/top1@2"
+
+
+@pytest.mark.parametrize("objective, message", [
+    ({"train_iters": [3, 1]}, "objective.train_iters must be [lo, hi] with 1 <= lo <= hi"),
+    ({"train_iters": [0, 2]}, "objective.train_iters must be [lo, hi] with 1 <= lo <= hi"),
+    ({"train_iters": [2]}, "objective.train_iters must be [lo, hi] with 1 <= lo <= hi"),
+    ({"select_iters": -1}, "objective.select_iters must be a whole number in [0, 10000]"),
+    ({"select_iters": 2.5}, "objective.select_iters = 2.5: expected int")])
+def test_bad_depth_options_of_a_classifier_are_named(cifar10: Path, objective: dict, message: str) -> None:
+    with pytest.raises(ValueError) as err:
+        _deep_task(cifar10, **objective)
+    assert message in str(err.value)
+
+
+@pytest.mark.parametrize("name", ["cifar10-cpu-deep", "cifar100-deep", "imagenet100-deep"])
+def test_the_depth_robust_recipes_train_and_resume_on_small_data(name: str, cifar10: Path, cifar100: Path,
+                                                                  imagefolder: Path, tmp_path: Path) -> None:
+    """Each shipped depth-robust classification recipe, on a small copy of its dataset and a tiny model: its
+    objective as written (2 segments, 8-16 iterations per segment, chosen at 24), three steps with the recipe's
+    optimizer that resume to the same weights as an uninterrupted run."""
+    from hyperset.training.recipes import load_recipe
+
+    _, recipe = load_recipe(name)
+    dataset = recipe["data"]["dataset"]
+    root = {"cifar10": cifar10, "cifar100": cifar100, "imagenet100": imagefolder}[dataset]
+    recipe["data"].update(val_fraction=0.25, workers=0)
+    if dataset == "imagenet100":
+        recipe["data"].update(image_size=32, classes=WNIDS)
+    make = lambda: build_classify_task(preset_config(recipe["preset"], **TINY), recipe, str(root))  # noqa: E731
+    task = make()
+    assert task.segments == 2 and task.train_iters == [8, 16] and task.select_metric == "val/top1@24"
+    assert {12, 24, 48} <= set(task.eval_iters)
+    t = recipe["train"]
+    cfg = lambda steps: _train_cfg(steps, optimizer=t["optimizer"], lr=t["lr"], batch_size=8,  # noqa: E731
+                                   weight_decay=t["weight_decay"], clip=t["clip"])
+    Trainer(make(), cfg(3), tmp_path / "straight", quiet=True).fit()
+    Trainer(make(), cfg(1), tmp_path / "split", quiet=True).fit()
+    Trainer(make(), cfg(3), tmp_path / "split", resume=True, quiet=True).fit()
+    a, _ = load_checkpoint(tmp_path / "straight" / "last")
+    b, _ = load_checkpoint(tmp_path / "split" / "last")
+    for (key, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
+        assert torch.equal(x, y), key
+    assert all(np.isfinite(v) for v in _losses(tmp_path / "straight"))
