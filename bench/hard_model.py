@@ -210,22 +210,30 @@ def search_per_bucket(checkpoint: str, n: int, seed: int, threads: int) -> dict[
     return out
 
 
-def search_paths(checkpoints: list[str], n: int, seed: int, threads: int) -> dict[str, Any]:
-    """The search on the first `n` held-out puzzles of the hardest bucket (the draw `measure` takes) at equal
-    checks, for each checkpoint and with the uniform prior: nodes, and how many were on the way to the answer."""
+def search_paths(checkpoints: list[str], n: int, seed: int, threads: int,
+                 node_iters: list[int] | None = None) -> dict[str, Any]:
+    """The search on the first `n` puzzles of the hardest bucket at `seed` (by default the held-out draw `measure`
+    takes) at equal checks, for each checkpoint and with the uniform prior: nodes, and how many were on the way to
+    the answer; at the checkpoint's own iterations per node, and with `node_iters` at each of those too
+    (`by_node_iters`)."""
     torch.set_num_threads(threads)
     bucket = rated.BUCKETS[-1]
     ps = puzzles_of(bucket, 200, seed, threads)[:n]
     out: dict[str, Any] = {"bucket": bucket, "seed": seed, "puzzles": len(ps), "models": {}}
     solver = None
+    say = lambda name, r: print(  # noqa: E731
+        f"  {name}: nodes median {r['nodes_median']:g} (mean {r['nodes_mean']:.2f}); on the way to the answer "
+        f"{r['path_nodes_median']:g} ({r['path_nodes_mean']:.2f}), taken back {r['off_path_nodes_median']:g} "
+        f"({r['off_path_nodes_mean']:.2f})", file=sys.stderr)
     for ckpt in checkpoints:
         solver = Solver.load(resolve(ckpt), "cpu")
-        out["models"][ckpt] = {"search_iterations": solver.search_iters,
-                               "equal_checks": _solve(solver, ps, first_look=False)}
-        r = out["models"][ckpt]["equal_checks"]
-        print(f"  {ckpt}: nodes median {r['nodes_median']:g} (mean {r['nodes_mean']:.2f}); on the way to the "
-              f"answer {r['path_nodes_median']:g} ({r['path_nodes_mean']:.2f}), taken back "
-              f"{r['off_path_nodes_median']:g} ({r['off_path_nodes_mean']:.2f})", file=sys.stderr)
+        entry: dict[str, Any] = {"search_iterations": solver.search_iters,
+                                 "equal_checks": _solve(solver, ps, first_look=False)}
+        say(ckpt, entry["equal_checks"])
+        for k in node_iters or []:
+            entry.setdefault("by_node_iters", {})[str(k)] = r = _solve(solver, ps, first_look=False, node_iters=k)
+            say(f"{ckpt} at {k} iterations per node", r)
+        out["models"][ckpt] = entry
     out["uniform"] = _solve(solver, ps, prior="uniform")
     return out
 
@@ -401,7 +409,12 @@ def main(argv: list[str] | None = None) -> None:
     pa = sub.add_parser("paths", help="the hardest bucket's search at equal checks: nodes on the way to the answer")
     pa.add_argument("--checkpoints", nargs="+", required=True, help="checkpoint folders or shipped model names")
     pa.add_argument("--n", type=bench_args.count, default=100, help="held-out puzzles (at most 200)")
-    pa.add_argument("--seed", type=int, default=11, help="the rated puzzles' seed (held out from training)")
+    pa.add_argument("--seed", type=int, default=11, help="the rated puzzles' seed (held out from training; the "
+                    f"selection split's hardest bucket: {SELECT_SETS[rated.BUCKETS[-1]][0]})")
+    pa.add_argument("--node-iters", type=bench_args.count, nargs="*", default=[],
+                    help="also search at these iterations per node")
+    pa.add_argument("--out", type=Path, default=None, help="the JSON (default bench/results/hard_model/"
+                    "search-paths.json)")
     pa.add_argument("--threads", type=bench_args.count, default=1)
     tab = sub.add_parser("table")
     tab.add_argument("--markdown", action="store_true", help="also print the docs' table")
@@ -432,10 +445,10 @@ def main(argv: list[str] | None = None) -> None:
     elif args.cmd == "paths":
         if args.n > 200:
             raise bench_args.BenchInputError(f"--n: at most the 200 held-out puzzles measure draws, got {args.n}")
-        result = search_paths(args.checkpoints, args.n, args.seed, args.threads)
+        result = search_paths(args.checkpoints, args.n, args.seed, args.threads, args.node_iters)
         result.update(device=f"{cpu_model()}, {args.threads} thread(s)",
                       command="python bench/hard_model.py " + " ".join(sys.argv[1:] if argv is None else argv))
-        atomic_write_json(RESULTS / "search-paths.json", result)
+        atomic_write_json(args.out or RESULTS / "search-paths.json", result)
     elif args.cmd == "tune":
         if args.n > 200:
             raise bench_args.BenchInputError(f"--n: the selection split holds 200 puzzles a bucket, got {args.n}")

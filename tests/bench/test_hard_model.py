@@ -65,3 +65,25 @@ def test_paths_runs_each_checkpoint_and_the_uniform_prior_on_the_same_puzzles(tm
     assert row["solved"] == out["uniform"]["solved"] == 1.0
     assert out["uniform"]["path_nodes_mean"] + out["uniform"]["off_path_nodes_mean"] == out["uniform"]["nodes_mean"]
     assert row["path_nodes_mean"] + row["off_path_nodes_mean"] == row["nodes_mean"]
+
+
+def test_paths_searches_again_at_each_asked_node_depth(tmp_path, monkeypatch) -> None:
+    """--node-iters: the same puzzles searched at each asked number of iterations per node, each row solved and its
+    nodes split as at the checkpoint's own; the node depth reaches the solver's search."""
+    from conftest import write_tiny_sudoku_checkpoint
+
+    from hyperset.sudoku import rated
+
+    hard = ["060040200000807000020000000009308060001090004070000000005000009900150008000002100"]
+    monkeypatch.setattr(hard_model, "puzzles_of", lambda b, n, seed, threads: [rated.RatedPuzzle(p, "", 64)
+                                                                               for p in hard * 2])
+    seen = []
+    solve = hard_model._solve
+    monkeypatch.setattr(hard_model, "_solve", lambda solver, ps, **kw: seen.append(kw.get("node_iters")) or
+                        solve(solver, ps, **kw))
+    ckpt = str(write_tiny_sudoku_checkpoint(tmp_path / "m"))
+    out = hard_model.search_paths([ckpt], 2, 203, 1, node_iters=[2, 5])
+    rows = out["models"][ckpt]["by_node_iters"]
+    assert sorted(rows) == ["2", "5"] and seen == [None, 2, 5, None]
+    for row in rows.values():
+        assert row["solved"] == 1.0 and row["path_nodes_mean"] + row["off_path_nodes_mean"] == row["nodes_mean"]
