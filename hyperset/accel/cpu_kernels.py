@@ -217,16 +217,21 @@ def _attention(z: Tensor, beta: float) -> Tensor:
     return G
 
 
-def _energy(z: Tensor, beta: float) -> Tensor:
-    z = z.contiguous()
-    b, n, p = z.shape
-    E = z.new_empty(b)
-    _run(_library().hs_bisoftmax_energy, b, n, p, beta, z.data_ptr(), E.data_ptr())
+def _per_sample(kernel: str, x: Tensor, scalar: float) -> Tensor:
+    """A kernel's number per sample of x (B, N, width): kernel(b0, b1, N, width, scalar, x, out)."""
+    x = x.contiguous()
+    b, n, width = x.shape
+    E = x.new_empty(b)
+    _run(getattr(_library(), kernel), b, n, width, scalar, x.data_ptr(), E.data_ptr())
     return E
 
 
-def _energy_fake(z: Tensor, beta: float) -> Tensor:
-    return z.new_empty(z.shape[0])
+def _per_sample_fake(x: Tensor, scalar: float) -> Tensor:
+    return x.new_empty(x.shape[0])
+
+
+def _energy(z: Tensor, beta: float) -> Tensor:
+    return _per_sample("hs_bisoftmax_energy", z, beta)
 
 
 def _relu_rms(u: Tensor, eps: float) -> Tensor:
@@ -238,15 +243,7 @@ def _relu_rms(u: Tensor, eps: float) -> Tensor:
 
 
 def _relu_energy(u: Tensor, eps: float) -> Tensor:
-    u = u.contiguous()
-    b, n, m = u.shape
-    E = u.new_empty(b)
-    _run(_library().hs_relu_energy, b, n, m, eps, u.data_ptr(), E.data_ptr())
-    return E
-
-
-def _relu_energy_fake(u: Tensor, eps: float) -> Tensor:
-    return u.new_empty(u.shape[0])
+    return _per_sample("hs_relu_energy", u, eps)
 
 
 def _like_z(z: Tensor, *args: Any) -> Tensor:
@@ -283,9 +280,9 @@ define_op("bisoftmax_maps", "(Tensor z, float beta) -> (Tensor, Tensor)", _maps,
 define_op("bisoftmax_maps_backward", "(Tensor z, Tensor P, Tensor dG, float beta) -> Tensor", _maps_backward,
           _like_z)
 define_op("bisoftmax_attention", "(Tensor z, float beta) -> Tensor", _attention, _like_z)
-define_op("bisoftmax_energy", "(Tensor z, float beta) -> Tensor", _energy, _energy_fake)
+define_op("bisoftmax_energy", "(Tensor z, float beta) -> Tensor", _energy, _per_sample_fake)
 define_op("relu_rms", "(Tensor u, float eps) -> Tensor", _relu_rms, _like_z)
-define_op("relu_energy", "(Tensor u, float eps) -> Tensor", _relu_energy, _relu_energy_fake)
+define_op("relu_energy", "(Tensor u, float eps) -> Tensor", _relu_energy, _per_sample_fake)
 define_op("bisoftmax_attention_heads", "(Tensor zn, Tensor g, float beta) -> Tensor", _attention_heads,
           _attention_heads_fake)
 define_op("heads_rms", "(Tensor xw, int heads, float eps) -> Tensor", _heads_rms, _heads_rms_fake)
