@@ -161,13 +161,30 @@ def measure(checkpoint: str, rrn: str, n: int, seed: int, n_rrn: int, n17: int, 
               + f" | commit {100 * r['commit']['solved']:.1f}% ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
     vp, vs = load_csv(find_split(rrn, "valid"))
     dp, ds = protocol_split(vp, vs, n_rrn, 0)
-    curve = da.depth_curve(model, dp, ds, 8 * T)
     g17 = givens_count(vp) == 17
     hp, hs = protocol_split(vp[g17], vs[g17], n17, 0)
-    out["rrn"] = {"puzzles": n_rrn, "one_pass": {f"{k}T": curve["board_acc"][k * T - 1] for k in (1, 2, 4, 8)},
-                  "energy_never_rises_8T": curve["energy_monotone"],
+    out["rrn"] = {**rrn_one_pass(model, T, dp, ds, 8),
                   "default": da.default_strategy(solver, dp, ds), "givens17": da.default_strategy(solver, hp, hs)}
     return out
+
+
+def rrn_one_pass(model: Any, T: int, puzzles: np.ndarray, solutions: np.ndarray, max_depth: int) -> dict[str, Any]:
+    """One pass on the RRN draw to max_depth x T: board accuracy at T, 2T, ... and the share of boards whose
+    E_ATTN + E_FF never rises on the way (`energy_never_rises_{max_depth}T`)."""
+    curve = da.depth_curve(model, puzzles, solutions, max_depth * T)
+    return {"puzzles": len(puzzles),
+            "one_pass": {f"{k}T": curve["board_acc"][k * T - 1] for k in DEPTHS if k <= max_depth},
+            f"energy_never_rises_{max_depth}T": curve["energy_monotone"]}
+
+
+def rrn_depth(checkpoint: str, rrn: str, n_rrn: int, max_depth: int, threads: int) -> dict[str, Any]:
+    """`measure`'s RRN draw (the same boards) in one pass to max_depth x T."""
+    torch.set_num_threads(threads)
+    solver = Solver.load(checkpoint, "cpu")
+    vp, vs = load_csv(find_split(rrn, "valid"))
+    dp, ds = protocol_split(vp, vs, n_rrn, 0)
+    return {"checkpoint": str(checkpoint), "trained_iterations": solver.trained_iters,
+            **rrn_one_pass(solver.model, solver.trained_iters, dp, ds, max_depth)}
 
 
 def tune(checkpoint: str, n: int, commit_iters: list[int], node_iters: list[int], threads: int
@@ -416,6 +433,13 @@ def main(argv: list[str] | None = None) -> None:
     pa.add_argument("--out", type=Path, default=None, help="the JSON (default bench/results/hard_model/"
                     "search-paths.json)")
     pa.add_argument("--threads", type=bench_args.count, default=1)
+    rd = sub.add_parser("rrn-depth", help="measure's RRN draw in one pass to --max-depth x T, with the energy")
+    rd.add_argument("--checkpoint", required=True, help="checkpoint folder or shipped model name")
+    rd.add_argument("--name", required=True)
+    rd.add_argument("--rrn", required=True, help="folder of the RRN-style validation CSV")
+    rd.add_argument("--n-rrn", type=bench_args.count, default=500)
+    rd.add_argument("--max-depth", type=int, choices=DEPTHS, default=64, help="the deepest read-out, in T")
+    rd.add_argument("--threads", type=bench_args.count, default=1)
     tab = sub.add_parser("table")
     tab.add_argument("--markdown", action="store_true", help="also print the docs' table")
     args = ap.parse_args(argv)
@@ -437,6 +461,13 @@ def main(argv: list[str] | None = None) -> None:
             plan = da.RUNS / args.name / "arm.json"
             result.update(note=arm["note"], arm=json.loads(plan.read_text()) if plan.is_file() else None)
         atomic_write_json(RESULTS / f"{args.name}.json", result)
+    elif args.cmd == "rrn-depth":
+        result = {"name": args.name, **rrn_depth(resolve(args.checkpoint), args.rrn, args.n_rrn, args.max_depth,
+                                                 args.threads),
+                  "device": f"{cpu_model()}, {args.threads} thread(s)",
+                  "command": "python bench/hard_model.py " + " ".join(sys.argv[1:] if argv is None else argv)}
+        atomic_write_json(RESULTS / f"rrn-depth-{args.name}.json", result)
+        print(json.dumps({k: result[k] for k in result if k.startswith(("one_pass", "energy"))}), file=sys.stderr)
     elif args.cmd == "search":
         result = search_per_bucket(resolve(args.checkpoint), args.n, args.seed, args.threads)
         result.update(name=args.name, device=f"{cpu_model()}, {args.threads} thread(s)",

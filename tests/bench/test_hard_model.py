@@ -1,5 +1,6 @@
 """bench/hard_model.py's table: the long run's checkpoints against their training CPU-hours."""
 
+import json
 import sys
 from pathlib import Path
 
@@ -87,3 +88,23 @@ def test_paths_searches_again_at_each_asked_node_depth(tmp_path, monkeypatch) ->
     assert sorted(rows) == ["2", "5"] and seen == [None, 2, 5, None]
     for row in rows.values():
         assert row["solved"] == 1.0 and row["path_nodes_mean"] + row["off_path_nodes_mean"] == row["nodes_mean"]
+
+
+def test_rrn_depth_reads_the_draw_out_at_every_multiple_of_t_with_the_energy(tmp_path, monkeypatch) -> None:
+    """rrn-depth: measure's RRN draw in one pass to max_depth x T, board accuracy at T, 2T, ... up to it (and no
+    deeper), the share of boards whose energy never rose, and the JSON named after the run."""
+    from conftest import write_sudoku_csvs, write_tiny_sudoku_checkpoint
+
+    (tmp_path / "rrn").mkdir()
+    data = write_sudoku_csvs(tmp_path / "rrn", 8, 12, seed=3)
+    ckpt = write_tiny_sudoku_checkpoint(tmp_path / "m")
+    out = hard_model.rrn_depth(str(ckpt), str(data), 10, 4, 1)
+    assert out["puzzles"] == 10 and list(out["one_pass"]) == ["1T", "2T", "4T"]
+    assert all(0.0 <= v <= 1.0 for v in out["one_pass"].values()) and 0.0 <= out["energy_never_rises_4T"] <= 1.0
+    results = tmp_path / "results"
+    results.mkdir()
+    monkeypatch.setattr(hard_model, "RESULTS", results)
+    hard_model.main(["rrn-depth", "--checkpoint", str(ckpt), "--name", "tiny", "--rrn", str(data),
+                     "--n-rrn", "10", "--max-depth", "2"])
+    saved = json.loads((results / "rrn-depth-tiny.json").read_text())
+    assert list(saved["one_pass"]) == ["1T", "2T"] and "energy_never_rises_2T" in saved and "device" in saved
