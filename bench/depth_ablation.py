@@ -280,6 +280,24 @@ def image_depth_curve(model: torch.nn.Module, split: Any, max_iters: int, batch:
     return {"top1": (correct / max(seen, 1)).tolist(), "energy_never_rises": never}
 
 
+def classifier_depth(checkpoint: Path, data_dir: str, split: str, depth: int, threads: int) -> dict[str, Any]:
+    """`image_depth_curve` of a classifier checkpoint on a CIFAR split (its own dataset; val: the held-out part of
+    train at the checkpoint's recorded fraction and seed), read out at T, 2T, ... depth x T."""
+    from hyperset.checkpoint import read_config
+    from hyperset.training.classify_task import ClassifyData, load_split
+
+    torch.set_num_threads(threads)
+    model, _ = load_checkpoint(checkpoint, map_location="cpu")
+    data = read_config(Path(checkpoint)).get("data") or {}
+    images = load_split(ClassifyData(dataset=data.get("dataset", "cifar10"), data_dir=data_dir,
+                                     val_fraction=data.get("val_fraction", 0.1), seed=data.get("seed", 0)), split)
+    T = model.cfg.iters
+    curve = image_depth_curve(model.eval(), images, depth * T)
+    return {"checkpoint": str(checkpoint), "split": split, "images": len(images), "trained_iterations": T,
+            "top1": {f"{k}T" if k > 1 else "T": curve["top1"][k * T - 1] for k in (1, 2, 4, 8, 16) if k <= depth},
+            "energy_never_rises": curve["energy_never_rises"], "curve": curve["top1"]}
+
+
 def evaluate_classifier_arm(out: Path, task: Any, threads: int, depth: int = 4) -> dict[str, Any]:
     """One fp32 pass to ``depth`` x T over the validation images (the held-out 10% of the training set), before and
     after the arm's training: top-1 at every iteration (and at the recipe's depths), and the share of images whose
@@ -425,6 +443,14 @@ def main(argv: list[str] | None = None) -> None:
                       help="also time the default strategy with this many threads on 256 puzzles (0: skip)")
     meas.add_argument("--out", type=bench_args.output_file, default=None,
                       help="the result (default: bench/results/sudoku_depth/NAME.json, which `curve` reads)")
+    cls = sub.add_parser("classifier", help="a classifier in one fp32 pass to --depth x T on a CIFAR split: top-1 "
+                         "at every iteration and the share of images whose energy never rises")
+    cls.add_argument("--checkpoint", required=True, help="checkpoint folder or shipped model name")
+    cls.add_argument("--data", required=True, help="CIFAR folder")
+    cls.add_argument("--split", choices=("test", "val"), default="test", help="val: the held-out 10%% of train")
+    cls.add_argument("--depth", type=bench_args.count, default=4, help="the deepest read-out, in T")
+    cls.add_argument("--threads", type=bench_args.count, default=1)
+    cls.add_argument("--out", type=bench_args.output_file, required=True, help="the result JSON")
     sub.add_parser("curve", help="plot every measured checkpoint's one-pass curve -> bench/results/sudoku_depth.png")
     tab = sub.add_parser("table")
     tab.add_argument("--markdown", action="store_true", help="also print the tables as Markdown")
@@ -440,6 +466,13 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.cmd == "curve":
         curve_plot(sorted((RESULTS / "sudoku_depth").glob("*.json")), RESULTS / "sudoku_depth.png")
+        return
+    if args.cmd == "classifier":
+        result = classifier_depth(resolve(args.checkpoint), args.data, args.split, args.depth, args.threads)
+        result.update(device=f"{cpu_model()}, {args.threads} thread(s)",
+                      command="python bench/depth_ablation.py " + " ".join(sys.argv[1:] if argv is None else argv))
+        atomic_write_json(args.out, result)
+        print(json.dumps({k: result[k] for k in ("top1", "energy_never_rises")}), file=sys.stderr)
         return
     if args.cmd == "measure":
         ckpt = resolve(args.checkpoint)

@@ -86,6 +86,8 @@ CASES = [
     ("app_stream_bench", ["--repeats", "0"], "argument --repeats"),
     ("depth_ablation", ["measure", "--checkpoint", "{missing}", "--name", "x", "--data", "{missing}"],
      "no such checkpoint folder"),
+    ("depth_ablation", ["classifier", "--checkpoint", "{missing}", "--data", "{missing}", "--out", "r.json"],
+     "no such checkpoint folder"),
     ("mim_table", ["--data", "{missing}"], "no data folder"),
     ("mim_energy", ["--data", "{missing}", "--mask-ratios", "1.5"], "argument --mask-ratios"),
     ("sudoku_eval", ["--data", "{missing}", "--n", "0"], "argument --n"),
