@@ -261,6 +261,14 @@ def evaluate_arm(checkpoint: Path | str, data: str, n: int, n17: int, threads: i
     }
 
 
+DEPTH_MULTIPLES = (1, 2, 4, 8, 16)  # the multiples of T a classifier is read out at
+
+
+def depth_key(k: int) -> str:
+    """"T", "2T", "4T", ...: the name of the read-out at k x T."""
+    return f"{k}T" if k > 1 else "T"
+
+
 @torch.no_grad()
 def image_depth_curve(model: torch.nn.Module, split: Any, max_iters: int, batch: int = 250) -> dict[str, Any]:
     """One pass to max_iters over a classification split (fp32): top-1 at every t, and per image whether
@@ -275,8 +283,7 @@ def image_depth_curve(model: torch.nn.Module, split: Any, max_iters: int, batch:
         seen += len(labels)
     rises = np.diff(energy, axis=0) > 1e-5 * np.abs(energy[:-1]).clip(min=1.0)
     T = model.cfg.iters
-    never = {f"{k}T" if k > 1 else "T": float((~rises[: k * T - 1].any(0)).mean())
-             for k in (1, 2, 4, 8, 16) if k * T <= max_iters}
+    never = {depth_key(k): float((~rises[: k * T - 1].any(0)).mean()) for k in DEPTH_MULTIPLES if k * T <= max_iters}
     return {"top1": (correct / max(seen, 1)).tolist(), "energy_never_rises": never}
 
 
@@ -294,7 +301,7 @@ def classifier_depth(checkpoint: Path, data_dir: str, split: str, depth: int, th
     T = model.cfg.iters
     curve = image_depth_curve(model.eval(), images, depth * T)
     return {"checkpoint": str(checkpoint), "split": split, "images": len(images), "trained_iterations": T,
-            "top1": {f"{k}T" if k > 1 else "T": curve["top1"][k * T - 1] for k in (1, 2, 4, 8, 16) if k <= depth},
+            "top1": {depth_key(k): curve["top1"][k * T - 1] for k in DEPTH_MULTIPLES if k <= depth},
             "energy_never_rises": curve["energy_never_rises"], "curve": curve["top1"]}
 
 

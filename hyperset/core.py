@@ -221,9 +221,9 @@ class RecurrentCore(nn.Module):
         inference on a CPU a batch larger than a slice (``Ops.slice_rows``) runs one slice of rows through all the
         iterations at a time: its activations stay in cache from one update to the next, which beats slicing each
         update (measured in docs/onnx.md, "Speed on a CPU")."""
-        if torch.is_grad_enabled() or torch.compiler.is_compiling():
+        if torch.compiler.is_compiling():  # a context manager of ours would break the graph
             return self._run_sliced(x0, iters, trace, geometry, keep_states, skip, detach_every)
-        with policy(x0).hold(x0):  # at inference the updates' choices are made once for the pass
+        with policy(x0).hold(x0):  # at inference the updates' choices are made once for the pass (a no-op with grad)
             return self._run_sliced(x0, iters, trace, geometry, keep_states, skip, detach_every)
 
     def _run_sliced(self, x0: Tensor, iters: int | None, trace: bool, geometry: bool, keep_states: bool, skip: int,

@@ -194,11 +194,9 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
     return a @ b
 
 
-def _inv_rms(x: Tensor, eps: float, sq: Tensor | None = None) -> Tensor:
-    """1 / rms of each row, (..., 1), as hyperset.energies.inv_rms computes it; `sq`: the rows' squared norms,
-    where already made."""
-    if sq is None:
-        sq = torch.linalg.vector_norm(x, dim=-1, keepdim=True).square()
+def _inv_rms(x: Tensor, eps: float) -> Tensor:
+    """1 / rms of each row, (..., 1), as hyperset.energies.inv_rms computes it."""
+    sq = torch.linalg.vector_norm(x, dim=-1, keepdim=True).square()
     return torch.rsqrt(sq / x.shape[-1] + eps)
 
 
