@@ -397,7 +397,7 @@ class _Output:
     def read(self, p: Puzzle) -> None:
         if self.live:
             for w in p.warnings:
-                click.echo(one_line(f"warning: {p.source}, line {p.line}: {w}"), err=True)
+                click.echo(one_line(f"warning: {p.source}:{p.line}: {w}"), err=True)
 
     def board(self, p: Puzzle, r: Any) -> None:
         with self.stops.hold():

@@ -113,8 +113,8 @@ def solver(sudoku) -> Solver:
 
 
 @pytest.mark.parametrize("kwargs, error, message", [
-    (dict(puzzles=[EASY[:80]]), PuzzleError, r"puzzles\[0\], line 1: expected 81 cells, found 80"),
-    (dict(puzzles=[EASY, "11" + "0" * 79]), PuzzleError, r"puzzles\[1\], line 1: digit 1 appears twice in row 1"),
+    (dict(puzzles=[EASY[:80]]), PuzzleError, r"puzzles\[0\]:1: expected 81 cells, found 80"),
+    (dict(puzzles=[EASY, "11" + "0" * 79]), PuzzleError, r"puzzles\[1\]:1: digit 1 appears twice in row 1"),
     (dict(puzzles=EASY), TypeError, "got one string"),
     (dict(puzzles=[list(EASY)]), TypeError, r"puzzles\[0\] must be a string of 81 cells, got list"),
     (dict(puzzles=[EASY], iters=1.7), ValueError, "iterations must be a whole number or 'auto', got 1.7"),

@@ -168,7 +168,7 @@ CASES = [
     Case("eval-mim-randomize-temp-nan", "eval", ["mim", "--data", "{images}", "--images", "2", "--decode-steps", "2",
                                                  "--randomize-temp", "nan"], "randomize-temp"),
     Case("eval-first-line-three-fields", "eval", ["sudoku", "{ckpt}", "--data", "{tmp}/mix.csv"],
-         "mix.csv, line 1: expected 'puzzle,solution' (2 comma-separated fields), found 3",
+         "mix.csv:1: expected 'puzzle,solution' (2 comma-separated fields), found 3",
          files={"mix.csv": f"{PUZZLE},{PUZZLE},extra\n{PUZZLE},{PUZZLE}\n".encode()}),
     Case("eval-checkpoint-empty", "eval", ["sudoku", "--checkpoint", "", "--data", "{data}/valid.csv"],
          "an empty path"),

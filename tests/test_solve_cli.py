@@ -277,7 +277,7 @@ def test_cli_exit_code_2_names_the_line_of_a_malformed_puzzle(tiny_checkpoint: P
     (tmp_path / "bad.txt").write_text(EASY + "\n" + EASY[:80] + "\n")
     code, _, err = run([str(tmp_path / "bad.txt"), "--checkpoint", str(tiny_checkpoint)])
     assert code == 2
-    assert "bad.txt, line 2" in err and "81" in err
+    assert "bad.txt:2" in err and "81" in err
     assert "Traceback" not in err
 
 
@@ -285,7 +285,7 @@ def test_cli_reports_contradictory_givens_instead_of_solving(tiny_checkpoint: Pa
     bad = "55" + EASY[2:]
     (tmp_path / "contra.txt").write_text(bad + "\n")
     code, _, err = run([str(tmp_path / "contra.txt"), "--checkpoint", str(tiny_checkpoint)])
-    assert code == 2 and "line 1" in err and "5" in err
+    assert code == 2 and "contra.txt:1: " in err and "5" in err
 
 
 def test_cli_rejects_bad_iters_and_missing_checkpoint(tiny_checkpoint: Path, tmp_path: Path) -> None:
@@ -528,7 +528,7 @@ def test_givens_that_leave_no_solution_are_named_before_solving(tiny_checkpoint:
     code, out, err = run(["-", "--checkpoint", str(tiny_checkpoint), "--iters", "1", "--passes", "1"],
                          stdin=puzzle + "\n")
     assert code == 1
-    assert "warning: <stdin>, line 1: no solution: r1c9 can hold no digit: its row, column and box hold all nine" \
+    assert "warning: <stdin>:1: no solution: r1c9 can hold no digit: its row, column and box hold all nine" \
         in err
     code, out, _ = run(["-", "--checkpoint", str(tiny_checkpoint), "--iters", "1", "--passes", "1", "--json"],
                        stdin=puzzle + "\n")

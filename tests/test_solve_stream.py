@@ -76,11 +76,11 @@ def test_bad_input_further_on_stops_after_the_boards_before_it(ckpt: Path, tmp_p
     assert [f"puzzle {k} " in result.stdout for k in (1, 2, 3, 4)] == [True, True, True, False]
     assert "stopped after 3 puzzles by bad input" in result.stdout
     assert result.stderr.strip().splitlines() == [
-        f"hyperset-solve: error: {path}, line 4: expected 9 cells in a grid row, found 5"]
+        f"hyperset-solve: error: {path}:4: expected 9 cells in a grid row, found 5"]
     result = solve([*args, "--json"])
     payload = json.loads(result.stdout)  # one whole document
     assert result.exit_code == 2 and len(payload["results"]) == 3
-    assert payload["summary"]["error"] == f"{path}, line 4: expected 9 cells in a grid row, found 5"
+    assert payload["summary"]["error"] == f"{path}:4: expected 9 cells in a grid row, found 5"
 
 
 def test_input_refused_before_any_board_prints_nothing(ckpt: Path, tmp_path: Path) -> None:
@@ -89,7 +89,7 @@ def test_input_refused_before_any_board_prints_nothing(ckpt: Path, tmp_path: Pat
     for extra in ([], ["--json"]):
         result = solve([str(path), "--checkpoint", str(ckpt), *extra])
         assert result.exit_code == 2 and result.stdout == ""
-        assert result.stderr.strip() == (f"hyperset-solve: error: {path}, line 2: expected 9 cells in a grid row, "
+        assert result.stderr.strip() == (f"hyperset-solve: error: {path}:2: expected 9 cells in a grid row, "
                                          "found 5")
 
 
@@ -98,7 +98,7 @@ def test_the_puzzle_cap_is_enforced_while_reading(ckpt: Path, monkeypatch: pytes
     result = solve(["-", "--checkpoint", str(ckpt), "--strategy", "single", "--batch-size", "1"],
                    "\n".join([PUZZLE] * 5))
     assert result.exit_code == 2 and "puzzle 2 " in result.stdout and "puzzle 3 " not in result.stdout
-    assert result.stderr.strip() == "hyperset-solve: error: <stdin>, line 3: more than 2 puzzles; split the input"
+    assert result.stderr.strip() == "hyperset-solve: error: <stdin>:3: more than 2 puzzles; split the input"
 
 
 def test_line_caps_are_enforced_while_reading(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -106,12 +106,12 @@ def test_line_caps_are_enforced_while_reading(monkeypatch: pytest.MonkeyPatch, t
     path = tmp_path / "blank.txt"
     path.write_bytes(b"\n" * 5000)
     stream = iter_file(path)
-    with pytest.raises(PuzzleError, match=r"line 1001: more than 1,000 lines"):
+    with pytest.raises(PuzzleError, match=r":1001: more than 1,000 lines"):
         next(stream)
     path.write_bytes(b"1" * (200 * 1024))  # no line end
-    with pytest.raises(PuzzleError, match=r"line 1: a line longer than 64 KiB"):
+    with pytest.raises(PuzzleError, match=r":1: a line longer than 64 KiB"):
         next(iter_file(path))
-    with pytest.raises(PuzzleError, match=r"line 1001: more than 1,000 lines"):
+    with pytest.raises(PuzzleError, match=r":1001: more than 1,000 lines"):
         parse_puzzles("#\n" * 1500)
 
 
@@ -144,7 +144,7 @@ def test_solve_iter_reads_a_batch_at_a_time(ckpt: Path) -> None:
     results = solver.solve_iter(puzzles(), strategy="single", batch_size=3)
     next(results)
     assert len(pulled) == 3  # one batch read, not the whole input
-    with pytest.raises(PuzzleError, match=r"puzzles\[7\], line 1: expected 81 cells"):
+    with pytest.raises(PuzzleError, match=r"puzzles\[7\]:1: expected 81 cells"):
         for _ in results:
             pulled.append("result")
     assert pulled.count("result") == 6  # puzzles 1-6 and 7 (the batch cut short by the bad one) answered first
@@ -157,7 +157,7 @@ def test_a_file_name_with_a_line_end_is_still_one_line_of_error(ckpt: Path, tmp_
     path.write_text("12345\n")
     result = solve([str(path), "--checkpoint", str(ckpt)])
     assert result.exit_code == 2 and len(result.stderr.strip().splitlines()) == 1
-    assert "two\\nlines.txt, line 1: expected 9 cells" in result.stderr
+    assert "two\\nlines.txt:1: expected 9 cells" in result.stderr
     result = solve([str(tmp_path / "gone\x1b[2J.txt"), "--checkpoint", str(ckpt)])
     assert result.exit_code == 2 and "\x1b" not in result.stderr and "gone\\x1b[2J.txt: file not found" in result.stderr
 

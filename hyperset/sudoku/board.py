@@ -58,7 +58,7 @@ class PuzzleError(ValueError):
         self.source = source
         self.line = line
         self.reason = reason
-        where = source if line is None else f"{source}, line {line}"
+        where = source if line is None else f"{source}:{line}"
         super().__init__(f"{where}: {reason}")
 
     def __reduce__(self):  # keep the exception picklable (multiprocessing, pytest-xdist)

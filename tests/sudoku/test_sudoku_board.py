@@ -164,7 +164,7 @@ def test_parse_warns_about_fewer_than_17_givens() -> None:
 
 def test_error_message_reads_source_line_reason() -> None:
     err = PuzzleError("puzzles.txt", 3, "expected 81 cells, found 80")
-    assert str(err) == "puzzles.txt, line 3: expected 81 cells, found 80"
+    assert str(err) == "puzzles.txt:3: expected 81 cells, found 80"
     assert (err.source, err.line, err.reason) == ("puzzles.txt", 3, "expected 81 cells, found 80")
     assert isinstance(err, ValueError)
     assert str(PuzzleError("a.txt", None, "no puzzles found")) == "a.txt: no puzzles found"
@@ -173,11 +173,11 @@ def test_error_message_reads_source_line_reason() -> None:
 def test_parse_rejects_short_line_with_line_number() -> None:
     with pytest.raises(PuzzleError) as info:
         parse_puzzles(f"# comment\n{EASY}\n{EASY[:-1]}\n", "puzzles.txt")
-    assert str(info.value) == "puzzles.txt, line 3: expected 81 cells, found 80"
+    assert str(info.value) == "puzzles.txt:3: expected 81 cells, found 80"
 
 
 def test_parse_rejects_long_line_with_line_number() -> None:
-    with pytest.raises(PuzzleError, match=r"line 1: expected 81 cells, found 82"):
+    with pytest.raises(PuzzleError, match=r":1: expected 81 cells, found 82"):
         parse_puzzles(EASY + "1")
 
 
@@ -206,7 +206,7 @@ def test_parse_rejects_incomplete_grid_at_end_of_input() -> None:
 
 def test_parse_rejects_grid_cut_short_by_blank_line() -> None:
     text = "\n".join(rows_of(EASY)[:4]) + "\n\n" + spaced_grid(EASY)
-    with pytest.raises(PuzzleError, match=r"line 1: grid starting here has only 4 rows before line 5"):
+    with pytest.raises(PuzzleError, match=r":1: grid starting here has only 4 rows before line 5"):
         parse_puzzles(text)
 
 
@@ -214,12 +214,12 @@ def test_parse_rejects_duplicate_digit_in_row_with_line_number() -> None:
     bad = with_cell(EASY, 2 * 9 + 0, "6")  # row 3 already has a 6 in column 8
     with pytest.raises(PuzzleError) as info:
         parse_puzzles(f"{EASY}\n{EASY}\n{bad}\n", "puzzles.txt")
-    assert str(info.value) == "puzzles.txt, line 3: digit 6 appears twice in row 3 (columns 1 and 8)"
+    assert str(info.value) == "puzzles.txt:3: digit 6 appears twice in row 3 (columns 1 and 8)"
 
 
 def test_parse_rejects_duplicate_digit_in_column() -> None:
     bad = with_cell(EASY, 8 * 9 + 0, "5")  # column 1 already has 5 in row 1
-    with pytest.raises(PuzzleError, match=r"line 1: digit 5 appears twice in column 1 \(rows 1 and 9\)"):
+    with pytest.raises(PuzzleError, match=r":1: digit 5 appears twice in column 1 \(rows 1 and 9\)"):
         parse_puzzles(bad)
 
 
@@ -254,15 +254,15 @@ def test_parse_rejects_csv_solution_disagreeing_with_givens() -> None:
 
 
 def test_parse_rejects_csv_solution_with_blanks_or_wrong_length() -> None:
-    with pytest.raises(PuzzleError, match=r"line 1: solution: unexpected character '0'"):
+    with pytest.raises(PuzzleError, match=r":1: solution: unexpected character '0'"):
         parse_puzzles(f"{EASY},{EASY}")
-    with pytest.raises(PuzzleError, match=r"line 1: solution: expected 81 cells, found 80"):
+    with pytest.raises(PuzzleError, match=r":1: solution: expected 81 cells, found 80"):
         parse_puzzles(f"{EASY},{EASY_SOLUTION[:-1]}")
 
 
 def test_parse_rejects_csv_with_too_many_fields() -> None:
     with pytest.raises(
-        PuzzleError, match=r"line 1: expected 'puzzle,solution' \(2 comma-separated fields\), found 3"
+        PuzzleError, match=r":1: expected 'puzzle,solution' \(2 comma-separated fields\), found 3"
     ):
         parse_puzzles(f"{EASY},{EASY_SOLUTION},x")
 
@@ -285,7 +285,7 @@ def test_parse_file_reads_text_and_names_the_file_in_errors(tmp_path) -> None:
     assert parse_file(str(good))[0].source == str(good)
     bad = tmp_path / "bad.txt"
     bad.write_text(f"{EASY}\n\n{EASY[:80]}\n", encoding="utf-8")
-    with pytest.raises(PuzzleError, match=r"bad\.txt, line 3: expected 81 cells, found 80"):
+    with pytest.raises(PuzzleError, match=r"bad\.txt:3: expected 81 cells, found 80"):
         parse_file(str(bad))
 
 
@@ -441,14 +441,14 @@ def test_what_spreadsheets_write_is_read() -> None:
     trailing = "\n".join(",".join(row) + "," for row in rows)
     for text in (empty_cells, trailing, f"puzzle\n{EASY}\n", f'"quizzes"\n{EASY}\n'):
         assert [p.givens for p in parse_puzzles(text)] == [EASY], text
-    with pytest.raises(PuzzleError, match="line 1: grid starting here has only 1 row before line 2"):
+    with pytest.raises(PuzzleError, match=":1: grid starting here has only 1 row before line 2"):
         parse_puzzles(empty_cells.replace("6,,,1,9,5,,,", "6,,,1,9,5,,", 1))
 
 
 def test_lines_end_only_at_newlines_so_line_numbers_hold() -> None:
     """A form feed or another Unicode line separator inside a line neither splits it nor shifts later lines."""
     for odd in ("\x0c", "\x0b", "\x1c", "\x85", "\u2028"):
-        with pytest.raises(PuzzleError, match=r"^f\.txt, line 3: unexpected character 'y' at column 82$"):
+        with pytest.raises(PuzzleError, match=r"^f\.txt:3: unexpected character 'y' at column 82$"):
             parse_puzzles(f"# page{odd}break\n{EASY}\n{EASY}y\n", "f.txt")
     assert len(parse_puzzles(f"{EASY}\r\n{EASY}\r{EASY}\n")) == 3
 

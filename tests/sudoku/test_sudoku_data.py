@@ -114,7 +114,7 @@ def test_load_csv_rejects_a_short_line_with_its_line_number(tmp_path, pairs) -> 
         load_csv(path)
     assert info.value.line == 4
     assert info.value.reason == "puzzle: expected 81 cells, found 80"
-    assert str(info.value).startswith(f"{path}, line 4: ")
+    assert str(info.value).startswith(f"{path}:4: ")
 
 
 def test_load_csv_rejects_a_bad_character_naming_its_column(tmp_path, pairs) -> None:
@@ -130,7 +130,7 @@ def test_load_csv_rejects_a_bad_character_naming_its_column(tmp_path, pairs) -> 
 def test_load_csv_rejects_a_line_without_solution(tmp_path) -> None:
     path = tmp_path / "bad.csv"
     path.write_text(f"{EASY},{EASY_SOLUTION}\n{EASY}\n")
-    with pytest.raises(PuzzleError, match=r"line 2: expected 'puzzle,solution'"):
+    with pytest.raises(PuzzleError, match=r":2: expected 'puzzle,solution'"):
         load_csv(path)
 
 

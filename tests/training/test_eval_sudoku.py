@@ -111,7 +111,7 @@ def test_cli_help_and_version() -> None:
 
 
 @pytest.mark.parametrize("setup, args, message", [
-    ("bad-line", [], "bad.csv, line 2: "),
+    ("bad-line", [], "bad.csv:2: "),
     ("none", ["--split", "test"], "no test split found"),
     ("none", ["--boards", "50"], "asked for 50 boards"),
     ("none", ["--checkpoint", "nowhere/at/all"], "nowhere/at/all"),
