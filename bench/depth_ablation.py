@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from hyperset.checkpoint import atomic_write_json
+from hyperset.config import STEP_CONTROLS
 from hyperset.device import cpu_has_native_bf16, cpu_model
 from hyperset.models import HyperSETModel, load_checkpoint
 from hyperset.pretrained import pretrained_dir, resolve
@@ -287,20 +288,25 @@ def image_depth_curve(model: torch.nn.Module, split: Any, max_iters: int, batch:
     return {"top1": (correct / max(seen, 1)).tolist(), "energy_never_rises": never}
 
 
-def classifier_depth(checkpoint: Path, data_dir: str, split: str, depth: int, threads: int) -> dict[str, Any]:
+def classifier_depth(checkpoint: Path, data_dir: str, split: str, depth: int, threads: int,
+                     step_control: str | None = None) -> dict[str, Any]:
     """`image_depth_curve` of a classifier checkpoint on a CIFAR split (its own dataset; val: the held-out part of
-    train at the checkpoint's recorded fraction and seed), read out at T, 2T, ... depth x T."""
+    train at the checkpoint's recorded fraction and seed), read out at T, 2T, ... depth x T; `step_control` (None:
+    the checkpoint's) replaces the model's ``step_control`` at inference."""
     from hyperset.checkpoint import read_config
     from hyperset.training.classify_task import ClassifyData, load_split
 
     torch.set_num_threads(threads)
     model, _ = load_checkpoint(checkpoint, map_location="cpu")
+    if step_control is not None:
+        model.cfg.step_control = step_control  # one config object, shared by the model's layers
     data = read_config(Path(checkpoint)).get("data") or {}
     images = load_split(ClassifyData(dataset=data.get("dataset", "cifar10"), data_dir=data_dir,
                                      val_fraction=data.get("val_fraction", 0.1), seed=data.get("seed", 0)), split)
     T = model.cfg.iters
     curve = image_depth_curve(model.eval(), images, depth * T)
     return {"checkpoint": str(checkpoint), "split": split, "images": len(images), "trained_iterations": T,
+            "step_control": model.cfg.step_control, "backtracks": model.cfg.backtracks,
             "top1": {depth_key(k): curve["top1"][k * T - 1] for k in DEPTH_MULTIPLES if k <= depth},
             "energy_never_rises": curve["energy_never_rises"], "curve": curve["top1"]}
 
@@ -457,6 +463,9 @@ def main(argv: list[str] | None = None) -> None:
     cls.add_argument("--split", choices=("test", "val"), default="test", help="val: the held-out 10%% of train")
     cls.add_argument("--depth", type=bench_args.count, default=4, help="the deepest read-out, in T")
     cls.add_argument("--threads", type=bench_args.count, default=1)
+    cls.add_argument("--step-control", choices=STEP_CONTROLS, default=None,
+                     help="the model's step_control at inference (default: the checkpoint's); backtrack: the energy "
+                          "never rises, by construction")
     cls.add_argument("--out", type=bench_args.output_file, required=True, help="the result JSON")
     sub.add_parser("curve", help="plot every measured checkpoint's one-pass curve -> bench/results/sudoku_depth.png")
     tab = sub.add_parser("table")
@@ -475,7 +484,8 @@ def main(argv: list[str] | None = None) -> None:
         curve_plot(sorted((RESULTS / "sudoku_depth").glob("*.json")), RESULTS / "sudoku_depth.png")
         return
     if args.cmd == "classifier":
-        result = classifier_depth(resolve(args.checkpoint), args.data, args.split, args.depth, args.threads)
+        result = classifier_depth(resolve(args.checkpoint), args.data, args.split, args.depth, args.threads,
+                                  args.step_control)
         result.update(device=f"{cpu_model()}, {args.threads} thread(s)",
                       command="python bench/depth_ablation.py " + " ".join(sys.argv[1:] if argv is None else argv))
         atomic_write_json(args.out, result)

@@ -177,14 +177,22 @@ def rrn_one_pass(model: Any, T: int, puzzles: np.ndarray, solutions: np.ndarray,
             f"energy_never_rises_{max_depth}T": curve["energy_monotone"]}
 
 
-def rrn_depth(checkpoint: str, rrn: str, n_rrn: int, max_depth: int, threads: int) -> dict[str, Any]:
-    """`measure`'s RRN draw (the same boards) in one pass to max_depth x T."""
+def rrn_depth(checkpoint: str, rrn: str, n_rrn: int, max_depth: int, threads: int,
+              backtrack_from: int | None = None) -> dict[str, Any]:
+    """`measure`'s RRN draw (the same boards) in one pass to max_depth x T; with `backtrack_from` the model's step
+    control set to "backtrack" from that iteration on, at inference."""
     torch.set_num_threads(threads)
     solver = Solver.load(checkpoint, "cpu")
+    cfg = solver.model.cfg
+    if backtrack_from is not None:
+        cfg.step_control, cfg.backtrack_from = "backtrack", backtrack_from  # one config object, shared by the layers
     vp, vs = load_csv(find_split(rrn, "valid"))
     dp, ds = protocol_split(vp, vs, n_rrn, 0)
+    start = time.perf_counter()
+    result = rrn_one_pass(solver.model, solver.trained_iters, dp, ds, max_depth)
     return {"checkpoint": str(checkpoint), "trained_iterations": solver.trained_iters,
-            **rrn_one_pass(solver.model, solver.trained_iters, dp, ds, max_depth)}
+            "step_control": cfg.step_control, "backtrack_from": cfg.backtrack_from, "backtracks": cfg.backtracks,
+            **result, "seconds": time.perf_counter() - start}
 
 
 def tune(checkpoint: str, n: int, commit_iters: list[int], node_iters: list[int], threads: int
@@ -440,6 +448,9 @@ def main(argv: list[str] | None = None) -> None:
     rd.add_argument("--n-rrn", type=bench_args.count, default=500)
     rd.add_argument("--max-depth", type=int, choices=DEPTHS, default=64, help="the deepest read-out, in T")
     rd.add_argument("--threads", type=bench_args.count, default=1)
+    rd.add_argument("--backtrack-from", type=bench_args.count, default=None,
+                    help="run with step_control 'backtrack' from this iteration on (default: the checkpoint's "
+                         "control); 2: every update but the first, so the energy never rises from iteration 1")
     tab = sub.add_parser("table")
     tab.add_argument("--markdown", action="store_true", help="also print the docs' table")
     args = ap.parse_args(argv)
@@ -463,7 +474,7 @@ def main(argv: list[str] | None = None) -> None:
         atomic_write_json(RESULTS / f"{args.name}.json", result)
     elif args.cmd == "rrn-depth":
         result = {"name": args.name, **rrn_depth(resolve(args.checkpoint), args.rrn, args.n_rrn, args.max_depth,
-                                                 args.threads),
+                                                 args.threads, args.backtrack_from),
                   "device": f"{cpu_model()}, {args.threads} thread(s)",
                   "command": "python bench/hard_model.py " + " ".join(sys.argv[1:] if argv is None else argv)}
         atomic_write_json(RESULTS / f"rrn-depth-{args.name}.json", result)

@@ -186,6 +186,10 @@ class ModelConfig:
             (``backtracks`` halvings) and, if every scale raises it, not taken; so the energy never rises, by
             construction. Each try costs one energy evaluation of the batch (about one iteration's work).
         backtracks: the halvings ``step_control = "backtrack"`` tries before it keeps the state.
+        backtrack_from: the first iteration t the control applies to (1: every one); the updates before it are
+            taken as they are. A Sudoku model's first update lifts the stem's embeddings onto the energy's landscape
+            (E_ATTN + E_FF rises from about -900 to about 10,000 on every board), so from t = 2 the control keeps
+            the energy from rising over the iterations that the trace and the benchmarks count.
         time_max: the step-size network sees min(t, time_max) (0: t as it is). Iterations past time_max reuse
             the step sizes of t = time_max.
         fixed_step: alpha = gamma for step == "fixed".
@@ -228,6 +232,7 @@ class ModelConfig:
     step_sign: str = "signed"
     step_control: str = "none"
     backtracks: int = 4
+    backtrack_from: int = 1
     time_max: int = 0
     fixed_step: float = 0.1
     lora_rank: int = 0
@@ -285,6 +290,8 @@ class ModelConfig:
              f"step_control {self.step_control!r} controls the Hyper-SET layer's update; layer {self.layer!r} has "
              "its own"),
             (0 <= self.backtracks <= 16, f"model.backtracks = {self.backtracks}: must be between 0 and 16"),
+            (1 <= self.backtrack_from <= MAX_ITERS,
+             f"model.backtrack_from = {self.backtrack_from}: must be between 1 and {MAX_ITERS:,}"),
             (0 <= self.time_max <= MAX_ITERS,
              f"time_max must be between 0 (no limit) and {MAX_ITERS:,}, got {self.time_max}"),
             (0 <= self.lora_rank <= self.dim, f"model.lora_rank = {self.lora_rank}: must be between 0 (off) and dim"),

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from . import device
 from .accel import policy
 from .config import ModelConfig
 from .energies import (
@@ -271,13 +272,23 @@ class HyperSETLayer(nn.Module):
     def backtrack(self, x: Tensor, y: Tensor, t: int | Tensor | None) -> Tensor:
         """The iteration's update d = y - x scaled, per sample, by the first of 1, 1/2, ..., 2^-backtracks that
         leaves E_ATTN + E_FF (``energy``, at this t) no higher than at x, and by 0 where none does: the energy
-        never rises. The scale is chosen without gradient; the gradient flows through x + scale * d."""
+        never rises. Iterations before ``backtrack_from`` take y as it is. The scale is chosen without gradient;
+        the gradient flows through x + scale * d."""
+        start = self.cfg.backtrack_from
+        if start > 1 and t is not None and not isinstance(t, Tensor) and t < start:
+            return y
         d = y - x
         with torch.no_grad():
-            e0 = self.total_energy(x, t)
             scale = torch.ones(x.shape[0], dtype=x.dtype, device=x.device)
             ok = torch.zeros(x.shape[0], dtype=torch.bool, device=x.device)
-            for _ in range(self.cfg.backtracks + 1):  # a fixed number of tries: one graph for export and compile
+            if start > 1 and isinstance(t, Tensor):  # an exported loop's counter: the same choice in the graph
+                ok = ok | (t < start)
+            e0 = self.total_energy(x, t)
+            # a fixed number of tries in a graph (export, compile); eagerly, none once every sample has its scale
+            fixed = torch.jit.is_tracing() or torch.compiler.is_compiling() or device.in_onnx_export()
+            for _ in range(self.cfg.backtracks + 1):
+                if not fixed and bool(ok.all()):
+                    break
                 ok = ok | (self.total_energy(x + scale.view(-1, 1, 1) * d, t) <= e0)
                 scale = torch.where(ok, scale, scale * 0.5)
             scale = torch.where(ok, scale, torch.zeros_like(scale))

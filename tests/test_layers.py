@@ -544,6 +544,31 @@ def test_backtracking_keeps_the_energy_from_rising_where_plain_steps_raise_it(ta
         assert not _energy_rises(held, inputs, depth).any()
 
 
+@pytest.mark.parametrize("task", ["sudoku", "mim"])
+def test_backtracking_from_a_later_iteration_takes_the_updates_before_it_as_they_are(task):
+    """backtrack_from = 2: the first update is the plain one (there the control would refuse it: the random model's
+    first update raises the energy on some sample), and from it on the energy never rises, to 4T."""
+    plain = _step_model(task, "none")
+    held = _step_model(task, "backtrack")
+    held.cfg.backtrack_from = 2
+    held.load_state_dict(plain.state_dict())
+    inputs = _inputs(plain.cfg)
+    with torch.no_grad():
+        x0 = plain.stem(inputs)
+        first_plain = next(iter(plain.core.iterate(x0, 1)))[2]
+        first_held = next(iter(held.core.iterate(x0, 1)))[2]
+        layer = plain.core.layers[0]
+        assert (layer.total_energy(first_plain, 1) > layer.total_energy(x0, 1)).any()
+    assert torch.equal(first_held, first_plain)
+    assert not _energy_rises(held, inputs, 4 * plain.cfg.iters).any()
+
+
+def test_backtrack_from_is_checked():
+    for bad in (0, -1):
+        with pytest.raises(ValueError, match="model.backtrack_from"):
+            ModelConfig(task="sudoku", dim=32, heads=2, ff_hidden=48, step_control="backtrack", backtrack_from=bad)
+
+
 def test_backtracking_takes_a_descending_update_whole_and_trains():
     """Where the plain update already lowers the energy the control takes it unchanged; the controlled pass has a
     gradient for every parameter the plain pass has one for."""

@@ -56,6 +56,8 @@ CONFIGS = {
     "sudoku-et": _cfg("sudoku", layer="et"),
     # the step-length control: every iteration's update halved until the energy does not rise
     "mim-backtrack": _cfg("mim", step_control="backtrack", step_init=0.5),
+    # the same from the second iteration on (the Loop's counter decides in the graph)
+    "sudoku-backtrack-from-2": _cfg("sudoku", step_control="backtrack", backtrack_from=2, step_init=0.5),
 }
 
 
