@@ -183,9 +183,9 @@ def rrn_depth(checkpoint: str, rrn: str, n_rrn: int, max_depth: int, threads: in
     control set to "backtrack" from that iteration on, at inference."""
     torch.set_num_threads(threads)
     solver = Solver.load(checkpoint, "cpu")
-    cfg = solver.model.cfg
     if backtrack_from is not None:
-        cfg.step_control, cfg.backtrack_from = "backtrack", backtrack_from  # one config object, shared by the layers
+        da.set_step_control(solver.model, "backtrack", backtrack_from)
+    cfg = solver.model.cfg
     vp, vs = load_csv(find_split(rrn, "valid"))
     dp, ds = protocol_split(vp, vs, n_rrn, 0)
     start = time.perf_counter()

@@ -188,8 +188,8 @@ class ModelConfig:
         backtracks: the halvings ``step_control = "backtrack"`` tries before it keeps the state.
         backtrack_from: the first iteration t the control applies to (1: every one); the updates before it are
             taken as they are. A Sudoku model's first update lifts the stem's embeddings onto the energy's landscape
-            (E_ATTN + E_FF rises from about -900 to about 10,000 on every board), so from t = 2 the control keeps
-            the energy from rising over the iterations that the trace and the benchmarks count.
+            and raises E_ATTN + E_FF, so from t = 2 the control keeps the energy from rising over the iterations
+            that the trace and the benchmarks count.
         time_max: the step-size network sees min(t, time_max) (0: t as it is). Iterations past time_max reuse
             the step sizes of t = time_max.
         fixed_step: alpha = gamma for step == "fixed".

@@ -16,6 +16,12 @@ def in_onnx_export() -> bool:
     return onnx is not None and onnx.is_in_onnx_export()
 
 
+def in_graph() -> bool:
+    """Whether the code runs while a graph is made (a trace, an ONNX export, torch.compile), where values cannot be
+    read back and the work must not depend on them."""
+    return torch.jit.is_tracing() or in_onnx_export() or torch.compiler.is_compiling()
+
+
 def check_device_name(requested: str) -> tuple[str, str]:
     """(kind, index) of a device name the commands take (auto, cpu, cuda, cuda:N, mps), whatever this machine
     has; another name is a ValueError that names --device."""

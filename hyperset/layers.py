@@ -285,7 +285,7 @@ class HyperSETLayer(nn.Module):
                 ok = ok | (t < start)
             e0 = self.total_energy(x, t)
             # a fixed number of tries in a graph (export, compile); eagerly, none once every sample has its scale
-            fixed = torch.jit.is_tracing() or torch.compiler.is_compiling() or device.in_onnx_export()
+            fixed = device.in_graph()
             for _ in range(self.cfg.backtracks + 1):
                 if not fixed and bool(ok.all()):
                     break

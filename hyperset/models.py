@@ -31,7 +31,7 @@ from .checkpoint import (
 )
 from .config import CHOICES, ModelConfig, choice_error, get_preset, list_presets
 from .core import RecurrentCore, Trace, relay, traced_energy
-from .device import in_onnx_export, pick_device
+from .device import in_graph, pick_device
 from .extras import require
 from .files import package_version
 from .layers import RMSNorm
@@ -194,7 +194,7 @@ class HyperSETModel(nn.Module):
         1-9 the digits; the values in eval mode only: in training mode reading them would stop the device at every
         step), float images (batch, channels, img_size, img_size) for classification. Skipped in a trace, an export
         or under torch.compile, where the shapes are the graph's."""
-        if torch.jit.is_tracing() or in_onnx_export() or torch.compiler.is_compiling():
+        if in_graph():
             return
         if not isinstance(inputs, Tensor):
             raise TypeError(f"inputs must be a torch.Tensor, got {type(inputs).__module__}.{type(inputs).__name__}"
