@@ -225,10 +225,17 @@ def model_config(name: str, sets: list[str]) -> ModelConfig:
         raise BenchInputError(e.args[0] if e.args else str(e)) from None
 
 
+# the environment that changes what the library runs, and so what a benchmark measures
+CHOICE_VARIABLES = ("HYPERSET_CPU_MATMUL", "HYPERSET_CPU_PRECISION", "HYPERSET_CPU_KERNELS")
+
+
 def command_line(script: str, argv: list[str] | None) -> str:
     """The command a benchmark ran, as a shell would take it back: "python bench/SCRIPT.py ARGS", each argument
-    quoted where it needs to be (a JSON value of --compile-options, a path with spaces)."""
-    return shlex.join(["python", f"bench/{script}.py", *(argv if argv is not None else sys.argv[1:])])
+    quoted where it needs to be (a JSON value of --compile-options, a path with spaces), after the settings of
+    `CHOICE_VARIABLES` the process had (``HYPERSET_CPU_MATMUL=onednn python ...``)."""
+    settings = [f"{k}={shlex.quote(os.environ[k])}" for k in CHOICE_VARIABLES if os.environ.get(k)]
+    return " ".join([*settings, shlex.join(["python", f"bench/{script}.py",
+                                            *(argv if argv is not None else sys.argv[1:])])])
 
 
 INPUT_ERRORS = (BenchInputError, OSError, CheckpointError, PuzzleError)

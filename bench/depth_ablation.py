@@ -288,15 +288,6 @@ def image_depth_curve(model: torch.nn.Module, split: Any, max_iters: int, batch:
     return {"top1": (correct / max(seen, 1)).tolist(), "energy_never_rises": never}
 
 
-def set_step_control(model: torch.nn.Module, step_control: str | None, backtrack_from: int | None = None) -> None:
-    """Switch a loaded model's step-length control at inference: `step_control` and `backtrack_from` replace the
-    checkpoint's where given (the model's layers share its one config object)."""
-    if step_control is not None:
-        model.cfg.step_control = step_control
-    if backtrack_from is not None:
-        model.cfg.backtrack_from = backtrack_from
-
-
 def classifier_depth(checkpoint: Path, data_dir: str, split: str, depth: int, threads: int,
                      step_control: str | None = None) -> dict[str, Any]:
     """`image_depth_curve` of a classifier checkpoint on a CIFAR split (its own dataset; val: the held-out part of
@@ -307,7 +298,7 @@ def classifier_depth(checkpoint: Path, data_dir: str, split: str, depth: int, th
 
     torch.set_num_threads(threads)
     model, _ = load_checkpoint(checkpoint, map_location="cpu")
-    set_step_control(model, step_control)
+    model.set_step_control(step_control)
     data = read_config(Path(checkpoint)).get("data") or {}
     images = load_split(ClassifyData(dataset=data.get("dataset", "cifar10"), data_dir=data_dir,
                                      val_fraction=data.get("val_fraction", 0.1), seed=data.get("seed", 0)), split)

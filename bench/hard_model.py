@@ -178,21 +178,81 @@ def rrn_one_pass(model: Any, T: int, puzzles: np.ndarray, solutions: np.ndarray,
 
 
 def rrn_depth(checkpoint: str, rrn: str, n_rrn: int, max_depth: int, threads: int,
-              backtrack_from: int | None = None) -> dict[str, Any]:
+              backtrack_from: int | None = None, buckets: int = 0, seed: int = 11) -> dict[str, Any]:
     """`measure`'s RRN draw (the same boards) in one pass to max_depth x T; with `backtrack_from` the model's step
-    control set to "backtrack" from that iteration on, at inference."""
+    control set to "backtrack" from that iteration on, at inference. With `buckets` = n, also n held-out rated
+    puzzles of every bucket, made with `measure`'s seed, each bucket's pass timed on its own."""
     torch.set_num_threads(threads)
     solver = Solver.load(checkpoint, "cpu")
     if backtrack_from is not None:
-        da.set_step_control(solver.model, "backtrack", backtrack_from)
-    cfg = solver.model.cfg
+        solver.model.set_step_control("backtrack", backtrack_from)
+    cfg, T = solver.model.cfg, solver.trained_iters
     vp, vs = load_csv(find_split(rrn, "valid"))
     dp, ds = protocol_split(vp, vs, n_rrn, 0)
     start = time.perf_counter()
-    result = rrn_one_pass(solver.model, solver.trained_iters, dp, ds, max_depth)
-    return {"checkpoint": str(checkpoint), "trained_iterations": solver.trained_iters,
-            "step_control": cfg.step_control, "backtrack_from": cfg.backtrack_from, "backtracks": cfg.backtracks,
-            **result, "seconds": time.perf_counter() - start}
+    result = rrn_one_pass(solver.model, T, dp, ds, max_depth)
+    result["seconds"] = time.perf_counter() - start
+    if buckets:
+        result["buckets"] = {}
+        for b in rated.BUCKETS:
+            p, s = _arrays(puzzles_of(b, buckets, seed, threads))
+            start = time.perf_counter()
+            result["buckets"][b] = {**rrn_one_pass(solver.model, T, p, s, max_depth),
+                                    "seconds": time.perf_counter() - start}
+            print(f"  {b}: one pass " + " ".join(f"{k} {100 * v:.1f}" for k, v in
+                                                 result["buckets"][b]["one_pass"].items()), file=sys.stderr)
+    return {"checkpoint": str(checkpoint), "trained_iterations": T, "step_control": cfg.step_control,
+            "backtrack_from": cfg.backtrack_from, "backtracks": cfg.backtracks, **result,
+            **({"bucket_seed": seed} if buckets else {})}
+
+
+def control_cost(checkpoint: str, rrn: str, boards: int, iters: int, rounds: int, threads: int,
+                 backtrack_from: int) -> dict[str, Any]:
+    """The pass with the step-length control from `backtrack_from` against the plain pass, timed alternately in
+    one run (medians of `rounds`): `boards` boards of the RRN validation draw in one batch, `iters` iterations,
+    traced (a whole pass with the energies reported), untraced, and per iteration (the frames with their
+    energies, as the solver's strategies read them); and, in a pass of each kind outside the timing, the energy
+    evaluations the layer makes per board and iteration."""
+    from hyperset.backends import TorchBackend
+
+    torch.set_num_threads(threads)
+    solver = Solver.load(checkpoint, "cpu")
+    model, layer = solver.model, solver.model.core.layers[0]
+    backend = TorchBackend(model, "cpu")
+    vp, vs = load_csv(find_split(rrn, "valid"))
+    dp, _ = protocol_split(vp, vs, boards, 0)
+    x = torch.as_tensor(dp)
+    settings = {"plain": ("none", None), "control": ("backtrack", backtrack_from)}
+    modes = {"traced": lambda: backend.run(x, iters, energies=True)[0],
+             "untraced": lambda: backend.run(x, iters, energies=False)[0],
+             "per_iteration": lambda: [step.logits for step in backend.iterate(x, iters)][-1]}
+    times: dict[str, list[float]] = {f"{k}_{m}": [] for k in settings for m in modes}
+    answers, evaluations = {}, {}
+    evaluate = layer._energy
+    rows: list[int] = []
+    layer._energy = lambda v, t=None: rows.append(len(v)) or evaluate(v, t)
+    for name, (control, start) in settings.items():
+        model.set_step_control(control, start)
+        for mode, run in modes.items():
+            rows.clear()
+            logits = run()
+            evaluations[f"{name}_{mode}"] = sum(rows) / (iters * len(x))
+        answers[name] = logits.argmax(-1)
+    del layer._energy
+    for _ in range(rounds):
+        for name, (control, start) in settings.items():
+            model.set_step_control(control, start)
+            for mode, run in modes.items():
+                t0 = time.perf_counter()
+                run()
+                times[f"{name}_{mode}"].append(time.perf_counter() - t0)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    return {"checkpoint": str(checkpoint), "boards": boards, "iterations": iters, "rounds": rounds,
+            "backtrack_from": backtrack_from, "backtracks": model.cfg.backtracks,
+            "seconds_median": med, "seconds": times,
+            "control_over_plain": {m: med[f"control_{m}"] / med[f"plain_{m}"] for m in modes},
+            "energy_evaluations_per_board_iteration": evaluations,
+            "boards_answered_differently": int((answers["plain"] != answers["control"]).any(-1).sum())}
 
 
 def tune(checkpoint: str, n: int, commit_iters: list[int], node_iters: list[int], threads: int
@@ -451,6 +511,20 @@ def main(argv: list[str] | None = None) -> None:
     rd.add_argument("--backtrack-from", type=bench_args.count, default=None,
                     help="run with step_control 'backtrack' from this iteration on (default: the checkpoint's "
                          "control); 2: every update but the first, so the energy never rises from iteration 1")
+    rd.add_argument("--buckets", type=bench_args.count, default=None,
+                    help="also this many held-out rated puzzles of every bucket (measure's seed)")
+    rd.add_argument("--seed", type=int, default=11, help="the rated puzzles' seed (held out from training)")
+    cc = sub.add_parser("control-cost", help="the pass with the step-length control against the plain pass, timed "
+                        "alternately")
+    cc.add_argument("--checkpoint", default="sudoku", help="checkpoint folder or shipped model name")
+    cc.add_argument("--rrn", required=True, help="folder of the RRN-style validation CSV")
+    cc.add_argument("--boards", type=bench_args.count, default=128, help="boards in the batch")
+    cc.add_argument("--iters", type=bench_args.count, default=64)
+    cc.add_argument("--rounds", type=bench_args.count, default=5)
+    cc.add_argument("--threads", type=bench_args.count, default=1)
+    cc.add_argument("--backtrack-from", type=bench_args.count, default=2)
+    cc.add_argument("--out", type=Path, default=None,
+                    help="the JSON (default bench/results/hard_model/control-cost.json)")
     tab = sub.add_parser("table")
     tab.add_argument("--markdown", action="store_true", help="also print the docs' table")
     args = ap.parse_args(argv)
@@ -472,9 +546,18 @@ def main(argv: list[str] | None = None) -> None:
             plan = da.RUNS / args.name / "arm.json"
             result.update(note=arm["note"], arm=json.loads(plan.read_text()) if plan.is_file() else None)
         atomic_write_json(RESULTS / f"{args.name}.json", result)
+    elif args.cmd == "control-cost":
+        result = {**control_cost(resolve(args.checkpoint), args.rrn, args.boards, args.iters, args.rounds,
+                                 args.threads, args.backtrack_from),
+                  "device": f"{cpu_model()}, {args.threads} thread(s)",
+                  "command": "python bench/hard_model.py " + " ".join(sys.argv[1:] if argv is None else argv)}
+        atomic_write_json(args.out or RESULTS / "control-cost.json", result)
+        med = result["seconds_median"]
+        print("; ".join(f"{m}: plain {med[f'plain_{m}']:.2f} s, control {med[f'control_{m}']:.2f} s"
+                        for m in ("traced", "untraced", "per_iteration")))
     elif args.cmd == "rrn-depth":
         result = {"name": args.name, **rrn_depth(resolve(args.checkpoint), args.rrn, args.n_rrn, args.max_depth,
-                                                 args.threads, args.backtrack_from),
+                                                 args.threads, args.backtrack_from, args.buckets or 0, args.seed),
                   "device": f"{cpu_model()}, {args.threads} thread(s)",
                   "command": "python bench/hard_model.py " + " ".join(sys.argv[1:] if argv is None else argv)}
         atomic_write_json(RESULTS / f"rrn-depth-{args.name}.json", result)

@@ -24,7 +24,7 @@ from .cli_options import (
     package_version,
 )
 from .config import check_iterations
-from .defaults import CPU_BATCH_SIZE, DEFAULT_NODES, DEFAULT_PASSES, DEFAULT_STRATEGY, GPU_BATCH_SIZE
+from .defaults import CPU_BATCH_SIZE, DEFAULT_NODES, DEFAULT_PASSES, DEFAULT_STRATEGY, DESCENT_FROM, GPU_BATCH_SIZE
 from .extras import require
 from .stops import Stops as _Stops
 from .strategy_registry import strategy_help, strategy_names
@@ -49,13 +49,17 @@ def _iters_option(value: str) -> int | str:
         raise click.BadParameter(str(err)) from None
 
 
-def _check_options(backend: str, onnx_model: str | None, plot: str | None, checkpoint: str | None = None) -> None:
+def _check_options(backend: str, onnx_model: str | None, plot: str | None, checkpoint: str | None = None,
+                   descent: bool | None = None) -> None:
     """Usage errors found before any work is done."""
     for name, value in (("--checkpoint", checkpoint), ("--onnx-model", onnx_model), ("--plot", plot)):
         if value is not None and not value.strip():
             raise click.UsageError(f"{name}: an empty path (leave the option out for its default)")
     if onnx_model is not None and backend != "onnx":
         raise click.UsageError("--onnx-model needs --backend onnx")
+    if onnx_model is not None and descent is not None:
+        raise click.UsageError(f"--{'' if descent else 'no-'}descent: the graph --onnx-model names runs the step "
+                               "control it was exported with; without --onnx-model the graph is exported with it")
     if backend == "onnx":
         require("onnx", "onnx", "onnxruntime", what="--backend onnx")
     if plot is not None:
@@ -239,6 +243,10 @@ def _read_puzzles(files: tuple[str, ...]) -> Iterator[Puzzle]:
 @click.option("--views", type=click.IntRange(0, 63), default=None,
               help="symmetry transforms run beside the puzzle, in one batch: the views strategy's (default 8), or "
                    "the search's first look (default none)")
+@click.option("--descent/--no-descent", default=None,
+              help="keep E_ATTN + E_FF from rising: from the second iteration on, an update that would raise a "
+                   "board's energy is halved (up to 4 times) or not taken; about one energy evaluation more per "
+                   "iteration (torch; an exported graph tries every halving) [default: the checkpoint's setting]")
 @click.option("--checkpoint", type=click.Path(), default=None, help="checkpoint folder [default: the shipped model]")
 @click.option("--device", default="auto", show_default=True, help="auto | cpu | cuda")
 @click.option("--backend", type=click.Choice(["torch", "onnx"]), default="torch", show_default=True,
@@ -258,7 +266,7 @@ def _read_puzzles(files: tuple[str, ...]) -> Iterator[Puzzle]:
 @click.option("--color/--no-color", default=None, help="colour givens and filled cells [default: on a terminal]")
 def solve_main(files: tuple[str, ...], iters: str | None, strategy: str, passes: int, nodes: int,
                seconds: float | None, node_iters: int | None, prior: str, first_look: bool, search_order: str,
-               views: int | None, checkpoint: str | None,
+               views: int | None, checkpoint: str | None, descent: bool | None,
                device: str, backend: str, onnx_model: str | None, batch_size: int | None, threads: int | None,
                as_json: bool, quiet: bool, trace: bool, plot: str | None, color: bool | None) -> None:
     """Solve the Sudoku puzzles in FILES ('-' reads standard input).
@@ -281,8 +289,8 @@ def solve_main(files: tuple[str, ...], iters: str | None, strategy: str, passes:
     try:
         search = {"nodes": nodes, "seconds": seconds, "node_iters": node_iters, "prior": prior,
                   "order": search_order, "first_look": first_look, "views": views}
-        _solve(files, iters, strategy, passes, search, checkpoint, device, backend, onnx_model, batch_size, threads,
-               as_json, quiet, trace, plot, color, stops)
+        _solve(files, iters, strategy, passes, search, checkpoint, descent, device, backend, onnx_model, batch_size,
+               threads, as_json, quiet, trace, plot, color, stops)
     except KeyboardInterrupt:  # while loading: nothing solved; with --json still one whole document
         sys.exit(stops.interrupted_before_solving(as_json, quiet))
     finally:
@@ -290,7 +298,7 @@ def solve_main(files: tuple[str, ...], iters: str | None, strategy: str, passes:
 
 
 def _solve(files: tuple[str, ...], iters: str | None, strategy: str, passes: int, search: dict[str, Any],
-           checkpoint: str | None,
+           checkpoint: str | None, descent: bool | None,
            device: str, backend: str, onnx_model: str | None, batch_size: int | None, threads: int | None,
            as_json: bool, quiet: bool, trace: bool, plot: str | None, color: bool | None, stops: _Stops) -> NoReturn:
     import itertools
@@ -303,7 +311,7 @@ def _solve(files: tuple[str, ...], iters: str | None, strategy: str, passes: int
 
     try:
         n_iters = _iters_option(iters) if iters is not None else None
-        _check_options(backend, onnx_model, plot, checkpoint)
+        _check_options(backend, onnx_model, plot, checkpoint, descent)
         reader = _read_puzzles(files)
         first = next(reader)  # the input's first puzzle before the model: a file that is not a puzzle file is
         puzzles = itertools.chain([first], reader)  # told at once
@@ -313,6 +321,8 @@ def _solve(files: tuple[str, ...], iters: str | None, strategy: str, passes: int
         if backend != "torch" and check_device_name(device)[0] == "mps":
             raise ValueError(f"--device {device}: --backend {backend} runs on auto, cpu or cuda")
         solver = Solver.load(checkpoint, device if backend == "torch" else "cpu")
+        if descent is not None:
+            solver.model.set_step_control(*(("backtrack", DESCENT_FROM) if descent else ("none",)))
         if plot is not None and not _has_energies(solver.model):
             raise ValueError(f"--plot: this model's layer ({solver.model.cfg.layer}) defines no energy; nothing "
                              "to plot (--trace and the JSON report none either)")
@@ -546,6 +556,10 @@ def _print_summary(summary: Any, strategy: str) -> None:
     if summary.board_accuracy is not None:
         line += f"; board accuracy {summary.board_accuracy:.1%}, cell accuracy {summary.cell_accuracy:.1%}"
     click.echo(f"{line} — strategy {strategy}, {summary.seconds:.2f} s on {summary.device} ({summary.backend})")
+    control = summary.extra.get("step_control")
+    if control:
+        click.echo(f"step control: {control['control']} from iteration {control['from_iteration']} (no update from "
+                   "it on raised a board's E_ATTN + E_FF)")
     found = summary.extra.get("search")
     if found:
         parts = [f"{found['model_alone']} by the model alone", f"{found['with_backtracks']} with backtracks"]

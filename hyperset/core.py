@@ -90,10 +90,18 @@ class Trace:
 
 
 def layer_energy(layer: nn.Module, x: Tensor, t: int | None, cfg: ModelConfig | None) -> dict[str, Tensor]:
-    """layer.energy(x, t); with the model's config, by slices of rows at inference on a CPU (``Ops.slice_rows``)."""
+    """layer.energy(x, t); with the model's config, by slices of rows at inference on a CPU (``Ops.slice_rows``).
+    The energy the step-length control kept for x (`HyperSETLayer.known_energy`) costs nothing."""
+    keeps = hasattr(layer, "known_energy")
+    known = layer.known_energy(x, t) if keeps else None
+    if known is not None:
+        return known
     ops = policy(x)
     rows = ops.slice_rows(cfg, len(x), x.device) if cfg is not None else 0
-    return ops.by_rows(lambda v: layer.energy(v, t), rows, x)
+    energy = ops.by_rows(lambda v: layer.energy(v, t), rows, x)
+    if keeps and rows:
+        layer.remember_energy(x, t, energy)  # the whole batch's, for the control's next iteration
+    return energy
 
 
 def traced_energy(layer: nn.Module, x: Tensor, t: int | None, cfg: ModelConfig | None) -> dict[str, Tensor]:
@@ -165,9 +173,15 @@ class RecurrentCore(nn.Module):
         `shared`: what the layer's steps share in this pass (its `pass_weights`)."""
         ops = policy(x)
         rows = ops.slice_rows(self.cfg, len(x), x.device)
+        # with the step-length control the update runs by slices and the control on the whole batch, so the
+        # energy it keeps is that of the state the pass goes on with (for the trace and the next iteration)
+        control = bool(rows) and self.cfg.step_control == "backtrack"
+        one = layer.update if control else layer.step
         if fixed is None:
-            return ops.by_rows(lambda v, v0: self.step(v, v0, t, layer, shared), rows, x, x0)
-        return ops.by_rows(lambda v, a, g: layer.step(v, t, (a, g), shared), rows, x, *fixed)
+            y = ops.by_rows(lambda v, v0: one(v, t, self.steps_at(v, v0, t), shared), rows, x, x0)
+        else:
+            y = ops.by_rows(lambda v, a, g: one(v, t, (a, g), shared), rows, x, *fixed)
+        return layer.backtrack(x, y, t) if control else y
 
     def iterate(self, x0: Tensor, iters: int | None = None, skip: int = 0,
                 detach_every: int = 0) -> Generator[tuple[nn.Module, int, Tensor], Tensor | None, None]:

@@ -13,3 +13,6 @@ GPU_BATCH_SIZE = 256
 # A stream of puzzles (a file read as it comes) starts with a batch this small and doubles it up to the batch size:
 # the first boards come after 16 are solved, not a whole batch.
 FIRST_STREAM_BATCH = 16
+# `--descent`: the step-length control from this iteration on. The first update lifts the embeddings onto the
+# energy's landscape and raises it; the control would refuse it (docs/sudoku.md, "Depth and the energy").
+DESCENT_FROM = 2

@@ -200,6 +200,7 @@ class HyperSETLayer(nn.Module):
         self.norm_attn = RMSNorm(cfg.head_dim, cfg.norm_eps)  # one sphere per head, gain shared: A stays symmetric
         self.norm_ff = RMSNorm(M, cfg.norm_eps)
         self.lora = DepthLoRA(cfg) if cfg.lora_rank > 0 else None
+        self._known: tuple[Tensor, int | None, tuple[int, ...], dict[str, Tensor]] | None = None
 
     def weights(self, t: int | Tensor | None) -> tuple[Tensor, Tensor]:
         if self.lora is None or t is None:
@@ -260,20 +261,29 @@ class HyperSETLayer(nn.Module):
         return ops.fold_ff(self.D, self.norm_ff.weight)
 
     def step(self, x: Tensor, t: int, steps: tuple[Tensor, Tensor], shared: object = None) -> Tensor:
+        """`update`, then the step-length control where the config asks for it (`backtrack`)."""
+        y = self.update(x, t, steps, shared)
+        return self.backtrack(x, y, t) if self.cfg.step_control == "backtrack" else y
+
+    def update(self, x: Tensor, t: int, steps: tuple[Tensor, Tensor], shared: object = None) -> Tensor:
         """Attention step (eq. 9), then feedforward step (eq. 11) on the updated tokens. `shared`: the
         pass's `pass_weights`."""
         alpha, gamma = steps
         W, D = self.weights(t)
         add = policy(x).add_scaled  # a + c s v in one pass
         y = add(x, alpha, self.attn_grad(x, W), -1.0)  # x - alpha dE_ATTN/dX
-        y = add(y, gamma, self.ff_descent(y, D, folded=shared), 1.0)  # y - gamma dE_FF/dY
-        return self.backtrack(x, y, t) if self.cfg.step_control == "backtrack" else y
+        return add(y, gamma, self.ff_descent(y, D, folded=shared), 1.0)  # y - gamma dE_FF/dY
 
     def backtrack(self, x: Tensor, y: Tensor, t: int | Tensor | None) -> Tensor:
         """The iteration's update d = y - x scaled, per sample, by the first of 1, 1/2, ..., 2^-backtracks that
         leaves E_ATTN + E_FF (``energy``, at this t) no higher than at x, and by 0 where none does: the energy
         never rises. Iterations before ``backtrack_from`` take y as it is. The scale is chosen without gradient;
-        the gradient flows through x + scale * d."""
+        the gradient flows through x + scale * d.
+
+        At inference, outside a graph, the energy of the state it returns is kept (`energy` gives it back for
+        that state without computing it again): the next iteration's energy at x, and a trace's at every
+        iteration, cost nothing more, so a pass costs one energy evaluation per iteration where every update
+        descends at its full length."""
         start = self.cfg.backtrack_from
         if start > 1 and t is not None and not isinstance(t, Tensor) and t < start:
             return y
@@ -283,28 +293,79 @@ class HyperSETLayer(nn.Module):
             ok = torch.zeros(x.shape[0], dtype=torch.bool, device=x.device)
             if start > 1 and isinstance(t, Tensor):  # an exported loop's counter: the same choice in the graph
                 ok = ok | (t < start)
-            e0 = self.total_energy(x, t)
+            before = self.known_energy(x, t) or self._energy_by_rows(x, t)
+            e0 = before["attn"] + before["ff"]
+            after = dict(before)  # the energy of the state returned, row by row
             # a fixed number of tries in a graph (export, compile); eagerly, none once every sample has its scale
             fixed = device.in_graph()
+            out = None
             for _ in range(self.cfg.backtracks + 1):
                 if not fixed and bool(ok.all()):
                     break
-                ok = ok | (self.total_energy(x + scale.view(-1, 1, 1) * d, t) <= e0)
+                out = x + scale.view(-1, 1, 1) * d
+                e = self._energy_by_rows(out, t)
+                took = (e["attn"] + e["ff"] <= e0) & ~ok
+                after = {k: torch.where(took, e[k], after[k]) for k in after}
+                ok = ok | took
                 scale = torch.where(ok, scale, scale * 0.5)
+            # the last state tried is the one returned where every sample took it whole (made without gradient)
+            whole = not fixed and out is not None and bool(ok.all()) and not bool((scale != 1).any())
             scale = torch.where(ok, scale, torch.zeros_like(scale))
-        return x + scale.view(-1, 1, 1) * d
+        if not whole or torch.is_grad_enabled():
+            out = x + scale.view(-1, 1, 1) * d
+        self.remember_energy(out, t, after)
+        return out
 
     def total_energy(self, x: Tensor, t: int | Tensor | None = None) -> Tensor:
         """E_ATTN + E_FF of ``energy``, per sample (B,)."""
         e = self.energy(x, t)
         return e["attn"] + e["ff"]
 
+    def remember_energy(self, x: Tensor, t: int | Tensor | None, energy: dict[str, Tensor]) -> None:
+        """Keep `energy` as that of state x at iteration t, for `energy` to give back (see `backtrack`): only at
+        inference outside a graph, with the step-length control on."""
+        if device.in_graph():  # nothing kept or read while a graph is made
+            return
+        keep = self.cfg.step_control == "backtrack" and not torch.is_grad_enabled() and not isinstance(t, Tensor)
+        self._known = (x, t, self._versions(x), energy) if keep else None
+
+    def _versions(self, x: Tensor) -> tuple[int, ...]:
+        """The in-place change counters of state x (none for an inference tensor, which cannot change) and of
+        every parameter."""
+        return (-1 if x.is_inference() else x._version, *(p._version for p in self.parameters()))
+
+    def _energy_by_rows(self, x: Tensor, t: int | Tensor | None) -> dict[str, Tensor]:
+        """`energy` computed afresh, by slices of rows at inference on a CPU (``Ops.slice_rows``)."""
+        ops = policy(x)
+        return ops.by_rows(lambda v: self._energy(v, t), ops.slice_rows(self.cfg, len(x), x.device), x)
+
+    def known_energy(self, x: Tensor, t: int | Tensor | None) -> dict[str, Tensor] | None:
+        """The energy `backtrack` kept for this very state (the same tensor object, not modified since) and the
+        same weights: at any t where the weights do not depend on t (no depth LoRA), else at the same t. None
+        otherwise, with gradients, and while a graph is made."""
+        known = None if device.in_graph() or torch.is_grad_enabled() or isinstance(t, Tensor) else self._known
+        if known is None:  # read once: another thread's pass may replace it meanwhile
+            return None
+        state, at, versions, energy = known
+        if state is not x or (self.lora is not None and at != t) or versions != self._versions(x):
+            return None
+        return energy
+
     def projections(self, x: Tensor, t: int | None = None) -> Tensor:
         W, _ = self.weights(t)
         return head_projections(x, W, self.cfg.heads, True, self.cfg.norm_eps)
 
     def energy(self, x: Tensor, t: int | None = None) -> dict[str, Tensor]:
-        """E_ATTN and E_FF "normalization first" (no learnable gains), per sample."""
+        """E_ATTN and E_FF "normalization first" (no learnable gains), per sample; with the step-length control,
+        at inference, the one `backtrack` kept where x is the state it returned (no work)."""
+        known = self.known_energy(x, t)
+        if known is not None:
+            return known
+        energy = self._energy(x, t)
+        self.remember_energy(x, t, energy)
+        return energy
+
+    def _energy(self, x: Tensor, t: int | None = None) -> dict[str, Tensor]:
         W, D = self.weights(t)
         cfg = self.cfg
         return {

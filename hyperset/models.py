@@ -183,6 +183,17 @@ class HyperSETModel(nn.Module):
         if cfg.head_bias:
             nn.init.zeros_(self.head.bias)
 
+    def set_step_control(self, step_control: str | None = None, backtrack_from: int | None = None) -> None:
+        """Switch the step-length control at inference (``ModelConfig.step_control``, ``backtrack_from``; None
+        keeps the current value): e.g. ``("backtrack", 2)`` keeps E_ATTN + E_FF from rising from the first
+        update on, ``("none")`` runs the paper's updates as they are. Checked as a config is (ValueError); the
+        model's parts share its one config object, so every layer follows."""
+        changes = {k: v for k, v in (("step_control", step_control), ("backtrack_from", backtrack_from))
+                   if v is not None}
+        self.cfg.replace(**changes)  # the config's own checks
+        for key, value in changes.items():
+            setattr(self.cfg, key, value)
+
     def readout(self, x: Tensor) -> Tensor:
         if self.cfg.task == "classify":
             x = x[:, 0]  # the CLS token

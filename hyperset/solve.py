@@ -478,6 +478,11 @@ class Tally:
 
     def summary(self, seconds: float, solver: Solver) -> SolveSummary:
         out = SolveSummary(self.puzzles, self.valid, seconds, solver.device_name(), solver.backend_name)
+        # the model that ran: an ONNX graph's own config (its metadata), else the checkpoint's
+        cfg = getattr(solver.engine, "config", None) or getattr(solver.model, "cfg", None)
+        if cfg is not None and cfg.step_control != "none":
+            out.extra["step_control"] = {"control": cfg.step_control, "from_iteration": cfg.backtrack_from,
+                                         "halvings": cfg.backtracks}
         if self.searched:
             out.extra["search"] = {k: int(v) for k, v in self.search.items()}
         if self.known:

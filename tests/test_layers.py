@@ -525,8 +525,8 @@ def _inputs(cfg: ModelConfig, batch: int = 16) -> torch.Tensor:
 @torch.no_grad()
 def _energy_rises(model: torch.nn.Module, inputs: torch.Tensor, iters: int) -> torch.Tensor:
     """Per sample: whether E_ATTN + E_FF rose at some iteration of one pass (beyond 1e-6 relative)."""
-    energies = torch.stack([layer.total_energy(x, t).double()
-                            for layer, t, x in model.core.iterate(model.stem(inputs), iters)])
+    states = [(layer, t, x.clone()) for layer, t, x in model.core.iterate(model.stem(inputs), iters)]
+    energies = torch.stack([layer.total_energy(x, t).double() for layer, t, x in states])  # computed afresh
     return (energies.diff(dim=0) > 1e-6 * energies[:-1].abs().clamp_min(1.0)).any(0)
 
 
@@ -561,6 +561,82 @@ def test_backtracking_from_a_later_iteration_takes_the_updates_before_it_as_they
         assert (layer.total_energy(first_plain, 1) > layer.total_energy(x0, 1)).any()
     assert torch.equal(first_held, first_plain)
     assert not _energy_rises(held, inputs, 4 * plain.cfg.iters).any()
+
+
+@pytest.mark.parametrize("rows", [0, 5])
+def test_a_pass_by_updates_in_slices_of_rows_reads_the_controls_energy_too(rows, monkeypatch):
+    """The per-iteration path (`iterate`, as the solver's strategies run it) with each update made by slices of
+    rows: the control decides on the whole batch, so reading every state's energy (as the solver's frames do)
+    evaluates nothing more, and the states are those of the unsliced pass."""
+    from hyperset.accel import rows as row_slices
+    from hyperset.core import layer_energy
+
+    model = _step_model("sudoku", "backtrack")
+    model.cfg.backtrack_from = 2
+    layer, iters = model.core.layers[0], 2 * model.cfg.iters
+    calls = []
+    evaluate = layer._energy
+    layer._energy = lambda x, t=None: calls.append(len(x)) or evaluate(x, t)
+    with torch.no_grad():
+        x0 = model.stem(_inputs(model.cfg, 16))
+        whole = [x for _, _, x in model.core.iterate(x0, iters)]
+        monkeypatch.setattr(row_slices, "cache_rows", lambda cfg, *a: rows or 10_000)
+        calls.clear()
+        states = [x for _, _, x in model.core.iterate(x0, iters)]
+        untraced = sum(calls)
+        calls.clear()
+        traced = [(x, layer_energy(layer, x, t, model.cfg)) for _, t, x in model.core.iterate(x0, iters)]
+    assert sum(calls) == untraced and (rows == 0 or max(calls) <= rows)
+    for a, b, (c, _) in zip(whole, states, traced):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+        assert torch.equal(b, c)
+
+
+@pytest.mark.parametrize("start", [1, 2, 3])
+def test_the_control_keeps_the_energy_it_computed_for_the_next_iteration_and_the_trace(start):
+    """At inference the control's energy at the state it returns is given back to the next iteration and to the
+    trace: a traced pass evaluates the energy no more often than an untraced one (from backtrack_from on), the
+    states are those of a pass that computes every energy afresh, and the traced energies are the states'."""
+    model = _step_model("sudoku", "backtrack")
+    model.cfg.backtrack_from = start
+    layer, iters = model.core.layers[0], 3 * model.cfg.iters
+    calls = []
+    evaluate = layer._energy
+    layer._energy = lambda x, t=None: calls.append(t) or evaluate(x, t)
+    with torch.no_grad():
+        x0 = model.stem(_inputs(model.cfg))
+        plain = model.core.run(x0, iters)
+        untraced = len(calls)
+        calls.clear()
+        traced = model.core.run(x0, iters, trace=True, keep_states=True)
+        # the trace's own evaluations: only at the states before the one the control starts from
+        assert len(calls) == untraced + max(start - 2, 0)
+        layer.known_energy = lambda x, t: None  # every energy computed again
+        fresh = model.core.run(x0, iters, trace=True)
+    assert untraced > iters  # some updates were tried at a shorter length
+    assert torch.equal(traced.x, plain.x) and torch.equal(traced.x, fresh.x)
+    for k in ("attn", "ff"):
+        torch.testing.assert_close(torch.stack(traced.trace.energy[k]), torch.stack(fresh.trace.energy[k]))
+        again = torch.stack([evaluate(x.clone(), t + 1)[k] for t, x in enumerate(traced.states)])
+        torch.testing.assert_close(torch.stack(traced.trace.energy[k]), again.float())
+
+
+def test_a_kept_energy_is_not_given_back_for_a_changed_state_or_weights_or_with_gradient():
+    model = _step_model("sudoku", "backtrack")
+    layer, x0 = model.core.layers[0], model.stem(_inputs(model.cfg, 4)).detach()
+    with torch.no_grad():
+        x1 = layer.backtrack(x0, x0 - 1e-4 * layer.attn_grad(x0, layer.W), 1)
+        kept = layer.energy(x1, 2)
+        assert kept is layer.energy(x1, 2)  # the same one, not computed again
+        layer.W.add_(0.1 * torch.randn_like(layer.W))
+        changed = layer.energy(x1, 2)
+    assert changed is not kept and not torch.equal(changed["attn"], kept["attn"])
+    with torch.no_grad():
+        assert layer.energy(x1, 2) is changed
+        x1.mul_(-1.0)  # the state itself changed in place
+        assert layer.energy(x1, 2) is not changed
+    x1.requires_grad_(True)
+    assert layer.energy(x1, 2)["attn"].requires_grad
 
 
 def test_backtrack_from_is_checked():

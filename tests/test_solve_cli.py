@@ -631,3 +631,37 @@ def test_iters_auto_with_another_strategy_named_is_refused_not_silently_auto(tin
     for extra in ([], ["--strategy", "auto"]):  # alone, or with the strategy it means
         ok = CliRunner().invoke(solve_main, [puzzle, "--checkpoint", ck, "--iters", "auto", "-q", *extra])
         assert ok.exit_code in (0, 1) and "strategy auto" in ok.output
+
+
+def test_descent_keeps_every_boards_energy_from_rising_and_says_so(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    """--descent: the step-length control from the second iteration on; the reported energies then never rise
+    from the first iteration on, where the same boards' plain passes raise them, and the summary says it ran.
+    --no-descent is the checkpoint's plain pass; a layer without the control is refused in one line."""
+    (tmp_path / "p.txt").write_text("".join(p + "\n" for p, _ in generate(6, seed=5)))
+    args = [str(tmp_path / "p.txt"), "--checkpoint", str(tiny_checkpoint), "--strategy", "single", "--iters", "12",
+            "--json"]
+
+    def energies(extra: list[str]) -> tuple[list[torch.Tensor], dict]:
+        code, out, _ = run([*args, *extra])
+        doc = json.loads(out)
+        assert code in (0, 1)
+        return [torch.tensor(r["energy"]["attn"]) + torch.tensor(r["energy"]["ff"]) for r in doc["results"]], \
+            doc["summary"]
+
+    plain, summary = energies([])
+    assert "step_control" not in summary and any((e.diff() > 0).any() for e in plain)
+    assert all(torch.equal(a, b) for a, b in zip(plain, energies(["--no-descent"])[0]))
+    held, summary = energies(["--descent"])
+    assert summary["step_control"] == {"control": "backtrack", "from_iteration": 2, "halvings": 4}
+    assert all(len(e) == 12 and not (e.diff() > 0).any() for e in held)
+    code, out, _ = run([*args[:-1], "-q", "--descent"])
+    assert "step control: backtrack from iteration 2" in out
+    code, _, err = run([*args, "--backend", "onnx", "--onnx-model", str(tmp_path / "m.onnx"), "--no-descent"])
+    assert code == 2 and "--no-descent: the graph --onnx-model names runs the step control it was exported" in err
+    from hyperset.config import preset_config
+    from hyperset.models import HyperSETModel
+
+    cfg = preset_config("sudoku-cpu", layer="transformer", dim=32, heads=2, ff_hidden=64, time_dim=16, iters=2)
+    save_checkpoint(tmp_path / "t", HyperSETModel(cfg), {"trained_iterations": 2})
+    code, out, err = run([str(tmp_path / "p.txt"), "--checkpoint", str(tmp_path / "t"), "--descent"])
+    assert code == 2 and "step_control 'backtrack' controls the Hyper-SET layer" in err and "Traceback" not in err

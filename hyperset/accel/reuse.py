@@ -4,9 +4,9 @@ A traced pass evaluates E_ATTN at every state x_t (``hyperset.core.Trace.record`
 starts from the same x_t: both put the same head projections Zn = RMSNorm(split(x_t W)) on their spheres (the
 energy without the gain, the update before multiplying by it). `remember` keeps the energy's Zn, and the update's
 `recall` takes it instead of making it again: one product X W and one normalisation fewer per iteration, the same
-values. A kept Zn serves one recall only, and only for the same state and weight objects and the same heads and
-eps; anything else is a miss, and the caller computes Zn as before. It is used where no gradient is taken (the
-acceleration policy's `reuse`), so no graph is kept alive through it.
+values. A kept Zn serves one recall only, and only for the same state and weight objects, neither changed in place
+since, and the same heads and eps; anything else is a miss, and the caller computes Zn as before. It is used where
+no gradient is taken (the acceleration policy's `reuse`), so no graph is kept alive through it.
 """
 
 from __future__ import annotations
@@ -22,7 +22,12 @@ _slot = threading.local()
 
 def remember(X: Tensor, W: Tensor, heads: int, eps: float, Zn: Tensor) -> None:
     """Keep Zn, the normalised head projections of state X by weight W, for the next `recall` on this thread."""
-    _slot.kept = (weakref.ref(X), weakref.ref(W), heads, eps, Zn)
+    _slot.kept = (weakref.ref(X), weakref.ref(W), _versions(X, W), heads, eps, Zn)
+
+
+def _versions(*tensors: Tensor) -> tuple[int, ...]:
+    """The tensors' in-place change counters (-1 for an inference tensor, which has none and cannot change)."""
+    return tuple(-1 if v.is_inference() else v._version for v in tensors)
 
 
 def recall(X: Tensor, W: Tensor, heads: int, eps: float) -> Tensor | None:
@@ -31,8 +36,8 @@ def recall(X: Tensor, W: Tensor, heads: int, eps: float) -> Tensor | None:
     if kept is None:
         return None
     _slot.kept = None
-    x_ref, w_ref, h, e, Zn = kept
-    if x_ref() is X and w_ref() is W and h == heads and e == eps:
+    x_ref, w_ref, versions, h, e, Zn = kept
+    if x_ref() is X and w_ref() is W and h == heads and e == eps and versions == _versions(X, W):
         return Zn
     return None
 

@@ -93,3 +93,13 @@ def test_a_held_choice_serves_the_pass_and_nothing_else() -> None:
         assert getattr(accel._held, "choice", None) is None
     with accel.held(x):
         assert getattr(accel._held, "choice", None) is None
+
+
+def test_a_state_or_weight_changed_in_place_is_a_miss() -> None:
+    X, W = torch.randn(2, 5, 8), torch.randn(8, 8)
+    for change in (X, W):
+        reuse.remember(X, W, 2, 1e-6, torch.zeros(2, 2, 5, 4))
+        change.mul_(2.0)
+        assert reuse.recall(X, W, 2, 1e-6) is None
+    reuse.remember(X, W, 2, 1e-6, Zn := torch.zeros(2, 2, 5, 4))
+    assert reuse.recall(X, W, 2, 1e-6) is Zn

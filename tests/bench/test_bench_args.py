@@ -48,10 +48,15 @@ def test_a_peer_checkout_needs_the_authors_sudoku_model(tmp_path: Path) -> None:
     assert bench_args.peer_checkout(str(tmp_path)) == tmp_path.resolve()
 
 
-def test_the_recorded_command_can_be_run_again_as_written() -> None:
+def test_the_recorded_command_can_be_run_again_as_written(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in bench_args.CHOICE_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
     argv = ["--peer", "/tmp/a peer", "--compile", "--compile-options", '{"max_autotune": true}']
     line = bench_args.command_line("peer_bench", argv)
     assert shlex.split(line) == ["python", "bench/peer_bench.py", *argv]
+    monkeypatch.setenv("HYPERSET_CPU_MATMUL", "onednn")  # a library choice changes what is measured: it is kept
+    again = shlex.split(bench_args.command_line("peer_bench", argv))
+    assert again == ["HYPERSET_CPU_MATMUL=onednn", *shlex.split(line)]
 
 
 def test_config_overrides_name_what_is_wrong() -> None:

@@ -108,3 +108,44 @@ def test_rrn_depth_reads_the_draw_out_at_every_multiple_of_t_with_the_energy(tmp
                      "--n-rrn", "10", "--max-depth", "2"])
     saved = json.loads((results / "rrn-depth-tiny.json").read_text())
     assert list(saved["one_pass"]) == ["1T", "2T"] and "energy_never_rises_2T" in saved and "device" in saved
+
+
+def test_rrn_depth_reads_every_bucket_out_too_and_the_control_keeps_each_energy_from_rising(tmp_path,
+                                                                                               monkeypatch) -> None:
+    """rrn-depth --buckets n: every bucket's n puzzles in one pass as well; with --backtrack-from 2 the energy
+    never rises on any board of any bucket (the control's promise, read from the trace)."""
+    from conftest import write_sudoku_csvs, write_tiny_sudoku_checkpoint
+
+    from hyperset.sudoku import rated
+    from hyperset.sudoku.exact import generate
+
+    (tmp_path / "rrn").mkdir()
+    data = write_sudoku_csvs(tmp_path / "rrn", 8, 12, seed=3)
+    ckpt = write_tiny_sudoku_checkpoint(tmp_path / "m")
+    asked = []
+    monkeypatch.setattr(hard_model, "puzzles_of", lambda b, n, seed, threads: asked.append((b, n, seed)) or [
+        rated.RatedPuzzle(p, s, 0) for p, s in generate(n, 24, 30, seed=len(asked))])
+    out = hard_model.rrn_depth(str(ckpt), str(data), 6, 4, 1, backtrack_from=2, buckets=5)
+    assert asked == [(b, 5, 11) for b in rated.BUCKETS] and list(out["buckets"]) == list(rated.BUCKETS)
+    assert out["step_control"] == "backtrack" and out["backtrack_from"] == 2 and out["bucket_seed"] == 11
+    for row in [out, *out["buckets"].values()]:
+        assert list(row["one_pass"]) == ["1T", "2T", "4T"] and row["energy_never_rises_4T"] == 1.0
+        assert row["seconds"] > 0
+
+
+def test_control_cost_times_both_passes_and_counts_the_energy_evaluations(tmp_path) -> None:
+    """control-cost: both settings timed every round; the plain traced pass evaluates the energy once per board and
+    iteration (the trace), the untraced one never; with the control from iteration 2 the trace adds nothing to
+    the control's own evaluations."""
+    from conftest import write_sudoku_csvs, write_tiny_sudoku_checkpoint
+
+    (tmp_path / "rrn").mkdir()
+    data = write_sudoku_csvs(tmp_path / "rrn", 8, 12, seed=3)
+    ckpt = write_tiny_sudoku_checkpoint(tmp_path / "m")
+    out = hard_model.control_cost(str(ckpt), str(data), 6, 5, 2, 1, 2)
+    assert all(len(v) == 2 and min(v) > 0 for v in out["seconds"].values()) and len(out["seconds"]) == 6
+    ev = out["energy_evaluations_per_board_iteration"]
+    assert ev["plain_traced"] == ev["plain_per_iteration"] == 1.0 and ev["plain_untraced"] == 0.0
+    # every iteration but the first, at least once
+    assert ev["control_traced"] == ev["control_untraced"] == ev["control_per_iteration"] >= 4 / 5
+    assert 0 <= out["boards_answered_differently"] <= 6
