@@ -279,12 +279,18 @@ def tune(checkpoint: str, n: int, commit_iters: list[int], node_iters: list[int]
     return out
 
 
-def search_per_bucket(checkpoint: str, n: int, seed: int, threads: int) -> dict[str, Any]:
+def search_per_bucket(checkpoint: str, n: int, seed: int, threads: int,
+                      backtrack_from: int | None = None) -> dict[str, Any]:
     """The solver's default strategy (the search, at the checkpoint's own iterations) on the first `n` held-out
-    puzzles of every bucket: solved, nodes (median, mean), the share answered without a backtrack."""
+    puzzles of every bucket: solved, nodes (median, mean), the share answered without a backtrack; with
+    `backtrack_from` the step-length control from that iteration on (`hyperset-solve --descent` is 2)."""
     torch.set_num_threads(threads)
     solver = Solver.load(checkpoint, "cpu")
+    if backtrack_from is not None:
+        solver.model.set_step_control("backtrack", backtrack_from)
     out: dict[str, Any] = {"checkpoint": str(checkpoint), "seed": seed, "puzzles_per_bucket": n,
+                           "step_control": solver.model.cfg.step_control,
+                           "backtrack_from": solver.model.cfg.backtrack_from,
                            "solve_iterations": solver.default_iters, "search_iterations": solver.search_iters,
                            "buckets": {}}
     for b in rated.BUCKETS:
@@ -491,6 +497,8 @@ def main(argv: list[str] | None = None) -> None:
     sr.add_argument("--n", type=bench_args.count, default=200, help="held-out puzzles per bucket")
     sr.add_argument("--seed", type=int, default=11, help="the rated puzzles' seed (held out from training)")
     sr.add_argument("--threads", type=bench_args.count, default=1)
+    sr.add_argument("--backtrack-from", type=bench_args.count, default=None,
+                    help="run with step_control 'backtrack' from this iteration on (hyperset-solve --descent: 2)")
     pa = sub.add_parser("paths", help="the hardest bucket's search at equal checks: nodes on the way to the answer")
     pa.add_argument("--checkpoints", nargs="+", required=True, help="checkpoint folders or shipped model names")
     pa.add_argument("--n", type=bench_args.count, default=100, help="held-out puzzles (at most 200)")
@@ -563,7 +571,7 @@ def main(argv: list[str] | None = None) -> None:
         atomic_write_json(RESULTS / f"rrn-depth-{args.name}.json", result)
         print(json.dumps({k: result[k] for k in result if k.startswith(("one_pass", "energy"))}), file=sys.stderr)
     elif args.cmd == "search":
-        result = search_per_bucket(resolve(args.checkpoint), args.n, args.seed, args.threads)
+        result = search_per_bucket(resolve(args.checkpoint), args.n, args.seed, args.threads, args.backtrack_from)
         result.update(name=args.name, device=f"{cpu_model()}, {args.threads} thread(s)",
                       command="python bench/hard_model.py " + " ".join(sys.argv[1:] if argv is None else argv))
         atomic_write_json(RESULTS / f"search-{args.name}.json", result)

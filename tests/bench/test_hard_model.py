@@ -149,3 +149,20 @@ def test_control_cost_times_both_passes_and_counts_the_energy_evaluations(tmp_pa
     # every iteration but the first, at least once
     assert ev["control_traced"] == ev["control_untraced"] == ev["control_per_iteration"] >= 4 / 5
     assert 0 <= out["boards_answered_differently"] <= 6
+
+
+def test_search_per_bucket_runs_the_default_strategy_with_the_control_when_asked(tmp_path, monkeypatch) -> None:
+    """search --backtrack-from K: the default strategy on every bucket with the step-length control from K (what
+    hyperset-solve --descent runs), recorded beside the counts; every board answered validly."""
+    from conftest import write_tiny_sudoku_checkpoint
+
+    from hyperset.sudoku import rated
+    from hyperset.sudoku.exact import generate
+
+    ckpt = write_tiny_sudoku_checkpoint(tmp_path / "m")
+    monkeypatch.setattr(hard_model, "puzzles_of", lambda b, n, seed, threads: [
+        rated.RatedPuzzle(p, s, 0) for p, s in generate(n, 40, 45, seed=7)])
+    for start, control in ((None, "none"), (2, "backtrack")):
+        out = hard_model.search_per_bucket(str(ckpt), 3, 11, 1, start)
+        assert out["step_control"] == control and list(out["buckets"]) == list(rated.BUCKETS)
+        assert all(r["solved"] == 1.0 and r["nodes_median"] >= 0 for r in out["buckets"].values())
