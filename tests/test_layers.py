@@ -669,3 +669,15 @@ def test_step_control_round_trips_through_a_checkpoint(tmp_path):
         assert torch.equal(loaded.eval()(inputs, iters=8), model(inputs, iters=8))
     with pytest.raises(ValueError, match="step_control 'backtrack' controls the Hyper-SET layer"):
         ModelConfig(task="sudoku", dim=32, heads=2, ff_hidden=48, layer="transformer", step_control="backtrack")
+
+
+def test_set_step_control_is_checked_as_a_config_and_reaches_every_layer():
+    model = _step_model("sudoku", "none")
+    for bad, why in ((dict(step_control="nope"), "step_control"), (dict(backtrack_from=0), "model.backtrack_from")):
+        with pytest.raises(ValueError, match=why):
+            model.set_step_control(**bad)
+    assert model.cfg.step_control == "none" and model.cfg.backtrack_from == 1  # a refused change leaves it as it was
+    model.set_step_control("backtrack", 2)
+    assert all(layer.cfg.step_control == "backtrack" and layer.cfg.backtrack_from == 2 for layer in model.core.layers)
+    model.set_step_control("none")
+    assert model.core.layers[0].cfg.step_control == "none" and model.cfg.backtrack_from == 2
