@@ -486,7 +486,7 @@ def main(argv: list[str] | None = None) -> None:
         result = classifier_depth(resolve(args.checkpoint), args.data, args.split, args.depth, args.threads,
                                   args.step_control)
         result.update(device=f"{cpu_model()}, {args.threads} thread(s)",
-                      command="python bench/depth_ablation.py " + " ".join(sys.argv[1:] if argv is None else argv))
+                      command=bench_args.command_line("depth_ablation", argv))
         atomic_write_json(args.out, result)
         print(json.dumps({k: result[k] for k in ("top1", "energy_never_rises")}), file=sys.stderr)
         return

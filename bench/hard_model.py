@@ -107,7 +107,7 @@ def make_data(rrn: str, out: Path, share: float, workers: int) -> None:
         "rrn_rows": len(base), "rated_rows": len(rated_rows), "rated_repeat": repeat,
         "rated_share": round(len(rated_rows) * repeat / len(rows), 4), "train_sets": TRAIN_SETS,
         "select_sets": SELECT_SETS, "valid_rows": len(valid), "generator": rated.engine(),
-        "command": "python bench/hard_model.py " + " ".join(sys.argv[1:])})
+        "command": bench_args.command_line("hard_model", None)})
     print(f"{out}: {len(rows):,} training rows ({len(rated_rows):,} rated x {repeat}), {len(valid):,} valid")
 
 
@@ -177,15 +177,22 @@ def rrn_one_pass(model: Any, T: int, puzzles: np.ndarray, solutions: np.ndarray,
             f"energy_never_rises_{max_depth}T": curve["energy_monotone"]}
 
 
+def _solver(checkpoint: str, threads: int, backtrack_from: int | None) -> Solver:
+    """The checkpoint's solver on the CPU at `threads` threads; with `backtrack_from` the step-length control from
+    that iteration on, at inference."""
+    torch.set_num_threads(threads)
+    solver = Solver.load(checkpoint, "cpu")
+    if backtrack_from is not None:
+        solver.model.set_step_control("backtrack", backtrack_from)
+    return solver
+
+
 def rrn_depth(checkpoint: str, rrn: str, n_rrn: int, max_depth: int, threads: int,
               backtrack_from: int | None = None, buckets: int = 0, seed: int = 11) -> dict[str, Any]:
     """`measure`'s RRN draw (the same boards) in one pass to max_depth x T; with `backtrack_from` the model's step
     control set to "backtrack" from that iteration on, at inference. With `buckets` = n, also n held-out rated
     puzzles of every bucket, made with `measure`'s seed, each bucket's pass timed on its own."""
-    torch.set_num_threads(threads)
-    solver = Solver.load(checkpoint, "cpu")
-    if backtrack_from is not None:
-        solver.model.set_step_control("backtrack", backtrack_from)
+    solver = _solver(checkpoint, threads, backtrack_from)
     cfg, T = solver.model.cfg, solver.trained_iters
     vp, vs = load_csv(find_split(rrn, "valid"))
     dp, ds = protocol_split(vp, vs, n_rrn, 0)
@@ -284,10 +291,7 @@ def search_per_bucket(checkpoint: str, n: int, seed: int, threads: int,
     """The solver's default strategy (the search, at the checkpoint's own iterations) on the first `n` held-out
     puzzles of every bucket: solved, nodes (median, mean), the share answered without a backtrack; with
     `backtrack_from` the step-length control from that iteration on (`hyperset-solve --descent` is 2)."""
-    torch.set_num_threads(threads)
-    solver = Solver.load(checkpoint, "cpu")
-    if backtrack_from is not None:
-        solver.model.set_step_control("backtrack", backtrack_from)
+    solver = _solver(checkpoint, threads, backtrack_from)
     out: dict[str, Any] = {"checkpoint": str(checkpoint), "seed": seed, "puzzles_per_bucket": n,
                            "step_control": solver.model.cfg.step_control,
                            "backtrack_from": solver.model.cfg.backtrack_from,
@@ -548,7 +552,7 @@ def main(argv: list[str] | None = None) -> None:
         result = {"name": args.name, "eval": measure(ckpt, args.rrn, args.n, args.seed, args.n_rrn, args.n17,
                                                      args.threads, args.search_puzzles, args.max_depth),
                   "device": f"{cpu_model()}, {args.threads} thread(s)", "cpu_seconds": args.cpu_seconds,
-                  "command": "python bench/hard_model.py " + " ".join(sys.argv[1:] if argv is None else argv)}
+                  "command": bench_args.command_line("hard_model", argv)}
         arm = HARD_ARMS.get(args.name)
         if arm is not None:
             plan = da.RUNS / args.name / "arm.json"
@@ -558,7 +562,7 @@ def main(argv: list[str] | None = None) -> None:
         result = {**control_cost(resolve(args.checkpoint), args.rrn, args.boards, args.iters, args.rounds,
                                  args.threads, args.backtrack_from),
                   "device": f"{cpu_model()}, {args.threads} thread(s)",
-                  "command": "python bench/hard_model.py " + " ".join(sys.argv[1:] if argv is None else argv)}
+                  "command": bench_args.command_line("hard_model", argv)}
         atomic_write_json(args.out or RESULTS / "control-cost.json", result)
         med = result["seconds_median"]
         print("; ".join(f"{m}: plain {med[f'plain_{m}']:.2f} s, control {med[f'control_{m}']:.2f} s"
@@ -567,25 +571,25 @@ def main(argv: list[str] | None = None) -> None:
         result = {"name": args.name, **rrn_depth(resolve(args.checkpoint), args.rrn, args.n_rrn, args.max_depth,
                                                  args.threads, args.backtrack_from, args.buckets or 0, args.seed),
                   "device": f"{cpu_model()}, {args.threads} thread(s)",
-                  "command": "python bench/hard_model.py " + " ".join(sys.argv[1:] if argv is None else argv)}
+                  "command": bench_args.command_line("hard_model", argv)}
         atomic_write_json(RESULTS / f"rrn-depth-{args.name}.json", result)
         print(json.dumps({k: result[k] for k in result if k.startswith(("one_pass", "energy"))}), file=sys.stderr)
     elif args.cmd == "search":
         result = search_per_bucket(resolve(args.checkpoint), args.n, args.seed, args.threads, args.backtrack_from)
         result.update(name=args.name, device=f"{cpu_model()}, {args.threads} thread(s)",
-                      command="python bench/hard_model.py " + " ".join(sys.argv[1:] if argv is None else argv))
+                      command=bench_args.command_line("hard_model", argv))
         atomic_write_json(RESULTS / f"search-{args.name}.json", result)
     elif args.cmd == "paths":
         if args.n > 200:
             raise bench_args.BenchInputError(f"--n: at most the 200 held-out puzzles measure draws, got {args.n}")
         result = search_paths(args.checkpoints, args.n, args.seed, args.threads, args.node_iters)
         result.update(device=f"{cpu_model()}, {args.threads} thread(s)",
-                      command="python bench/hard_model.py " + " ".join(sys.argv[1:] if argv is None else argv))
+                      command=bench_args.command_line("hard_model", argv))
         atomic_write_json(args.out or RESULTS / "search-paths.json", result)
     elif args.cmd == "tune":
         if args.n > 200:
             raise bench_args.BenchInputError(f"--n: the selection split holds 200 puzzles a bucket, got {args.n}")
-        command = "python bench/hard_model.py " + " ".join(sys.argv[1:] if argv is None else argv)
+        command = bench_args.command_line("hard_model", argv)
         choice = tune(resolve(args.checkpoint), args.n, args.commit_iters, args.node_iters, args.threads)
         choice.update(device=f"{cpu_model()}, {args.threads} thread(s)", command=command)
         atomic_write_json(RESULTS / f"tune-{args.name}.json", choice)

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from . import device
-from .accel import policy
+from .accel import policy, reuse
 from .config import ModelConfig
 from .energies import (
     attn_energy,
@@ -330,9 +330,8 @@ class HyperSETLayer(nn.Module):
         self._known = (x, t, self._versions(x), energy) if keep else None
 
     def _versions(self, x: Tensor) -> tuple[int, ...]:
-        """The in-place change counters of state x (none for an inference tensor, which cannot change) and of
-        every parameter."""
-        return (-1 if x.is_inference() else x._version, *(p._version for p in self.parameters()))
+        """The in-place change counters of state x and of every parameter."""
+        return reuse.versions(x, *self.parameters())
 
     def _energy_by_rows(self, x: Tensor, t: int | Tensor | None) -> dict[str, Tensor]:
         """`energy` computed afresh, by slices of rows at inference on a CPU (``Ops.slice_rows``)."""

@@ -22,11 +22,12 @@ _slot = threading.local()
 
 def remember(X: Tensor, W: Tensor, heads: int, eps: float, Zn: Tensor) -> None:
     """Keep Zn, the normalised head projections of state X by weight W, for the next `recall` on this thread."""
-    _slot.kept = (weakref.ref(X), weakref.ref(W), _versions(X, W), heads, eps, Zn)
+    _slot.kept = (weakref.ref(X), weakref.ref(W), versions(X, W), heads, eps, Zn)
 
 
-def _versions(*tensors: Tensor) -> tuple[int, ...]:
-    """The tensors' in-place change counters (-1 for an inference tensor, which has none and cannot change)."""
+def versions(*tensors: Tensor) -> tuple[int, ...]:
+    """The tensors' in-place change counters (-1 for an inference tensor, which has none and cannot change): a
+    kept value stays good while they are unchanged."""
     return tuple(-1 if v.is_inference() else v._version for v in tensors)
 
 
@@ -36,8 +37,8 @@ def recall(X: Tensor, W: Tensor, heads: int, eps: float) -> Tensor | None:
     if kept is None:
         return None
     _slot.kept = None
-    x_ref, w_ref, versions, h, e, Zn = kept
-    if x_ref() is X and w_ref() is W and h == heads and e == eps and versions == _versions(X, W):
+    x_ref, w_ref, kept_versions, h, e, Zn = kept
+    if x_ref() is X and w_ref() is W and h == heads and e == eps and kept_versions == versions(X, W):
         return Zn
     return None
 
