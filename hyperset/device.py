@@ -22,6 +22,12 @@ def in_graph() -> bool:
     return torch.jit.is_tracing() or in_onnx_export() or torch.compiler.is_compiling()
 
 
+def versions(*tensors: torch.Tensor) -> tuple[int, ...]:
+    """The tensors' in-place change counters (-1 for an inference tensor, which has none and cannot change): a
+    value kept for them stays good while these are unchanged."""
+    return tuple(-1 if v.is_inference() else v._version for v in tensors)
+
+
 def check_device_name(requested: str) -> tuple[str, str]:
     """(kind, index) of a device name the commands take (auto, cpu, cuda, cuda:N, mps), whatever this machine
     has; another name is a ValueError that names --device."""

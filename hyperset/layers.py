@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from . import device
-from .accel import policy, reuse
+from .accel import policy
 from .config import ModelConfig
 from .energies import (
     attn_energy,
@@ -331,7 +331,7 @@ class HyperSETLayer(nn.Module):
 
     def _versions(self, x: Tensor) -> tuple[int, ...]:
         """The in-place change counters of state x and of every parameter."""
-        return reuse.versions(x, *self.parameters())
+        return device.versions(x, *self.parameters())
 
     def _energy_by_rows(self, x: Tensor, t: int | Tensor | None) -> dict[str, Tensor]:
         """`energy` computed afresh, by slices of rows at inference on a CPU (``Ops.slice_rows``)."""

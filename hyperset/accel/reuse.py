@@ -17,18 +17,14 @@ from typing import Any
 
 from torch import Tensor
 
+from ..device import versions
+
 _slot = threading.local()
 
 
 def remember(X: Tensor, W: Tensor, heads: int, eps: float, Zn: Tensor) -> None:
     """Keep Zn, the normalised head projections of state X by weight W, for the next `recall` on this thread."""
     _slot.kept = (weakref.ref(X), weakref.ref(W), versions(X, W), heads, eps, Zn)
-
-
-def versions(*tensors: Tensor) -> tuple[int, ...]:
-    """The tensors' in-place change counters (-1 for an inference tensor, which has none and cannot change): a
-    kept value stays good while they are unchanged."""
-    return tuple(-1 if v.is_inference() else v._version for v in tensors)
 
 
 def recall(X: Tensor, W: Tensor, heads: int, eps: float) -> Tensor | None:
