@@ -22,9 +22,13 @@ square matmul is timed too, for reference. Runners:
                                         stay in cache (hyperset.accel.rows, 12 Sudoku boards, each through all
                                         the iterations; the onnx solver backend's `rows`, 4 boards: ORT_SLICE_BYTES)
     *_whole_batch                       one call, every op on the whole batch
+    pytorch_cpu_kernels_CHOICE          with --cpu-kernels CHOICE (auto, on, off): the sliced PyTorch runner with
+                                        the attention maps' C kernel so (hyperset.accel.cpu_kernels), in the same
+                                        rounds: what `auto`'s choice on this CPU is worth
 
     python bench/onnx_bench.py --threads 1      # full run: T and 4T iterations, batch 1 and the solver's CPU batch
     python bench/onnx_bench.py --quick          # a short run to check that everything works
+    python bench/onnx_bench.py --threads 1 --batches 128 --cpu-kernels off   # the C kernel's worth here
 
 The model is the shipped one (`hyperset/weights/sudoku`) when present, else a randomly initialised `sudoku-cpu`
 preset with iters=24 (speed does not depend on the weights); the JSON says which. All runners compute the same
@@ -36,6 +40,7 @@ Writes bench/results/onnx_bench.json and bench/results/onnx_bench.png.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -135,14 +140,18 @@ def bench_boards(batch: int) -> torch.Tensor:
 
 
 def machine_info(threads: int) -> dict[str, Any]:
-    from hyperset.device import cpu_has_native_bf16, cpu_model
+    from hyperset.accel import cpu_kernels, fused
+    from hyperset.device import cpu_has_native_bf16, cpu_model, cpu_vendor
     from hyperset.exports.runtime import describe_runtime
 
     cpu = cpu_model()
     rt = describe_runtime()
-    return {"cpu": cpu, "logical_cpus": os.cpu_count(), "threads_used": threads, "python": sys.version.split()[0],
+    return {"cpu": cpu, "cpu_vendor": cpu_vendor(), "logical_cpus": os.cpu_count(), "threads_used": threads,
+            "python": sys.version.split()[0],
             "torch": torch.__version__, "onnxruntime": rt.get("onnxruntime_version"),
             "onnxruntime_build": rt.get("build_package"), "native_bf16": cpu_has_native_bf16(),
+            "cpu_kernels": cpu_kernels.status(), "cpu_kernels_isa": cpu_kernels.isa(),
+            "cpu_matmul_library": fused.cpu_matmul_library(), "cpu_precision": fused.cpu_precision(),
             "load_average_at_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}
 
 
@@ -187,6 +196,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import flops as F
 
     import hyperset.accel.rows as accel_rows
+    from hyperset.accel import cpu_kernels
     from hyperset.exports import export as E
     from hyperset.exports.runtime import OrtSession
     from hyperset.exports.solver_backend import ORT_SLICE_BYTES, OnnxSolverBackend, by_rows
@@ -242,12 +252,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     report["ort_provider"] = sessions["loop"].provider
     solver_backend = OnnxSolverBackend(sessions["loop"])
 
-    def torch_run(whole: bool):
+    def torch_run(whole: bool, kernels: str | None = None):
         def go(boards: torch.Tensor, k: int) -> None:
             slice_bytes = accel_rows.SLICE_BYTES
             accel_rows.SLICE_BYTES = 1 << 62 if whole else slice_bytes
             try:
-                with torch.inference_mode():
+                with torch.inference_mode(), (cpu_kernels.using_cpu_kernels(kernels) if kernels
+                                              else contextlib.nullcontext()):
                     model.run(boards, iters=k, trace=True)
             finally:
                 accel_rows.SLICE_BYTES = slice_bytes
@@ -267,6 +278,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     runners = {"pytorch": torch_run(False), "pytorch_whole_batch": torch_run(True),
                "ort_loop": ort_runner("loop", False), "ort_loop_whole_batch": ort_runner("loop", True),
                "ort_unrolled": ort_runner("unrolled", False)}
+    if args.cpu_kernels:
+        runners[f"pytorch_cpu_kernels_{args.cpu_kernels}"] = torch_run(False, args.cpu_kernels)
     rows_out = []
     for k in iters_list:
         fpb = report["flops_per_board"][str(k)]["total"]
@@ -293,7 +306,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                        "best_library_ceiling_boards_per_s": ceiling, "share_of_best_library_ceiling": bps / ceiling,
                        "above_ceiling": bps > ceiling}
                 rows_out.append(row)
-                print(f"  iters {k:3d} batch {b:4d} {name:22s} {bps:8.1f} boards/s  {100 * bps / ceiling:5.1f} % of "
+                print(f"  iters {k:3d} batch {b:4d} {name:24s} {bps:8.1f} boards/s  {100 * bps / ceiling:5.1f} % of "
                       f"the best library's ceiling ({ceiling:.1f} boards/s), {100 * bps / roof:5.1f} % of torch's "
                       "matmul rates", flush=True)
     # the peak is timed before and after the runs; the better of the two is kept (less contention)
@@ -391,6 +404,9 @@ def main(argv: list[str] | None = None) -> None:
                         help=f"batch sizes, comma-separated [1, the solver's CPU batch {CPU_BATCH_SIZE}; quick: 1,16]")
     parser.add_argument("--matmul-n", type=bench_args.count, default=None,
                         help="matmul size for the roofline [2048; quick 1024]")
+    parser.add_argument("--cpu-kernels", choices=("auto", "on", "off"), default=None,
+                        help="also the sliced PyTorch runner with the attention maps' C kernel so, in the same rounds "
+                        "(pytorch_cpu_kernels_CHOICE)")
     parser.add_argument("--out", type=bench_args.output_file, default=RESULTS / "onnx_bench.json")
     args = parser.parse_args(argv)
     args.repeats = args.repeats or (2 if args.quick else 5)

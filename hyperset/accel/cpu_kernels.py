@@ -31,8 +31,9 @@ FMA, `ISA_FLAGS`) into ``$HYPERSET_CACHE_DIR``, else ``$XDG_CACHE_HOME/hyperset`
 loaded with ctypes; where that cannot be done (no compiler, neither instruction set, not x86) the operator runs on
 PyTorch's calls as before, and `status` says why. It runs on ``torch.get_num_threads()`` threads,
 each on its own share of the batch. Which: ``$HYPERSET_CPU_KERNELS`` (auto, on, off) or `using_cpu_kernels`;
-``auto`` (the default) uses it on x86 CPUs not made by Intel, where it was measured; on Intel CPUs, where MKL takes
-its own fast paths, it is unmeasured, and ``on`` asks for it.
+``auto`` (the default) uses it where it was measured faster than PyTorch's calls: on x86 CPUs with AVX-512 of a known
+vendor (AMD EPYCs, an Intel Xeon) and on those with AVX2 not made by Intel; on Intel CPUs with AVX2 alone it is
+unmeasured, and ``on`` asks for it.
 """
 
 from __future__ import annotations
@@ -79,7 +80,9 @@ def _resolve(name: str) -> bool:
     if name not in CHOICES:
         raise ValueError(f"CPU kernels {name!r}: expected one of {', '.join(CHOICES)}")
     if name == "auto":
-        return isa() is not None and not device.made_by_intel_or_unknown()
+        found = isa()
+        return found is not None and device.cpu_vendor() is not None and (
+            found == "avx512" or not device.made_by_intel_or_unknown())
     return name == "on" and isa() is not None
 
 

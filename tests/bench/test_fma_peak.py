@@ -2,6 +2,7 @@
 the CPU can run (the others say why not), and the best library's rate at each matmul shape is the best of the
 libraries timed there."""
 
+import json
 import sys
 from pathlib import Path
 
@@ -98,3 +99,31 @@ def test_the_ceiling_takes_each_product_at_its_fastest_slicing() -> None:
             assert whole * 1.2 < got["roofline_boards_per_s"] <= 2 * whole
         else:
             assert got["roofline_boards_per_s"] == pytest.approx(whole)
+
+
+@pytest.mark.slow
+def test_the_bench_runs_the_kernel_choice_beside_the_default_and_says_what_ran(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """--cpu-kernels off adds a PyTorch runner with the attention maps' kernel off in the same rounds; the machine
+    record says what the default runners used."""
+    from hyperset.accel import cpu_kernels
+
+    chosen: list[str] = []
+    real = cpu_kernels.using_cpu_kernels
+
+    def spy(name: str):
+        chosen.append(name)
+        return real(name)
+
+    monkeypatch.setattr(cpu_kernels, "using_cpu_kernels", spy)
+    out = tmp_path / "bench.json"
+    onnx_bench.main(["--quick", "--threads", "1", "--iters", "1", "--batches", "2", "--repeats", "1",
+                     "--matmul-n", "64", "--cpu-kernels", "off", "--out", str(out)])
+    report = json.loads(out.read_text())
+    runners = [r["runner"] for r in report["results"]]
+    assert runners.count("pytorch_cpu_kernels_off") == 1 and runners.count("pytorch") == 1
+    assert chosen == ["off", "off"]  # the warm-up and the timed repeat
+    assert report["machine"]["cpu_kernels"] == cpu_kernels.status()
+    assert report["machine"]["cpu_kernels_isa"] == cpu_kernels.isa()
+    assert report["command"].endswith("--cpu-kernels off --out " + str(out))
+    assert out.with_suffix(".png").is_file()
