@@ -106,10 +106,24 @@ static inline vmask vnot(vmask m) { return _mm256_xor_si256(m, _mm256_set1_epi32
 #define vfmadd _mm256_fmadd_ps
 #define vfmsub _mm256_fmsub_ps
 #define vfnmadd _mm256_fnmadd_ps
-static inline vf vload_mask(vmask m, const float *p) { return _mm256_maskload_ps(p, m); }
+/* vmaskmovps stores are microcoded on AMD's cores before Zen 4 (tens of cycles each): a full mask takes the plain
+ * store and an empty one none; the loads likewise, so that a hot loop pays for the mask only at a row's tail */
+static inline int vmask_bits(vmask m) { return _mm256_movemask_ps(_mm256_castsi256_ps(m)); }
+static inline vf vload_mask(vmask m, const float *p)
+{
+    int bits = vmask_bits(m);
+    return bits == 0xFF ? _mm256_loadu_ps(p) : bits ? _mm256_maskload_ps(p, m) : _mm256_setzero_ps();
+}
 static inline vf vblend(vmask m, vf a, vf b) { return _mm256_blendv_ps(a, b, _mm256_castsi256_ps(m)); }
 static inline vf vload_mask_or(vf other, vmask m, const float *p) { return vblend(m, other, vload_mask(m, p)); }
-static inline void vstore_mask(float *p, vmask m, vf v) { _mm256_maskstore_ps(p, m, v); }
+static inline void vstore_mask(float *p, vmask m, vf v)
+{
+    int bits = vmask_bits(m);
+    if (bits == 0xFF)
+        _mm256_storeu_ps(p, v);
+    else if (bits)
+        _mm256_maskstore_ps(p, m, v);
+}
 static inline vf vkeep(vmask m, vf v) { return _mm256_and_ps(v, _mm256_castsi256_ps(m)); }
 static inline float vsum(vf v)
 {
