@@ -106,7 +106,7 @@ static inline vmask vnot(vmask m) { return _mm256_xor_si256(m, _mm256_set1_epi32
 #define vfmadd _mm256_fmadd_ps
 #define vfmsub _mm256_fmsub_ps
 #define vfnmadd _mm256_fnmadd_ps
-/* vmaskmovps stores are microcoded on AMD's cores before Zen 4 (tens of cycles each): a full mask takes the plain
+/* vmaskmovps stores are microcoded on AMD's Zen cores (tens of cycles each on Zen 1): a full mask takes the plain
  * store and an empty one none; the loads likewise, so that a hot loop pays for the mask only at a row's tail */
 static inline int vmask_bits(vmask m) { return _mm256_movemask_ps(_mm256_castsi256_ps(m)); }
 static inline vf vload_mask(vmask m, const float *p)
