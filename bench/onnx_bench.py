@@ -52,6 +52,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from hyperset.accel import cpu_kernels
 from hyperset.checkpoint import atomic_write_json
 from hyperset.solve import CPU_BATCH_SIZE
 
@@ -140,7 +141,7 @@ def bench_boards(batch: int) -> torch.Tensor:
 
 
 def machine_info(threads: int) -> dict[str, Any]:
-    from hyperset.accel import cpu_kernels, fused
+    from hyperset.accel import fused
     from hyperset.device import cpu_has_native_bf16, cpu_model, cpu_vendor
     from hyperset.exports.runtime import describe_runtime
 
@@ -196,7 +197,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import flops as F
 
     import hyperset.accel.rows as accel_rows
-    from hyperset.accel import cpu_kernels
     from hyperset.exports import export as E
     from hyperset.exports.runtime import OrtSession
     from hyperset.exports.solver_backend import ORT_SLICE_BYTES, OnnxSolverBackend, by_rows
@@ -425,7 +425,7 @@ def main(argv: list[str] | None = None) -> None:
                         help=f"batch sizes, comma-separated [1, the solver's CPU batch {CPU_BATCH_SIZE}; quick: 1,16]")
     parser.add_argument("--matmul-n", type=bench_args.count, default=None,
                         help="matmul size for the roofline [2048; quick 1024]")
-    parser.add_argument("--cpu-kernels", choices=("auto", "on", "off"), default=None,
+    parser.add_argument("--cpu-kernels", choices=cpu_kernels.CHOICES, default=None,
                         help="also the sliced PyTorch runner with the attention maps' C kernel so, in the same rounds "
                         "(pytorch_cpu_kernels_CHOICE)")
     parser.add_argument("--out", type=bench_args.output_file, default=RESULTS / "onnx_bench.json")
