@@ -117,8 +117,7 @@ def cpu_vendor() -> str | None:
 
 def made_by_intel_or_unknown() -> bool:
     """Whether the CPU's vendor is Intel or not known: where the library keeps PyTorch's own products by default
-    (MKL's fast paths are Intel's; `hyperset.accel.fused.matmul`'s oneDNN products were measured faster on others),
-    and, with AVX2 alone, PyTorch's calls for the attention maps (`hyperset.accel.cpu_kernels`)."""
+    (MKL's fast paths are Intel's; `hyperset.accel.fused.matmul`'s oneDNN products were measured faster on others)."""
     return cpu_vendor() in (None, "GenuineIntel")
 
 

@@ -80,9 +80,8 @@ def _resolve(name: str) -> bool:
     if name not in CHOICES:
         raise ValueError(f"CPU kernels {name!r}: expected one of {', '.join(CHOICES)}")
     if name == "auto":
-        found = isa()
-        return found is not None and device.cpu_vendor() is not None and (
-            found == "avx512" or not device.made_by_intel_or_unknown())
+        found, vendor = isa(), device.cpu_vendor()
+        return found is not None and vendor is not None and (found == "avx512" or vendor != "GenuineIntel")
     return name == "on" and isa() is not None
 
 
