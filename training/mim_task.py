@@ -2,6 +2,9 @@
 
 * ``stage = "tokenizer"``: train the CIFAR VQ tokenizer (``hyperset.vision.vq``) on the training images minus
   a held-out validation part; the best checkpoint (highest validation PSNR) is saved as a "vq-tokenizer".
+* ``stage = "decoder"``: the tokenizer's decoder trained on a frozen token model's expected code embeddings
+  (``DecoderTask``), so that the default decoding ("expected") reconstructs with less error; the encoder and the
+  codebook stay as they are (the codes, and so every token model trained on them, keep their meaning).
 * ``stage = "tokens"``: the paper's masked image modeling (Sec. 4.3, App. "Masked Image Modeling", following
   MaskGIT): images are tokenized once by a frozen tokenizer (each training image and its mirror image, cached
   in memory), every token of a sample is masked independently with probability 0.4 * r, r ~ U(0, 1), masked
@@ -16,6 +19,7 @@ image resized to ``image_size`` (``hyperset.vision.data.resize_crop``, as in rec
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 from dataclasses import dataclass, field
@@ -46,7 +50,7 @@ from hyperset.vision.vq import VQConfig, VQTokenizer
 from .epochs import epochs_to_steps
 from .task import Task, check_segments, segment_mean, segment_outputs
 
-STAGES = ("tokenizer", "tokens")
+STAGES = ("tokenizer", "tokens", "decoder")
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -243,6 +247,146 @@ class TokenizerTask(Task):
         all_codes = torch.cat(codes)
         return {"val/psnr": float(torch.cat(scores).mean()), "val/mse": float(torch.cat(mses).mean()),
                 "val/codebook_usage": model.codebook_usage(all_codes)}
+
+
+@dataclass
+class DecoderTask(Task):
+    """Train the tokenizer's decoder on the expected code embeddings of a frozen token model.
+
+    The default decoding of a masked image (``MIMPipeline.reconstruct(decode="expected")``) feeds the decoder
+    the mean code vector under the token model's distribution at each masked position: a latent no codebook
+    entry is, which the tokenizer's decoder never saw in its own training. Here, for each training image and a
+    mask drawn as the token stage draws them (each token masked with p = ``max_mask_ratio`` * U(0, 1) per image),
+    the token model (``token_model``, frozen, its own step control and ``iters`` iterations) gives the expected
+    latents and the decoder is trained on the pixels' MSE (in [-1, 1], as the tokenizer stage), plus
+    ``codes_weight`` times its MSE on the images' own code vectors, so that it still decodes codes (MaskGIT
+    sampling, the unmasked tokenizer) as well as before; the evaluation reports both. The encoder and the
+    codebook are frozen: every code means what it meant."""
+
+    data: MIMData
+    token_model: str = ""
+    iters: int = 0  # the token model's iterations (0: its trained number)
+    max_mask_ratio: float = 0.6
+    codes_weight: float = 1.0  # + this x the decoder's MSE on the images' own codes (the unmasked tokenizer)
+    eval_ratio: float = 0.4
+    eval_batch: int = 250
+    eval_iters: list[int] = field(default_factory=list)  # further depths whose PSNR is reported (not selected on)
+    name: str = "mim-decoder"
+    select_metric: str = field(default="", init=False)
+
+    def __post_init__(self) -> None:
+        if not self.token_model:
+            raise ValueError("objective.token_model: the token model whose expected embeddings the decoder is "
+                             "trained on (a checkpoint folder) is required")
+        _count("objective", "eval_batch", self.eval_batch, 1)
+        _count("objective", "iters", self.iters, 0)
+        _fraction("objective", "max_mask_ratio", self.max_mask_ratio, 0, 1, True, False)
+        _fraction("objective", "eval_ratio", self.eval_ratio, 0, 1, True, False)
+        if any(isinstance(i, bool) or not isinstance(i, int) or not 1 <= i <= MAX_ITERS for i in self.eval_iters):
+            raise ValueError(f"objective.eval_iters must hold iteration counts in [1, {MAX_ITERS}], "
+                             f"got {self.eval_iters}")
+        w = self.codes_weight
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not (math.isfinite(w) and w >= 0):
+            raise ValueError(f"objective.codes_weight must be a finite number >= 0, got {w!r}")
+        from hyperset.checkpoint import trained_iterations
+        from hyperset.models import load_checkpoint
+
+        self.tokenizer = load_tokenizer(self.data.tokenizer or None, image_size=self.data.image_size)
+        if self.tokenizer.kind != TOKENIZER_KIND:
+            raise ValueError(f"the decoder stage trains a {TOKENIZER_KIND} tokenizer's decoder, not a "
+                             f"{self.tokenizer.kind}'s")
+        self.tokens, info = load_checkpoint(self.token_model, task="mim")
+        self.tokens.requires_grad_(False)
+        check_compatible(self.tokenizer, self.tokens)
+        self.iters = self.iters or trained_iterations(self.tokens.cfg, info)
+        self.train, self.val = _split(self.data)
+        self.select_metric = f"val/psnr@{round(100 * self.eval_ratio)}"
+
+    def model_config(self) -> VQConfig:
+        return self.tokenizer.model.cfg
+
+    def train_size(self) -> int:
+        return len(self.train)
+
+    def build_model(self) -> VQTokenizer:
+        model = copy.deepcopy(self.tokenizer.model)
+        model.encoder.requires_grad_(False)
+        model.quantize.requires_grad_(False)
+        return model
+
+    def save(self, directory: Path, model: torch.nn.Module, info: dict[str, Any]) -> None:
+        info = {**info, "data": {**info.get("data", {}), "image_size": self.data.image_size}}
+        save_module(directory, model, TOKENIZER_KIND, dataclasses.asdict(model.cfg), info)
+
+    def describe(self) -> dict[str, Any]:
+        return {"stage": "decoder", "source": self.train.source, "train_images": len(self.train),
+                "val_images": len(self.val), "image_size": self.data.image_size, "flip": self.data.flip,
+                "tokenizer": self.tokenizer.source if self.data.tokenizer
+                else "shipped: hyperset/weights/mim/tokenizer",
+                "token_model": str(Path(self.token_model).resolve()), "token_model_iters": self.iters,
+                "masking": f"each token masked with p = {self.max_mask_ratio} * U(0, 1) per image",
+                "codes_weight": self.codes_weight,
+                "trained": "the decoder only (encoder and codebook frozen), on the token model's expected "
+                           "code embeddings", "seed": self.data.seed}
+
+    def batch(self, step: int, batch_size: int, seed: int, device: torch.device) -> dict[str, Tensor]:
+        idx = self.batch_indices(step, batch_size, seed)
+        images = self.train.floats(idx)
+        if self.data.flip:
+            flip = torch.rand(len(idx), generator=_generator(seed, step, 1)) < 0.5
+            images = torch.where(flip[:, None, None, None], images.flip(-1), images)
+        g = self.tokenizer.grid
+        mask = random_token_mask((len(idx), g, g), self.max_mask_ratio, generator=_generator(seed, step, 2))
+        return {"images": images.to(device), "mask": mask.to(device)}
+
+    @torch.no_grad()
+    def latents(self, model: VQTokenizer, images: Tensor, mask: Tensor, iters: int | None = None) -> Tensor:
+        """The token model's expected code embeddings for images under a token mask (the default decoding's
+        latents), with ``model``'s codebook."""
+        self.tokens.to(images.device)
+        codes = model.encode(images)
+        b = codes.shape[0]
+        logits = self.tokens(codes.masked_fill(mask, model.num_codes).reshape(b, -1), iters=iters or self.iters)
+        return expected_latents(model.quantize.embedding.weight, codes, mask, logits.float())
+
+    def loss(self, model: torch.nn.Module, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+        images, target = batch["images"], batch["images"] * 2 - 1
+        mse = F.mse_loss(model.decoder(self.latents(model, images, batch["mask"])).float(), target)
+        logged = {"recon": mse.detach()}
+        if not self.codes_weight:
+            return mse, logged
+        with torch.no_grad():
+            own = model.quantize.embedding(model.encode(images)).permute(0, 3, 1, 2)
+        codes_mse = F.mse_loss(model.decoder(own).float(), target)
+        logged["codes_recon"] = codes_mse.detach()
+        return mse + self.codes_weight * codes_mse, logged
+
+    @torch.no_grad()
+    def evaluate(self, model: torch.nn.Module, device: torch.device, autocast: Any) -> dict[str, float]:
+        """PSNR of the expected decoding of the first ``eval_images`` validation images at ``eval_ratio``
+        masking (a seeded mask), at the token model's iterations and at ``eval_iters``; and the decoder on the
+        images' own codes (the unmasked tokenizer: what MaskGIT decoding and the app's tokenizer view show)."""
+        model.eval()
+        n = min(max(self.data.eval_images, 1), len(self.val))
+        g = self.tokenizer.grid
+        images = self.val.floats(range(n))
+        mask = mask_by_ratio((n, g, g), self.eval_ratio, generator=_generator(self.data.seed, 8))
+        pct = round(100 * self.eval_ratio)
+
+        def scores(iters: int) -> Tensor:
+            out = []
+            for i in range(0, n, self.eval_batch):
+                x, m = images[i: i + self.eval_batch].to(device), mask[i: i + self.eval_batch].to(device)
+                out.append(model.decode_latents(self.latents(model, x, m, iters)).float().cpu())
+            return psnr(torch.cat(out), images)
+
+        result = {f"val/psnr@{pct}": float(scores(self.iters).mean())}
+        for iters in self.eval_iters:
+            result[f"val/psnr@{pct}_iters{int(iters)}"] = float(scores(int(iters)).mean())
+        plain = torch.cat([model.decode(model.encode(images[i: i + self.eval_batch].to(device))).float().cpu()
+                           for i in range(0, n, self.eval_batch)])
+        result["val/tokenizer_psnr"] = float(psnr(plain, images).mean())
+        return result
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -499,25 +643,31 @@ class _ProbeModel:
 # Recipe -> task
 
 
-def build_mim_task(model_cfg: ModelConfig, recipe: dict[str, Any], data_dir: str) -> TokenizerTask | TokensTask:
-    """The task of a MIM recipe: ``[objective] stage`` = "tokenizer" or "tokens" (default).
+def build_mim_task(model_cfg: ModelConfig, recipe: dict[str, Any], data_dir: str
+                   ) -> TokenizerTask | TokensTask | DecoderTask:
+    """The task of a MIM recipe: ``[objective] stage`` = "tokenizer", "tokens" (default) or "decoder".
 
-    Tables: ``[data]`` -> MIMData; ``[objective]`` -> TokensTask options (stage tokens) or ``eval_batch``;
-    ``[tokenizer]`` -> VQConfig (stage tokenizer); ``[train] epochs`` (passes over the training images) are
-    converted to steps here (``hyperset.training.epochs.epochs_to_steps``).
+    Tables: ``[data]`` -> MIMData; ``[objective]`` -> TokensTask options (stage tokens), DecoderTask options
+    (stage decoder) or ``eval_batch``; ``[tokenizer]`` -> VQConfig (stage tokenizer); ``[train] epochs`` (passes over
+    the training images) are converted to steps here (``hyperset.training.epochs.epochs_to_steps``).
     """
     objective = dict(recipe.get("objective", {}))
     stage = objective.pop("stage", "tokens")
     check_choice("objective", "stage", stage, STAGES)
     data_table = dict(recipe.get("data", {}))
     check_table(MIMData, data_table, "data")
-    task_cls = TokenizerTask if stage == "tokenizer" else TokensTask
+    task_cls = {"tokenizer": TokenizerTask, "tokens": TokensTask, "decoder": DecoderTask}[stage]
     inputs = ("vq", "model", "data", "name")  # set by the builder, not by the recipe
     check_table(task_cls, objective, "objective",
                 [f.name for f in dataclasses.fields(task_cls) if f.init and f.name not in inputs])
     data = MIMData(**{**data_table, "data_dir": data_dir or data_table.get("data_dir", "")})
-    task: TokenizerTask | TokensTask
-    if stage == "tokenizer":
+    task: TokenizerTask | TokensTask | DecoderTask
+    if stage == "decoder":
+        try:
+            task = DecoderTask(data=data, **objective)
+        except TypeError as e:
+            raise ValueError(f"[objective] table: {e}") from None
+    elif stage == "tokenizer":
         check_table(VQConfig, recipe.get("tokenizer", {}), "tokenizer")
         try:
             vq = VQConfig(**recipe.get("tokenizer", {}))

@@ -544,3 +544,72 @@ def test_train_command_reports_a_bad_recipe_value_in_one_line(cifar: Path, tmp_p
                                              "--set", "data.eval_images=-1"])
     assert result.exit_code == 2 and "data.eval_images must be a whole number >= 0" in result.stderr, result.output
     assert "Traceback" not in result.output and result.stderr.count("\n") == 1 and not (tmp_path / "run").exists()
+
+
+def _decoder_task(cifar: Path, tokenizer: Path, tokens: Path, **objective):
+    recipe = {"preset": "mim-cpu",
+              "objective": {"stage": "decoder", "token_model": str(tokens), "eval_batch": 8, **objective},
+              "data": {"n_val": 16, "tokenizer": str(tokenizer), "eval_images": 8}, "train": {}}
+    return build_mim_task(preset_config("mim-cpu"), recipe, str(cifar))
+
+
+def test_the_decoder_stage_trains_the_decoder_alone_on_the_token_models_expected_embeddings(
+        cifar: Path, tokenizer_run: Path, tokens_run: Path, tmp_path: Path):
+    from safetensors.torch import load_file
+
+    from hyperset.training.mim_task import DecoderTask
+
+    tok, tokens = tokenizer_run / "best", tokens_run / "best"
+    task = _decoder_task(cifar, tok, tokens, eval_iters=[4])
+    assert isinstance(task, DecoderTask) and task.iters == 2  # the token model's trained iterations
+    model = task.build_model()
+    assert {n.split(".")[0] for n, p in model.named_parameters() if p.requires_grad} == {"decoder"}
+    batch = task.batch(0, 8, 0, torch.device("cpu"))
+    pipe = MIMPipeline(reconstruct.load_tokenizer(tok), task.tokens)
+    # the loss is the pixels' MSE of the default decoding (pipeline.reconstruct(decode="expected"))
+    result = pipe.reconstruct(batch["images"], batch["mask"], decode="expected")
+    loss, logged = task.loss(model, batch)
+    # (decoded images are clamped to [0, 1]; a fresh tiny decoder may step past it, so compare before the clamp)
+    raw = model.decoder(reconstruct.expected_latents(pipe.tokenizer.codebook, result.input_codes, batch["mask"],
+                                                     task.tokens(result.input_codes.masked_fill(
+                                                         batch["mask"], pipe.mask_id).flatten(1))))
+    target = batch["images"] * 2 - 1
+    assert torch.allclose(raw.clamp(-1, 1), result.images * 2 - 1, atol=1e-5)
+    own = model.decoder(pipe.tokenizer.codebook[result.input_codes].permute(0, 3, 1, 2))
+    expected, codes = (raw - target).pow(2).mean(), (own - target).pow(2).mean()
+    assert torch.allclose(logged["recon"], expected, rtol=1e-4)
+    assert torch.allclose(logged["codes_recon"], codes, rtol=1e-4)
+    assert loss.requires_grad and torch.allclose(loss, expected + codes, rtol=1e-4)
+    alone, logged = _decoder_task(cifar, tok, tokens, codes_weight=0).loss(model, batch)
+    assert torch.allclose(alone, expected, rtol=1e-4) and "codes_recon" not in logged
+
+    out = tmp_path / "dec"
+    torch.manual_seed(0)
+    Trainer(task, _train_cfg(30, lr=1e-3, min_lr=1e-3, eval_every=30), out, quiet=True).fit()
+    losses = _losses(out)
+    assert losses[-1] < losses[0]
+    meta = json.loads((out / "best" / "config.json").read_text())
+    assert meta["kind"] == "vq-tokenizer" and meta["data"]["stage"] == "decoder"
+    assert {"val/psnr@40", "val/psnr@40_iters4", "val/tokenizer_psnr"} <= set(meta["metrics"])
+    before, after = load_file(str(tok / "model.safetensors")), load_file(str(out / "best" / "model.safetensors"))
+    assert before.keys() == after.keys()
+    for name in before:  # encoder and codebook as they were: the codes keep their meaning
+        same = torch.equal(before[name], after[name])
+        assert same != name.startswith("decoder."), name
+    # the trained decoder loads as a tokenizer, and a token model decodes with it
+    trained = reconstruct.load_tokenizer(out / "best")
+    codes = trained.encode(batch["images"])
+    assert torch.equal(codes, pipe.encode(batch["images"]))
+
+
+@pytest.mark.parametrize("objective,message", [
+    ({"token_model": ""}, "token_model"),
+    ({"max_mask_ratio": 0}, "max_mask_ratio"),
+    ({"eval_iters": [0]}, "eval_iters"),
+    ({"decode_steps": 4}, "decode_steps"),
+    ({"codes_weight": -1.0}, "codes_weight"),
+])
+def test_the_decoder_stage_refuses_bad_objectives(cifar: Path, tokenizer_run: Path, tokens_run: Path,
+                                                  objective: dict, message: str):
+    with pytest.raises(ValueError, match=message):
+        _decoder_task(cifar, tokenizer_run / "best", tokens_run / "best", **objective)
