@@ -52,6 +52,12 @@ DECODING_CHOICES = [("MaskGIT sampling", "maskgit"), ("expected embedding", "exp
 DEFAULT_DECODING = "expected"
 
 
+def _halvings(model: Any) -> int:
+    """The halvings of a token model's step-length control (0: none)."""
+    cfg = getattr(model, "cfg", None)
+    return int(cfg.backtracks) if getattr(cfg, "step_control", "none") == "backtrack" else 0
+
+
 class ReconstructionTab:
     """The reconstruction tab's handlers and layout around one shared MIM pipeline (None: the tab says what is
     missing, ``note``)."""
@@ -250,9 +256,9 @@ class ReconstructionTab:
                    "energy": result.energy, "step_sizes": result.step_sizes, "seconds": round(seconds, 3)}
         plot = energy_svg([result.energy], trained, x_max=iters,
                              title="Token model's last forward pass: energies after each iteration")
+        note = energy_note(result.energy, result.step_sizes, result.decode, _halvings(self.mim.model))
         return (to_display(image), to_display(result.masked_images.float()), to_display(tokenizer_only),
-                to_display(shown), metrics, plot, energy_note(result.energy, result.step_sizes, result.decode),
-                details)
+                to_display(shown), metrics, plot, note, details)
 
     def layout(self) -> None:
         if self.mim is None:

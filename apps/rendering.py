@@ -170,10 +170,11 @@ def mim_training_note(info: dict[str, Any] | None, parameters: int | None = None
 
 
 def energy_note(energy: dict[str, Sequence[float]], step_sizes: dict[str, Sequence[float]] | None = None,
-                decoding: str = "maskgit") -> str:
+                decoding: str = "maskgit", halvings: int = 0) -> str:
     """What the reconstruction tab's energy plot shows, with this run's numbers: which energies, which forward
     pass (``decoding``: "maskgit", the pass at the last decoding step; "expected", the one pass), the signs of the
-    step sizes and whether E_ATTN and E_ATTN + E_FF fell (from the values, never assumed)."""
+    step sizes, the model's step-length control (``halvings`` > 0: ``model.step_control = "backtrack"`` with that
+    many halvings) and whether E_ATTN and E_ATTN + E_FF fell (from the values, never assumed)."""
     attn, ff = list(energy.get("attn") or []), list(energy.get("ff") or [])
     if not attn:
         return "This model defines no energy."
@@ -184,6 +185,10 @@ def energy_note(energy: dict[str, Sequence[float]], step_sizes: dict[str, Sequen
             f"(normalization first, without the learned gains) after each of the {n} iterations of {which}. Each "
             "iteration is an attention step x − α ∇E_ATTN, then a feedforward step x − γ ∇E_FF (eq. 9 and 11); α "
             "and γ are learned per token and channel with no sign constraint.")
+    if halvings:
+        text += (f" This model runs with a step-length control: an iteration's update is halved (up to {halvings} "
+                 "times) until E_ATTN + E_FF does not rise, and left out where no halving helps, so the sum cannot "
+                 "rise; E_ATTN or E_FF alone may.")
     alpha_neg = list((step_sizes or {}).get("alpha_negative") or [])
     gamma_neg = list((step_sizes or {}).get("gamma_negative") or [])
     if alpha_neg:

@@ -424,6 +424,9 @@ def test_energy_note_states_what_the_values_show():
     falling = energy_note({"attn": [12.0, 11.0], "ff": [-1.0, -1.5]}, {})
     assert "E_ATTN fell" in falling and "never rose" in falling and "negative α" not in falling
     assert "no energy" in energy_note({})
+    assert "step-length control" not in falling
+    controlled = energy_note({"attn": [12.0, 11.0], "ff": [-1.0, -1.5]}, {}, "expected", halvings=2)
+    assert "halved (up to 2 times) until E_ATTN + E_FF does not rise" in controlled and "never rose" in controlled
 
 
 def test_reconstruct_drawn_mask_and_upload(app: HyperSETApp, tmp_path: Path):
