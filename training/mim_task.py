@@ -186,6 +186,21 @@ def _split(data: MIMData) -> tuple[ImageSet, ImageSet]:
     return images.subset(train_idx), images.subset(val_idx)
 
 
+def save_tokenizer(directory: Path, model: torch.nn.Module, info: dict[str, Any], image_size: int) -> None:
+    """Write a trained VQ tokenizer (either stage that trains one) as a "vq-tokenizer" checkpoint."""
+    info = {**info, "data": {**info.get("data", {}), "image_size": image_size}}
+    save_module(directory, model, TOKENIZER_KIND, dataclasses.asdict(model.cfg), info)
+
+
+def training_images(images: ImageSet, idx: np.ndarray, flip: bool, seed: int, step: int) -> Tensor:
+    """A step's training images, each mirrored with probability 1/2 where ``flip`` (seeded by (seed, step))."""
+    out = images.floats(idx)
+    if flip:
+        mirrored = torch.rand(len(idx), generator=_generator(seed, step, 1)) < 0.5
+        out = torch.where(mirrored[:, None, None, None], out.flip(-1), out)
+    return out
+
+
 # ----------------------------------------------------------------------------------------------------
 # Stage 1: the VQ tokenizer
 
@@ -214,8 +229,7 @@ class TokenizerTask(Task):
         return VQTokenizer(self.vq)
 
     def save(self, directory: Path, model: torch.nn.Module, info: dict[str, Any]) -> None:
-        info = {**info, "data": {**info.get("data", {}), "image_size": self.data.image_size}}
-        save_module(directory, model, TOKENIZER_KIND, dataclasses.asdict(model.cfg), info)
+        save_tokenizer(directory, model, info, self.data.image_size)
 
     def describe(self) -> dict[str, Any]:
         return {"stage": "tokenizer", "source": self.train.source, "train_images": len(self.train),
@@ -223,12 +237,8 @@ class TokenizerTask(Task):
                 "seed": self.data.seed}
 
     def batch(self, step: int, batch_size: int, seed: int, device: torch.device) -> dict[str, Tensor]:
-        idx = self.batch_indices(step, batch_size, seed)
-        images = self.train.floats(idx)
-        if self.data.flip:
-            flip = torch.rand(len(idx), generator=_generator(seed, step, 1)) < 0.5
-            images = torch.where(flip[:, None, None, None], images.flip(-1), images)
-        return {"images": images.to(device)}
+        return {"images": training_images(self.train, self.batch_indices(step, batch_size, seed), self.data.flip,
+                                          seed, step).to(device)}
 
     def loss(self, model: torch.nn.Module, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
         _, losses, _ = model(batch["images"])
@@ -315,8 +325,7 @@ class DecoderTask(Task):
         return model
 
     def save(self, directory: Path, model: torch.nn.Module, info: dict[str, Any]) -> None:
-        info = {**info, "data": {**info.get("data", {}), "image_size": self.data.image_size}}
-        save_module(directory, model, TOKENIZER_KIND, dataclasses.asdict(model.cfg), info)
+        save_tokenizer(directory, model, info, self.data.image_size)
 
     def describe(self) -> dict[str, Any]:
         return {"stage": "decoder", "source": self.train.source, "train_images": len(self.train),
@@ -330,13 +339,9 @@ class DecoderTask(Task):
                            "code embeddings", "seed": self.data.seed}
 
     def batch(self, step: int, batch_size: int, seed: int, device: torch.device) -> dict[str, Tensor]:
-        idx = self.batch_indices(step, batch_size, seed)
-        images = self.train.floats(idx)
-        if self.data.flip:
-            flip = torch.rand(len(idx), generator=_generator(seed, step, 1)) < 0.5
-            images = torch.where(flip[:, None, None, None], images.flip(-1), images)
+        images = training_images(self.train, self.batch_indices(step, batch_size, seed), self.data.flip, seed, step)
         g = self.tokenizer.grid
-        mask = random_token_mask((len(idx), g, g), self.max_mask_ratio, generator=_generator(seed, step, 2))
+        mask = random_token_mask((len(images), g, g), self.max_mask_ratio, generator=_generator(seed, step, 2))
         return {"images": images.to(device), "mask": mask.to(device)}
 
     @torch.no_grad()
