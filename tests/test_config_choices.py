@@ -136,7 +136,8 @@ def test_task_choices_name_the_key_and_the_choices_too():
         ClassifyData(dataset="mnist")
     with pytest.raises(ValueError, match=r"^data\.eval_mode='crop': expected one of 'resize', 'resize_center_crop'$"):
         ClassifyData(eval_mode="crop")
-    with pytest.raises(ValueError, match=r"^objective\.stage='pixels': expected one of 'tokenizer', 'tokens'$"):
+    stages = r"^objective\.stage='pixels': expected one of 'tokenizer', 'tokens', 'decoder'$"
+    with pytest.raises(ValueError, match=stages):
         build_mim_task(get_preset("mim-cpu").config, {"objective": {"stage": "pixels"}}, "")
 
 
