@@ -50,7 +50,15 @@ from hyperset.vision.data import (
 )
 
 from .epochs import epochs_to_steps
-from .task import Task, check_depth_range, check_segments, draw_depth, segment_mean, segment_outputs
+from .task import (
+    Task,
+    check_depth_range,
+    check_eval_iters,
+    check_segments,
+    draw_depth,
+    segment_mean,
+    segment_outputs,
+)
 
 CIFAR_SIZE = 32
 DATA_KEYS = ("dataset", "val_fraction", "seed", "n_train", "n_val", "image_size", "eval_mode", "classes", "workers")
@@ -302,9 +310,7 @@ class ClassifyTask(Task):
             raise ValueError(f"objective.label_smoothing must be in [0, 1), got {self.label_smoothing}")
         if isinstance(self.eval_batch, bool) or not isinstance(self.eval_batch, int) or self.eval_batch < 1:
             raise ValueError(f"objective.eval_batch must be a whole number >= 1, got {self.eval_batch!r}")
-        if any(isinstance(i, bool) or not isinstance(i, int) or not 1 <= i <= MAX_ITERS for i in self.eval_iters):
-            raise ValueError(f"objective.eval_iters must hold iteration counts in [1, {MAX_ITERS}], "
-                             f"got {self.eval_iters}")
+        check_eval_iters(self.eval_iters)
         check_segments(self.segments, self.segment_weights)
         check_depth_range("train_iters", self.train_iters)
         if (isinstance(self.select_iters, bool) or not isinstance(self.select_iters, int)

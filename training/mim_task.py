@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from hyperset.checkpoint import save_module
-from hyperset.config import MAX_ITERS, ModelConfig, check_choice, check_table
+from hyperset.config import ModelConfig, check_choice, check_table
 from hyperset.vision.data import ImageSource, cifar_dir, train_val_split
 from hyperset.vision.maskgit import MODES, mask_by_ratio, random_token_mask
 from hyperset.vision.maskgit import decode as maskgit_decode
@@ -48,7 +48,7 @@ from hyperset.vision.reconstruct import (
 from hyperset.vision.vq import VQConfig, VQTokenizer
 
 from .epochs import epochs_to_steps
-from .task import Task, check_segments, segment_mean, segment_outputs
+from .task import Task, check_eval_iters, check_segments, segment_mean, segment_outputs
 
 STAGES = ("tokenizer", "tokens", "decoder")
 
@@ -173,6 +173,12 @@ def _fraction(section: str, key: str, value: Any, low: float, high: float, low_o
         raise ValueError(f"{section}.{key} must be a number in {span}, got {value!r}")
 
 
+def _nonnegative(section: str, key: str, value: Any) -> None:
+    """A recipe number that is finite and >= 0, else a ValueError naming ``section.key``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"{section}.{key} must be a finite number >= 0, got {value!r}")
+
+
 def _split(data: MIMData) -> tuple[ImageSet, ImageSet]:
     images = load_images(data.data_dir, "train", data.image_size)
     if data.n_val >= len(images):
@@ -292,12 +298,8 @@ class DecoderTask(Task):
         _count("objective", "iters", self.iters, 0)
         _fraction("objective", "max_mask_ratio", self.max_mask_ratio, 0, 1, True, False)
         _fraction("objective", "eval_ratio", self.eval_ratio, 0, 1, True, False)
-        if any(isinstance(i, bool) or not isinstance(i, int) or not 1 <= i <= MAX_ITERS for i in self.eval_iters):
-            raise ValueError(f"objective.eval_iters must hold iteration counts in [1, {MAX_ITERS}], "
-                             f"got {self.eval_iters}")
-        w = self.codes_weight
-        if isinstance(w, bool) or not isinstance(w, (int, float)) or not (math.isfinite(w) and w >= 0):
-            raise ValueError(f"objective.codes_weight must be a finite number >= 0, got {w!r}")
+        check_eval_iters(self.eval_iters)
+        _nonnegative("objective", "codes_weight", self.codes_weight)
         from hyperset.checkpoint import trained_iterations
         from hyperset.models import load_checkpoint
 
@@ -345,23 +347,22 @@ class DecoderTask(Task):
         return {"images": images.to(device), "mask": mask.to(device)}
 
     @torch.no_grad()
-    def latents(self, model: VQTokenizer, images: Tensor, mask: Tensor, iters: int | None = None) -> Tensor:
-        """The token model's expected code embeddings for images under a token mask (the default decoding's
-        latents), with ``model``'s codebook."""
-        self.tokens.to(images.device)
-        codes = model.encode(images)
+    def latents(self, model: VQTokenizer, codes: Tensor, mask: Tensor, iters: int | None = None) -> Tensor:
+        """The token model's expected code embeddings for images' codes under a token mask (the default
+        decoding's latents), with ``model``'s codebook."""
+        self.tokens.to(codes.device)
         b = codes.shape[0]
         logits = self.tokens(codes.masked_fill(mask, model.num_codes).reshape(b, -1), iters=iters or self.iters)
         return expected_latents(model.quantize.embedding.weight, codes, mask, logits.float())
 
     def loss(self, model: torch.nn.Module, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
-        images, target = batch["images"], batch["images"] * 2 - 1
-        mse = F.mse_loss(model.decoder(self.latents(model, images, batch["mask"])).float(), target)
+        target = batch["images"] * 2 - 1
+        codes = model.encode(batch["images"])
+        mse = F.mse_loss(model.decoder(self.latents(model, codes, batch["mask"])).float(), target)
         logged = {"recon": mse.detach()}
         if not self.codes_weight:
             return mse, logged
-        with torch.no_grad():
-            own = model.quantize.embedding(model.encode(images)).permute(0, 3, 1, 2)
+        own = model.quantize.embedding(codes).permute(0, 3, 1, 2).detach()
         codes_mse = F.mse_loss(model.decoder(own).float(), target)
         logged["codes_recon"] = codes_mse.detach()
         return mse + self.codes_weight * codes_mse, logged
@@ -377,19 +378,17 @@ class DecoderTask(Task):
         images = self.val.floats(range(n))
         mask = mask_by_ratio((n, g, g), self.eval_ratio, generator=_generator(self.data.seed, 8))
         pct = round(100 * self.eval_ratio)
+        batches = [(model.encode(images[i: i + self.eval_batch].to(device)), mask[i: i + self.eval_batch].to(device))
+                   for i in range(0, n, self.eval_batch)]
 
         def scores(iters: int) -> Tensor:
-            out = []
-            for i in range(0, n, self.eval_batch):
-                x, m = images[i: i + self.eval_batch].to(device), mask[i: i + self.eval_batch].to(device)
-                out.append(model.decode_latents(self.latents(model, x, m, iters)).float().cpu())
+            out = [model.decode_latents(self.latents(model, c, m, iters)).float().cpu() for c, m in batches]
             return psnr(torch.cat(out), images)
 
         result = {f"val/psnr@{pct}": float(scores(self.iters).mean())}
         for iters in self.eval_iters:
             result[f"val/psnr@{pct}_iters{int(iters)}"] = float(scores(int(iters)).mean())
-        plain = torch.cat([model.decode(model.encode(images[i: i + self.eval_batch].to(device))).float().cpu()
-                           for i in range(0, n, self.eval_batch)])
+        plain = torch.cat([model.decode(c).float().cpu() for c, _ in batches])
         result["val/tokenizer_psnr"] = float(psnr(plain, images).mean())
         return result
 
@@ -479,15 +478,10 @@ class TokensTask(Task):
         _fraction("objective", "eval_ratio", self.eval_ratio, 0, 1, True, False)
         _fraction("objective", "label_smoothing", self.label_smoothing, 0, 1, False, True)
         for key in ("temperature", "randomize_temp", "latent_weight"):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value)
-                                                                                      and value >= 0):
-                raise ValueError(f"objective.{key} must be a finite number >= 0, got {value!r}")
+            _nonnegative("objective", key, getattr(self, key))
         check_choice("objective", "schedule", self.schedule, MODES)
         check_choice("objective", "decode", self.decode, DECODINGS)
-        if any(isinstance(i, bool) or not isinstance(i, int) or not 1 <= i <= MAX_ITERS for i in self.eval_iters):
-            raise ValueError(f"objective.eval_iters must hold iteration counts in [1, {MAX_ITERS}], "
-                             f"got {self.eval_iters}")
+        check_eval_iters(self.eval_iters)
 
     @property
     def mask_id(self) -> int:

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from hyperset.config import MAX_ITERS
 from hyperset.models import HyperSETModel, save_checkpoint
 
 from .epochs import epoch_indices
@@ -100,6 +101,12 @@ def draw_depth(rng: np.random.Generator, value: list[int], default: int) -> int:
 
 
 # ---------------------------------------------------------------------- deep supervision over detached segments
+
+
+def check_eval_iters(values: Any) -> None:
+    """Raise a ValueError naming ``objective.eval_iters`` unless it holds iteration counts in [1, MAX_ITERS]."""
+    if any(isinstance(i, bool) or not isinstance(i, int) or not 1 <= i <= MAX_ITERS for i in values):
+        raise ValueError(f"objective.eval_iters must hold iteration counts in [1, {MAX_ITERS}], got {values}")
 
 
 def check_segments(segments: Any, weights: Any) -> None:
