@@ -289,16 +289,16 @@ def image_depth_curve(model: torch.nn.Module, split: Any, max_iters: int, batch:
 
 
 def classifier_depth(checkpoint: Path, data_dir: str, split: str, depth: int, threads: int,
-                     step_control: str | None = None) -> dict[str, Any]:
+                     step_control: str | None = None, backtrack_from: int | None = None) -> dict[str, Any]:
     """`image_depth_curve` of a classifier checkpoint on a CIFAR split (its own dataset; val: the held-out part of
-    train at the checkpoint's recorded fraction and seed), read out at T, 2T, ... depth x T; `step_control` (None:
-    the checkpoint's) replaces the model's ``step_control`` at inference."""
+    train at the checkpoint's recorded fraction and seed), read out at T, 2T, ... depth x T; `step_control` and
+    `backtrack_from` (None: the checkpoint's) replace the model's at inference."""
     from hyperset.checkpoint import read_config
     from hyperset.training.classify_task import ClassifyData, load_split
 
     torch.set_num_threads(threads)
     model, _ = load_checkpoint(checkpoint, map_location="cpu")
-    model.set_step_control(step_control)
+    model.set_step_control(step_control, backtrack_from)
     data = read_config(Path(checkpoint)).get("data") or {}
     images = load_split(ClassifyData(dataset=data.get("dataset", "cifar10"), data_dir=data_dir,
                                      val_fraction=data.get("val_fraction", 0.1), seed=data.get("seed", 0)), split)
@@ -306,6 +306,7 @@ def classifier_depth(checkpoint: Path, data_dir: str, split: str, depth: int, th
     curve = image_depth_curve(model.eval(), images, depth * T)
     return {"checkpoint": str(checkpoint), "split": split, "images": len(images), "trained_iterations": T,
             "step_control": model.cfg.step_control, "backtracks": model.cfg.backtracks,
+            "backtrack_from": model.cfg.backtrack_from,
             "top1": {depth_key(k): curve["top1"][k * T - 1] for k in DEPTH_MULTIPLES if k <= depth},
             "energy_never_rises": curve["energy_never_rises"], "curve": curve["top1"]}
 
@@ -465,6 +466,9 @@ def main(argv: list[str] | None = None) -> None:
     cls.add_argument("--step-control", choices=STEP_CONTROLS, default=None,
                      help="the model's step_control at inference (default: the checkpoint's); backtrack: the energy "
                           "never rises, by construction")
+    cls.add_argument("--backtrack-from", type=bench_args.count, default=None,
+                     help="the first iteration the control applies to (default: the checkpoint's; T + 1: the "
+                          "trained depth runs as trained, the iterations past it cannot raise the energy)")
     cls.add_argument("--out", type=bench_args.output_file, required=True, help="the result JSON")
     sub.add_parser("curve", help="plot every measured checkpoint's one-pass curve -> bench/results/sudoku_depth.png")
     tab = sub.add_parser("table")
@@ -484,7 +488,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.cmd == "classifier":
         result = classifier_depth(resolve(args.checkpoint), args.data, args.split, args.depth, args.threads,
-                                  args.step_control)
+                                  args.step_control, args.backtrack_from)
         result.update(device=f"{cpu_model()}, {args.threads} thread(s)",
                       command=bench_args.command_line("depth_ablation", argv))
         atomic_write_json(args.out, result)

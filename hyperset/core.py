@@ -115,6 +115,7 @@ class CoreOutput:
     x: Tensor
     trace: Trace | None = None
     states: list[Tensor] | None = None
+    energies: list[Tensor] | None = None  # E_ATTN + E_FF (B,) after every update, with gradient, when asked
 
 
 class RecurrentCore(nn.Module):
@@ -230,34 +231,44 @@ class RecurrentCore(nn.Module):
                     x = x.detach()
 
     def run(self, x0: Tensor, iters: int | None = None, trace: bool = False, geometry: bool = False,
-            keep_states: bool = False, skip: int = 0, detach_every: int = 0) -> CoreOutput:
-        """Every update of `iterate`, keeping the last state (and the trace, and every state, when asked). At
+            keep_states: bool = False, skip: int = 0, detach_every: int = 0, energies: bool = False) -> CoreOutput:
+        """Every update of `iterate`, keeping the last state (and the trace, every state, and every state's
+        E_ATTN + E_FF with its gradient for a training objective (``energies``), when asked). At
         inference on a CPU a batch larger than a slice (``Ops.slice_rows``) runs one slice of rows through all the
         iterations at a time: its activations stay in cache from one update to the next, which beats slicing each
         update (measured in docs/onnx.md, "Speed on a CPU")."""
         if torch.compiler.is_compiling():  # a context manager of ours would break the graph
-            return self._run_sliced(x0, iters, trace, geometry, keep_states, skip, detach_every)
+            return self._run_sliced(x0, iters, trace, geometry, keep_states, skip, detach_every, energies)
         with policy(x0).hold(x0):  # at inference the updates' choices are made once for the pass (a no-op with grad)
-            return self._run_sliced(x0, iters, trace, geometry, keep_states, skip, detach_every)
+            return self._run_sliced(x0, iters, trace, geometry, keep_states, skip, detach_every, energies)
 
     def _run_sliced(self, x0: Tensor, iters: int | None, trace: bool, geometry: bool, keep_states: bool, skip: int,
-                    detach_every: int) -> CoreOutput:
+                    detach_every: int, energies: bool) -> CoreOutput:
         rows = policy(x0).slice_rows(self.cfg, len(x0), x0.device)
         if rows:
-            parts = [self._run(x0[i:i + rows], iters, trace, geometry, keep_states, skip, detach_every)
+            parts = [self._run(x0[i:i + rows], iters, trace, geometry, keep_states, skip, detach_every, energies)
                      for i in range(0, len(x0), rows)]
+
+            def joined(lists: list[list[Tensor] | None]) -> list[Tensor] | None:
+                return [torch.cat(s) for s in zip(*lists)] if lists[0] is not None else None
+
             return CoreOutput(torch.cat([p.x for p in parts]),
                               Trace.joined([p.trace for p in parts]) if parts[0].trace is not None else None,
-                              [torch.cat(s) for s in zip(*[p.states for p in parts])] if keep_states else None)
-        return self._run(x0, iters, trace, geometry, keep_states, skip, detach_every)
+                              joined([p.states for p in parts]), joined([p.energies for p in parts]))
+        return self._run(x0, iters, trace, geometry, keep_states, skip, detach_every, energies)
 
     def _run(self, x0: Tensor, iters: int | None, trace: bool, geometry: bool, keep_states: bool, skip: int,
-             detach_every: int) -> CoreOutput:
-        out = CoreOutput(x0, Trace() if (trace or geometry) else None, [] if keep_states else None)
+             detach_every: int, energies: bool = False) -> CoreOutput:
+        if energies and not all(hasattr(layer, "total_energy") for layer in self.layers):
+            raise ValueError(f"model.layer = {self.cfg.layer!r} has no energy to record")
+        out = CoreOutput(x0, Trace() if (trace or geometry) else None, [] if keep_states else None,
+                         [] if energies else None)
         for layer, t, x in self._iterate(x0, self._fixed_steps(x0), iters, skip, detach_every):
             out.x = x
             if out.trace is not None:
                 out.trace.record(layer, x, t, geometry, self.cfg)
             if out.states is not None:
                 out.states.append(x)
+            if out.energies is not None:
+                out.energies.append(layer.total_energy(x, t))
         return out

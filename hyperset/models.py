@@ -150,6 +150,7 @@ class ModelOutput:
     logits: Tensor
     trace: Trace | None = None
     all_logits: list[Tensor] | None = None  # one per iteration, when requested
+    energies: list[Tensor] | None = None  # E_ATTN + E_FF (B,) per iteration, with gradient, when requested
 
 
 @dataclass
@@ -234,7 +235,7 @@ class HyperSETModel(nn.Module):
             raise ValueError(f"inputs: token ids must be in 0..{cfg.vocab_size - 1}, got values from {lo} to {hi}")
 
     def run(self, inputs: Tensor, iters: int | None = None, trace: bool = False, geometry: bool = False,
-            all_logits: bool = False, skip: int = 0, detach_every: int = 0) -> ModelOutput:
+            all_logits: bool = False, skip: int = 0, detach_every: int = 0, energies: bool = False) -> ModelOutput:
         """The forward pass with what it can record: a :class:`ModelOutput` with the logits after the last
         iteration, and optionally the trace and every iteration's logits.
 
@@ -245,13 +246,14 @@ class HyperSETModel(nn.Module):
         the effective rank and average angle of the heads (eqs. 17-18). all_logits: keep every iteration's
         logits (``out.all_logits``, a list of T tensors). skip, detach_every: the depth-training options of
         ``RecurrentCore.iterate`` (`skip` iterations run first without gradient and are not recorded;
-        `detach_every` = k cuts the graph every k iterations). Gradients flow as usual unless called under
-        ``torch.no_grad()``."""
+        `detach_every` = k cuts the graph every k iterations). energies: keep E_ATTN + E_FF of every iteration's
+        state with its gradient (``out.energies``, for a training objective; the trace's are detached). Gradients
+        flow as usual unless called under ``torch.no_grad()``."""
         self.check_inputs(inputs)
         out = self.core.run(self.stem(inputs), iters, trace=trace, geometry=geometry, keep_states=all_logits,
-                            skip=skip, detach_every=detach_every)
+                            skip=skip, detach_every=detach_every, energies=energies)
         per_iter = [self.readout(s) for s in out.states] if all_logits else None
-        return ModelOutput(self.readout(out.x), out.trace, per_iter)
+        return ModelOutput(self.readout(out.x), out.trace, per_iter, out.energies)
 
     def frames(self, inputs: Tensor, iters: int | None = None, energies: bool = False,
                logits: bool = True) -> Generator[Frame, Tensor | None, None]:
@@ -272,18 +274,24 @@ class HyperSETModel(nn.Module):
         return relay(self.core.iterate(self.stem(inputs), iters), frame)
 
     def forward(self, inputs: Tensor, iters: int | None = None, all_logits: bool = False, skip: int = 0,
-                detach_every: int = 0) -> Tensor:
+                detach_every: int = 0, energies: bool = False) -> Tensor | tuple[Tensor, Tensor]:
         """Logits of `inputs` (as `run` takes them) after `iters` iterations; with all_logits, the logits of every
         iteration stacked: (T, B, ...).
 
         `skip` and `detach_every` are the core's depth-training options (RecurrentCore.iterate): with them the
-        logits are those of iterations skip+1 .. skip+iters.
+        logits are those of iterations skip+1 .. skip+iters. With `energies` (a training objective's), the pair
+        (those logits, E_ATTN + E_FF of every iteration's state with its gradient, (T, B)).
         """
-        out = self.run(inputs, iters, all_logits=all_logits, skip=skip, detach_every=detach_every)
+        out = self.run(inputs, iters, all_logits=all_logits, skip=skip, detach_every=detach_every, energies=energies)
         if not all_logits:
-            return out.logits
-        # iters=0: no iteration, so (0, B, ...)
-        return torch.stack(out.all_logits) if out.all_logits else out.logits.new_empty((0, *out.logits.shape))
+            logits = out.logits
+        elif out.all_logits:
+            logits = torch.stack(out.all_logits)
+        else:  # iters=0: no iteration, so (0, B, ...)
+            logits = out.logits.new_empty((0, *out.logits.shape))
+        if not energies:
+            return logits
+        return logits, torch.stack(out.energies) if out.energies else logits.new_empty((0, len(inputs)))
 
     def num_parameters(self) -> int:
         """The number of parameters (the counts docs/model.md compares with the paper's)."""

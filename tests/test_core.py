@@ -124,6 +124,32 @@ def test_model_trace_has_one_value_per_iteration_per_sample():
     assert torch.equal(out.all_logits[-1], out.logits)
 
 
+def test_energies_with_gradient_are_the_traces_and_reach_the_weights():
+    """run(energies=True): E_ATTN + E_FF after every iteration, as the trace records them, but with their gradient
+    (a training objective's); forward gives them beside the logits; by slices of rows at inference the same."""
+    cfg = _cfg(iters=3, step_init=0.1)
+    torch.manual_seed(0)
+    model = _model(cfg)
+    x, _ = _inputs(cfg, batch=3)
+    out = model.run(x, iters=4, trace=True, energies=True)
+    stacked = out.trace.stacked()
+    assert len(out.energies) == 4 and all(e.requires_grad for e in out.energies)
+    torch.testing.assert_close(torch.stack(out.energies).detach(), stacked["energy_attn"] + stacked["energy_ff"])
+    logits, energy = model(x, iters=4, all_logits=True, energies=True)
+    assert logits.shape[0] == 4 and energy.shape == (4, 3)
+    energy.sum().backward()
+    assert float(model.core.layers[0].W.grad.abs().sum()) > 0
+    last, none = model(x, iters=0, energies=True)
+    assert none.shape == (0, 3) and last.shape[0] == 3
+    big, _ = _inputs(cfg, batch=2 * accel_rows.cache_rows(cfg) + 1)  # more rows than a slice: run slice by slice
+    with torch.no_grad():
+        sliced = model.run(big, iters=3, energies=True).energies
+        whole = [torch.cat(p) for p in zip(*(model.core._run(model.stem(big[i:i + 1]), 3, False, False, False, 0, 0,
+                                                              True).energies for i in range(len(big))))]
+    assert len(sliced) == 3 and sliced[0].shape == (len(big),)
+    torch.testing.assert_close(sliced, whole, rtol=1e-4, atol=1e-3)
+
+
 def test_geometry_gives_effective_rank_in_1_to_p_and_angle_in_0_to_180_per_head_per_iteration():
     cfg = _cfg(iters=3, step_init=0.1)
     torch.manual_seed(0)

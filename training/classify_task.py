@@ -54,8 +54,10 @@ from .task import (
     Task,
     check_depth_range,
     check_eval_iters,
+    check_rise_weight,
     check_segments,
     draw_depth,
+    energy_rise,
     segment_mean,
     segment_outputs,
 )
@@ -63,7 +65,7 @@ from .task import (
 CIFAR_SIZE = 32
 DATA_KEYS = ("dataset", "val_fraction", "seed", "n_train", "n_val", "image_size", "eval_mode", "classes", "workers")
 OBJECTIVE_KEYS = ("label_smoothing", "eval_iters", "eval_batch", "segments", "segment_weights", "train_iters",
-                  "select_iters")
+                  "rise_weight", "select_iters")
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -301,6 +303,8 @@ class ClassifyTask(Task):
     # [lo, hi]: the iterations of each segment drawn per step from (seed, step), uniform in lo..hi (empty: T)
     train_iters: list[int] = field(default_factory=list)
     select_iters: int = 0  # the depth at which the best checkpoint is chosen on val (0: the trained depth)
+    # > 0: plus rise_weight x how far E_ATTN + E_FF rises from one iteration to the next (training.task.energy_rise)
+    rise_weight: float = 0.0
     epochs: float | None = None
     steps_per_epoch: int = 0
     name: str = "classify"
@@ -313,6 +317,9 @@ class ClassifyTask(Task):
         check_eval_iters(self.eval_iters)
         check_segments(self.segments, self.segment_weights)
         check_depth_range("train_iters", self.train_iters)
+        check_rise_weight(self.rise_weight)
+        if self.rise_weight and self.model.layer != "hyperset":
+            raise ValueError(f"objective.rise_weight needs an energy: model.layer = {self.model.layer!r} has none")
         if (isinstance(self.select_iters, bool) or not isinstance(self.select_iters, int)
                 or not 0 <= self.select_iters <= MAX_ITERS):
             raise ValueError(f"objective.select_iters must be a whole number in [0, {MAX_ITERS}] (0: the trained "
@@ -353,6 +360,7 @@ class ClassifyTask(Task):
             else "RandomResizedCrop (0.08-1) + horizontal flip",
             "label_smoothing": self.label_smoothing, "segments": self.segments,
             "segment_weights": self.segment_weights or None, "train_iters": self.train_iters or None,
+            "rise_weight": self.rise_weight,
             "selection": f"{self.select_metric} (held out from train)",
             "epochs": self.epochs, "steps_per_epoch": self.steps_per_epoch,
         }
@@ -383,17 +391,24 @@ class ClassifyTask(Task):
     def loss(self, model: HyperSETModel, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
         labels = batch["labels"]
         iters = int(batch["depth"][0]) if "depth" in batch else self.model.iters
-        if self.segments > 1 or iters != self.model.iters:
-            every = segment_outputs(model, batch["images"], iters, self.segments)
+        logged = {}
+        if self.segments > 1 or iters != self.model.iters or self.rise_weight:
+            every = segment_outputs(model, batch["images"], iters, self.segments, energies=bool(self.rise_weight))
+            if self.rise_weight:
+                every, energy = every
             losses = torch.stack([F.cross_entropy(lg.float(), labels, label_smoothing=self.label_smoothing)
                                   for lg in every])
             loss, logits = segment_mean(losses, self.segment_weights), every[-1]
+            if self.rise_weight:
+                rise = energy_rise(energy)
+                loss = loss + self.rise_weight * rise
+                logged["rise"] = rise.detach()
         else:
             logits = model(batch["images"])
             loss = F.cross_entropy(logits.float(), labels, label_smoothing=self.label_smoothing)
         with torch.no_grad():
-            acc = (logits.argmax(-1) == labels).float().mean()
-        return loss, {"acc": acc}
+            logged["acc"] = (logits.argmax(-1) == labels).float().mean()
+        return loss, logged
 
     @torch.no_grad()
     def evaluate(self, model: HyperSETModel, device: torch.device, autocast: Any) -> dict[str, float]:

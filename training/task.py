@@ -121,12 +121,39 @@ def check_segments(segments: Any, weights: Any) -> None:
                          f"({segments}), not all zero; got {weights}")
 
 
-def segment_outputs(model: torch.nn.Module, inputs: torch.Tensor, iters: int, segments: int) -> torch.Tensor:
+def segment_outputs(model: torch.nn.Module, inputs: torch.Tensor, iters: int, segments: int,
+                    energies: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """The model's outputs after each of ``segments`` segments of ``iters`` iterations, (segments, ...): one pass
     of segments x iters iterations whose state is carried on detached between segments (deep supervision at
-    constant memory: the gradient of a segment's loss reaches back to the start of that segment only)."""
-    every = model(inputs, iters=iters * segments, all_logits=True, detach_every=iters if segments > 1 else 0)
-    return every[iters - 1:: iters]
+    constant memory: the gradient of a segment's loss reaches back to the start of that segment only). With
+    ``energies``, also E_ATTN + E_FF after every iteration of the pass, with its gradient, (segments x iters, B)."""
+    out = model(inputs, iters=iters * segments, all_logits=True, detach_every=iters if segments > 1 else 0,
+                energies=energies)
+    if energies:
+        every, energy = out
+        return every[iters - 1:: iters], energy
+    return out[iters - 1:: iters]
+
+
+# a rise of E_ATTN + E_FF by more than this share of its size counts (as the benchmarks count it)
+RISE_RTOL = 1e-5
+
+
+def check_rise_weight(value: Any) -> None:
+    """Raise a ValueError naming ``objective.rise_weight`` unless it is a finite number >= 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"objective.rise_weight must be a finite number >= 0 (0: off), got {value!r}")
+
+
+def energy_rise(energy: torch.Tensor) -> torch.Tensor:
+    """How far E_ATTN + E_FF rises from one iteration to the next, (T, B) -> scalar: the mean over iterations
+    2..T and samples of max(0, (E_t - E_{t-1}) / |E_{t-1}| + RISE_RTOL), E_{t-1} held constant (the penalty moves
+    the later state down, never the earlier one up). Zero exactly where every sample's energy falls by more than
+    the share a benchmark counts as a rise, at every iteration."""
+    if len(energy) < 2:
+        return energy.new_zeros(())
+    before = energy[:-1].detach().float()
+    return torch.relu((energy[1:].float() - before) / before.abs().clamp_min(1e-6) + RISE_RTOL).mean()
 
 
 def segment_mean(losses: torch.Tensor, weights: list[float] | None = None) -> torch.Tensor:

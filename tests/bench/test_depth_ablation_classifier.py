@@ -64,3 +64,26 @@ def test_the_classifier_depth_curve_matches_the_models_own_readouts(tmp_path: Pa
         assert abs(r["top1"][name] - correct[2 * k - 1]) < 1e-9
         assert abs(r["energy_never_rises"][name] - float((~rises[: 2 * k - 1].any(0)).double().mean())) < 1e-9
     assert 0.0 < r["energy_never_rises"]["T"] < 1.0  # both kinds of image: the count is not trivially right
+
+
+def test_a_control_from_past_the_trained_depth_keeps_t_and_stops_the_rises_after_it(tmp_path: Path) -> None:
+    """--step-control backtrack --backtrack-from T+1: the first T iterations run as trained (top-1 at T and the
+    rises to T unchanged) and no image's energy rises after T, so the share that never rises to 4T is that to T."""
+    data = _cifar(tmp_path / "cifar")
+    torch.manual_seed(0)
+    cfg = preset_config("cifar10-small", dim=32, heads=2, ff_hidden=32, iters=2, patch_grid=4, time_dim=16)
+    model = HyperSETModel(cfg).eval()
+    with torch.no_grad():
+        model.core.step_sizes.L3.weight.normal_(0, 0.05)
+    save_checkpoint(tmp_path / "ckpt", model, {"task": "classify", "data": {"dataset": "cifar10"}})
+    runs = {}
+    for name, extra in (("plain", []), ("after", ["--step-control", "backtrack", "--backtrack-from", "3"])):
+        depth_ablation.main(["classifier", "--checkpoint", str(tmp_path / "ckpt"), "--data", str(data),
+                             "--depth", "4", "--out", str(tmp_path / f"{name}.json"), *extra])
+        runs[name] = json.loads((tmp_path / f"{name}.json").read_text())
+    plain, after = runs["plain"], runs["after"]
+    assert after["step_control"] == "backtrack" and after["backtrack_from"] == 3
+    assert after["top1"]["T"] == plain["top1"]["T"]
+    assert after["energy_never_rises"]["T"] == plain["energy_never_rises"]["T"]
+    assert after["energy_never_rises"]["4T"] == after["energy_never_rises"]["T"]
+    assert plain["energy_never_rises"]["4T"] < plain["energy_never_rises"]["T"]  # without it some rise after T

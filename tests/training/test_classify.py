@@ -477,12 +477,21 @@ def test_eval_command_names_an_unreadable_image(imagefolder: Path, tmp_path: Pat
 @pytest.mark.parametrize("objective, message", [
     ({"eval_batch": 0}, "objective.eval_batch must be a whole number >= 1"),
     ({"eval_iters": [-3]}, "objective.eval_iters must hold iteration counts in [1, 10000]"),
-    ({"eval_iters": [2, 20000]}, "objective.eval_iters must hold iteration counts in [1, 10000]")])
+    ({"eval_iters": [2, 20000]}, "objective.eval_iters must hold iteration counts in [1, 10000]"),
+    ({"rise_weight": -1.0}, "objective.rise_weight must be a finite number >= 0"),
+    ({"rise_weight": float("nan")}, "objective.rise_weight must be a finite number >= 0"),
+    ({"rise_weight": True}, "objective.rise_weight = True: expected float")])
 def test_bad_objective_values_are_refused_before_training(cifar10: Path, objective: dict, message: str) -> None:
     recipe = {**_recipe(), "objective": objective}
     with pytest.raises(ValueError) as err:
         build_classify_task(preset_config(recipe["preset"], **TINY), recipe, str(cifar10))
     assert message in str(err.value)
+
+
+def _seeded_model_and_batch(task) -> tuple[HyperSETModel, dict, int]:
+    """A model of the task's config made from seed 0, the task's first batch of 8 and the trained depth."""
+    torch.manual_seed(0)
+    return HyperSETModel(task.model), task.batch(0, 8, 0, torch.device("cpu")), task.model.iters
 
 
 def test_deep_supervision_is_the_mean_of_the_losses_after_each_segment(cifar10: Path) -> None:
@@ -494,11 +503,8 @@ def test_deep_supervision_is_the_mean_of_the_losses_after_each_segment(cifar10: 
     recipe["objective"].update(segments=2, segment_weights=[1.0, 3.0])
     task = build_classify_task(preset_config(recipe["preset"], **TINY), recipe, str(cifar10))
     assert task.describe()["segments"] == 2
-    torch.manual_seed(0)
-    model = HyperSETModel(task.model)
-    batch = task.batch(0, 8, 0, torch.device("cpu"))
+    model, batch, T = _seeded_model_and_batch(task)
     loss, _ = task.loss(model, batch)
-    T = task.model.iters
     ce = [F.cross_entropy(model(batch["images"], iters=k * T), batch["labels"], label_smoothing=0.1) for k in (1, 2)]
     assert torch.allclose(loss, (ce[0] + 3 * ce[1]) / 4, atol=1e-5)
     model.zero_grad()
@@ -509,6 +515,52 @@ def test_deep_supervision_is_the_mean_of_the_losses_after_each_segment(cifar10: 
         recipe["objective"] = {"label_smoothing": 0.1, **bad}
         with pytest.raises(ValueError, match=f"objective.{key}"):
             build_classify_task(preset_config(recipe["preset"], **TINY), recipe, str(cifar10))
+
+
+def test_the_rise_penalty_adds_how_far_the_energy_rises_to_the_segments_loss(cifar10: Path) -> None:
+    """objective.rise_weight = w: the loss is the segments' CE plus w x energy_rise of E_ATTN + E_FF after every
+    iteration of the pass (the trace's energies, here with their gradient), logged as "rise"; the penalty's
+    gradient reaches the weights. A layer without an energy is refused."""
+    import torch.nn.functional as F
+
+    from hyperset.training.task import energy_rise
+
+    task = _deep_task(cifar10, segments=2, rise_weight=50.0)
+    assert task.describe()["rise_weight"] == 50.0
+    model, batch, T = _seeded_model_and_batch(task)
+    loss, logged = task.loss(model, batch)
+    with torch.no_grad():
+        ce = [F.cross_entropy(model(batch["images"], iters=k * T), batch["labels"], label_smoothing=0.1)
+              for k in (1, 2)]
+        energy = model.run(batch["images"], iters=2 * T, trace=True).trace.stacked()
+    total = energy["energy_attn"] + energy["energy_ff"]
+    rise = energy_rise(total)
+    assert float(rise) > 0 and torch.allclose(logged["rise"], rise, rtol=1e-4, atol=1e-9)
+    assert torch.allclose(loss, (ce[0] + ce[1]) / 2 + 50.0 * rise, rtol=1e-5, atol=1e-6)
+    model.zero_grad()
+    loss.backward()
+    assert model.core.layers[0].W.grad is not None and float(model.core.layers[0].W.grad.abs().sum()) > 0
+    recipe = _recipe(layer="transformer")
+    recipe["objective"].update(rise_weight=1.0)
+    with pytest.raises(ValueError, match="objective.rise_weight needs an energy"):
+        build_classify_task(preset_config(recipe["preset"], **TINY), recipe, str(cifar10))
+
+
+def test_energy_rise_counts_only_rises_and_moves_only_the_later_state() -> None:
+    """energy_rise: zero where every step falls by more than RISE_RTOL of the energy's size; else the mean of
+    the relative rises plus RISE_RTOL, clipped at 0; the earlier energy gets no gradient."""
+    from hyperset.training.task import RISE_RTOL, energy_rise
+
+    falling = torch.tensor([[100.0, -50.0], [99.0, -51.0], [98.0, -52.0]])
+    assert float(energy_rise(falling)) == 0.0 and float(energy_rise(falling[:1])) == 0.0
+    e = torch.tensor([[100.0], [101.0], [100.5]], requires_grad=True)
+    expected = (max(0.0, 1.0 / 100 + RISE_RTOL) + max(0.0, -0.5 / 101 + RISE_RTOL)) / 2
+    rise = energy_rise(e)
+    assert abs(float(rise.detach()) - expected) < 1e-7
+    rise.backward()
+    assert e.grad[0, 0] == 0 and e.grad[1, 0] > 0 and e.grad[2, 0] == 0
+    flat = torch.tensor([[10.0], [10.0]])  # no change is a rise of RISE_RTOL: a step must fall to count
+    assert abs(float(energy_rise(flat)) - RISE_RTOL) < 1e-9
 
 
 # ---------------------------------------------------------------------------------------------------- depth
@@ -560,12 +612,13 @@ def test_bad_depth_options_of_a_classifier_are_named(cifar10: Path, objective: d
     assert message in str(err.value)
 
 
-@pytest.mark.parametrize("name", ["cifar10-cpu-deep", "cifar100-deep", "imagenet100-deep"])
+@pytest.mark.parametrize("name", ["cifar10-cpu-deep", "cifar10-cpu-descent", "cifar100-deep", "imagenet100-deep"])
 def test_the_depth_robust_recipes_train_and_resume_on_small_data(name: str, cifar10: Path, cifar100: Path,
                                                                   imagefolder: Path, tmp_path: Path) -> None:
     """Each shipped depth-robust classification recipe, on a small copy of its dataset and a tiny model: its
     objective as written (2 segments, 8-16 iterations per segment, chosen at 24), three steps with the recipe's
-    optimizer that resume to the same weights as an uninterrupted run."""
+    optimizer (and its energy-rise penalty, where it has one) that resume to the same weights as an uninterrupted
+    run."""
     from hyperset.training.recipes import load_recipe
 
     _, recipe = load_recipe(name)
@@ -578,6 +631,7 @@ def test_the_depth_robust_recipes_train_and_resume_on_small_data(name: str, cifa
     task = make()
     assert task.segments == 2 and task.train_iters == [8, 16] and task.select_metric == "val/top1@24"
     assert {12, 24, 48} <= set(task.eval_iters)
+    assert task.rise_weight == (300.0 if name == "cifar10-cpu-descent" else 0.0)
     t = recipe["train"]
     cfg = lambda steps: _train_cfg(steps, optimizer=t["optimizer"], lr=t["lr"], batch_size=8,  # noqa: E731
                                    weight_decay=t["weight_decay"], clip=t["clip"])
