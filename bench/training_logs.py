@@ -5,7 +5,8 @@
 
 A run folder holds `metrics.jsonl` (a line per logged step, an `eval` line per evaluation) beside its `best/` and
 `last/` checkpoints. The compact log keeps every evaluation line whole, the training lines thinned to at most
-`--rows` evenly spaced ones (step, elapsed seconds, loss, accuracy, lr; the last step always kept), and from the
+`--rows` evenly spaced ones (step, elapsed seconds, loss, accuracy, lr, and the energy-rise penalty where the run
+logged it; the last step always kept), and from the
 run's config.json the recipe, the training and data settings, the device and the parameter count.
 `bench/training_curve.py` reads these files as it reads run folders.
 """
@@ -24,6 +25,7 @@ from hyperset.checkpoint import atomic_write_json
 ROOT = Path(__file__).resolve().parent
 OUT = ROOT / "results" / "training_logs"
 COLUMNS = ("step", "time", "loss", "acc", "lr")
+OPTIONAL = ("rise",)  # kept where the run logged them (the classifier's energy-rise penalty)
 KEPT = ("recipe", "task", "parameters", "train", "data", "objective", "device", "steps", "schedule")
 
 
@@ -58,11 +60,12 @@ def compact(folder: Path, rows: int) -> dict[str, Any]:
     stride = max(1, -(-len(train) // rows))
     kept = train[::stride] + ([train[-1]] if train and (len(train) - 1) % stride else [])
     config = _config(folder)
+    columns = [*COLUMNS, *(c for c in OPTIONAL if any(c in r for r in train))]
     return {"run": folder.name, "config": config,
             "threads": int(config.get("train", {}).get("threads", 1)),
             "evals": [{"step": r["step"], "time": r["time"], "eval": r["eval"]} for r in map(evals.get, sorted(evals))],
-            "train": {"columns": list(COLUMNS), "every": stride, "lines": len(train),
-                      "rows": [[r.get(c) for c in COLUMNS] for r in kept]}}
+            "train": {"columns": columns, "every": stride, "lines": len(train),
+                      "rows": [[r.get(c) for c in columns] for r in kept]}}
 
 
 @bench_args.input_errors_exit
