@@ -54,7 +54,7 @@ from .task import (
     Task,
     check_depth_range,
     check_eval_iters,
-    check_rise_weight,
+    check_nonnegative,
     check_segments,
     draw_depth,
     energy_rise,
@@ -317,7 +317,7 @@ class ClassifyTask(Task):
         check_eval_iters(self.eval_iters)
         check_segments(self.segments, self.segment_weights)
         check_depth_range("train_iters", self.train_iters)
-        check_rise_weight(self.rise_weight)
+        check_nonnegative("objective", "rise_weight", self.rise_weight)
         if self.rise_weight and self.model.layer != "hyperset":
             raise ValueError(f"objective.rise_weight needs an energy: model.layer = {self.model.layer!r} has none")
         if (isinstance(self.select_iters, bool) or not isinstance(self.select_iters, int)

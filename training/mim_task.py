@@ -48,7 +48,7 @@ from hyperset.vision.reconstruct import (
 from hyperset.vision.vq import VQConfig, VQTokenizer
 
 from .epochs import epochs_to_steps
-from .task import Task, check_eval_iters, check_segments, segment_mean, segment_outputs
+from .task import Task, check_eval_iters, check_nonnegative, check_segments, segment_mean, segment_outputs
 
 STAGES = ("tokenizer", "tokens", "decoder")
 
@@ -173,12 +173,6 @@ def _fraction(section: str, key: str, value: Any, low: float, high: float, low_o
         raise ValueError(f"{section}.{key} must be a number in {span}, got {value!r}")
 
 
-def _nonnegative(section: str, key: str, value: Any) -> None:
-    """A recipe number that is finite and >= 0, else a ValueError naming ``section.key``."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value >= 0):
-        raise ValueError(f"{section}.{key} must be a finite number >= 0, got {value!r}")
-
-
 def _split(data: MIMData) -> tuple[ImageSet, ImageSet]:
     images = load_images(data.data_dir, "train", data.image_size)
     if data.n_val >= len(images):
@@ -299,7 +293,7 @@ class DecoderTask(Task):
         _fraction("objective", "max_mask_ratio", self.max_mask_ratio, 0, 1, True, False)
         _fraction("objective", "eval_ratio", self.eval_ratio, 0, 1, True, False)
         check_eval_iters(self.eval_iters)
-        _nonnegative("objective", "codes_weight", self.codes_weight)
+        check_nonnegative("objective", "codes_weight", self.codes_weight)
         from hyperset.checkpoint import trained_iterations
         from hyperset.models import load_checkpoint
 
@@ -478,7 +472,7 @@ class TokensTask(Task):
         _fraction("objective", "eval_ratio", self.eval_ratio, 0, 1, True, False)
         _fraction("objective", "label_smoothing", self.label_smoothing, 0, 1, False, True)
         for key in ("temperature", "randomize_temp", "latent_weight"):
-            _nonnegative("objective", key, getattr(self, key))
+            check_nonnegative("objective", key, getattr(self, key))
         check_choice("objective", "schedule", self.schedule, MODES)
         check_choice("objective", "decode", self.decode, DECODINGS)
         check_eval_iters(self.eval_iters)

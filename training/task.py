@@ -139,10 +139,10 @@ def segment_outputs(model: torch.nn.Module, inputs: torch.Tensor, iters: int, se
 RISE_RTOL = 1e-5
 
 
-def check_rise_weight(value: Any) -> None:
-    """Raise a ValueError naming ``objective.rise_weight`` unless it is a finite number >= 0."""
+def check_nonnegative(section: str, key: str, value: Any) -> None:
+    """A recipe number that is finite and >= 0, else a ValueError naming ``section.key``."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value >= 0):
-        raise ValueError(f"objective.rise_weight must be a finite number >= 0 (0: off), got {value!r}")
+        raise ValueError(f"{section}.{key} must be a finite number >= 0, got {value!r}")
 
 
 def energy_rise(energy: torch.Tensor) -> torch.Tensor:
