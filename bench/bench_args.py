@@ -226,7 +226,7 @@ def model_config(name: str, sets: list[str]) -> ModelConfig:
 
 
 # the environment that changes what the library runs, and so what a benchmark measures
-CHOICE_VARIABLES = ("HYPERSET_CPU_MATMUL", "HYPERSET_CPU_PRECISION", "HYPERSET_CPU_KERNELS")
+CHOICE_VARIABLES = ("HYPERSET_CPU_MATMUL", "HYPERSET_CPU_PRECISION", "HYPERSET_CPU_KERNELS", "HYPERSET_CPU_GEMM")
 
 
 def command_line(script: str, argv: list[str] | None) -> str:

@@ -56,7 +56,7 @@ import bench_args
 import torch
 from call_timing import seconds_per_call
 
-from hyperset.accel import cpu_kernels, fused
+from hyperset.accel import cpu_gemm, cpu_kernels, fused
 from hyperset.checkpoint import atomic_write_json
 from hyperset.config import ModelConfig
 from hyperset.device import cpu_has_native_bf16, cpu_model
@@ -569,7 +569,7 @@ def machine(threads: int) -> dict[str, Any]:
             "bf16_flags": native, "simd_flags": [f for f in ("avx2", "fma", "avx512f", "amx_tile") if f in flags],
             "cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "vendor": fields.get("vendor_id"), "cpu_matmul_library": fused.cpu_matmul_library(),
-            "cpu_kernels": cpu_kernels.status(), "cpu_kernels_isa": cpu_kernels.isa(),
+            "cpu_kernels": cpu_kernels.status(), "cpu_kernels_isa": cpu_kernels.isa(), "cpu_gemm": cpu_gemm.status(),
             "isa_limits": {k: os.environ[k] for k in ISA_LIMITS if k in os.environ},
             "torch": torch.__version__, "python": platform.python_version(),
             "load_average_1min_at_start": load_average()}

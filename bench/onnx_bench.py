@@ -4,8 +4,9 @@ Each runner is stated against two ceilings measured in the same run, at this thr
 
 * the best library's: the boards/s the model's matmuls alone would allow (forward pass with the trace's energy
   matmuls, fp32, each iteration's head projections made once for the energy and the next step, as every runner
-  makes them) if each product ran at the best rate any library here reaches at it, on the whole batch or in the
-  slices of rows the runners take (each product at its fastest): PyTorch's ATen or oneDNN, numpy's BLAS, ONNX
+  makes them) if each product ran at the best rate any library here reaches at it, on the whole batch, in the
+  slices of rows the runners take or in those sized by the widest intermediate (each product at its fastest; a
+  runner's choice of rows cannot lower it): PyTorch's ATen or oneDNN, numpy's BLAS, ONNX
   Runtime's MatMul/Gemm, timed before and after the runs, the better kept (`share_of_best_library_ceiling`; the
   shapes' rates by library are in the JSON). A runner above it runs some product faster than any library call
   here (the attention maps' C kernel, fused operators) or the rates were timed under load: `above_ceiling` says so;
@@ -19,16 +20,21 @@ Loop graph carries them, hyperset.exports.export._carries). The FLOPs per board 
 square matmul is timed too, for reference. Runners:
 
     pytorch, ort_loop, ort_unrolled     as the library runs on a CPU: slices of a few boards whose activations
-                                        stay in cache (hyperset.accel.rows, 12 Sudoku boards, each through all
-                                        the iterations; the onnx solver backend's `rows`, 4 boards: ORT_SLICE_BYTES)
+                                        stay in cache (hyperset.accel.rows: 12 Sudoku boards, 50 where the
+                                        products' kernel keeps the update's wide intermediates inside it; each
+                                        through all the iterations; the onnx solver backend's `rows`, 4 boards:
+                                        ORT_SLICE_BYTES)
     *_whole_batch                       one call, every op on the whole batch
     pytorch_cpu_kernels_CHOICE          with --cpu-kernels CHOICE (auto, on, off): the sliced PyTorch runner with
                                         the attention maps' C kernel so (hyperset.accel.cpu_kernels), in the same
                                         rounds: what `auto`'s choice on this CPU is worth
+    pytorch_cpu_gemm_CHOICE             with --cpu-gemm CHOICE: the same with the products' C kernel so
+                                        (hyperset.accel.cpu_gemm; it runs only where the maps' kernel does)
 
     python bench/onnx_bench.py --threads 1      # full run: T and 4T iterations, batch 1 and the solver's CPU batch
     python bench/onnx_bench.py --quick          # a short run to check that everything works
     python bench/onnx_bench.py --threads 1 --batches 128 --cpu-kernels off   # the C kernel's worth here
+    python bench/onnx_bench.py --threads 1 --batches 128 --cpu-gemm off      # the products' kernel's worth here
 
 The model is the shipped one (`hyperset/weights/sudoku`) when present, else a randomly initialised `sudoku-cpu`
 preset with iters=24 (speed does not depend on the weights); the JSON says which. All runners compute the same
@@ -52,7 +58,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hyperset.accel import cpu_kernels
+from hyperset.accel import cpu_gemm, cpu_kernels
 from hyperset.checkpoint import atomic_write_json
 from hyperset.solve import CPU_BATCH_SIZE
 
@@ -151,7 +157,7 @@ def machine_info(threads: int) -> dict[str, Any]:
             "python": sys.version.split()[0],
             "torch": torch.__version__, "onnxruntime": rt.get("onnxruntime_version"),
             "onnxruntime_build": rt.get("build_package"), "native_bf16": cpu_has_native_bf16(),
-            "cpu_kernels": cpu_kernels.status(), "cpu_kernels_isa": cpu_kernels.isa(),
+            "cpu_kernels": cpu_kernels.status(), "cpu_kernels_isa": cpu_kernels.isa(), "cpu_gemm": cpu_gemm.status(),
             "cpu_matmul_library": fused.cpu_matmul_library(), "cpu_precision": fused.cpu_precision(),
             "load_average_at_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}
 
@@ -197,6 +203,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import flops as F
 
     import hyperset.accel.rows as accel_rows
+    from hyperset.accel import policy
     from hyperset.exports import export as E
     from hyperset.exports.runtime import OrtSession
     from hyperset.exports.solver_backend import ORT_SLICE_BYTES, OnnxSolverBackend, by_rows
@@ -206,7 +213,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     cfg = model.cfg
     iters_list = args.iters or [cfg.iters, 4 * cfg.iters]
     batches = args.batches
-    rows = accel_rows.cache_rows(cfg)
+    with torch.no_grad():  # the rows the library's own choice takes for a large batch (`Ops.slice_rows`)
+        probe = torch.zeros(1, cfg.seq_len, cfg.dim)
+        rows = policy(probe).slice_rows(cfg, 1 << 30, probe.device)
     ort_rows = accel_rows.cache_rows(cfg, ORT_SLICE_BYTES)
     report: dict[str, Any] = {
         "quick": args.quick, "machine": machine_info(args.threads), "model_source": source,
@@ -226,7 +235,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
              for k in iters_list for b in batches}
     least = {(k, b): F.roofline(F.matmuls(cfg, b, energies=True, shared_projections=True), k * cfg.n_layers, b,
                                 torch.float32, rates) for k in iters_list for b in batches}
-    slicings = {b: sorted({b, *(r for r in (rows, ort_rows) if r < b)}) for b in batches}
+    # the ceiling takes each product at its best over the runners' slices and the library's other choice of rows
+    # (slices sized by the widest intermediate, `cache_rows`), so that a runner's own choice cannot lower it
+    slicings = {b: sorted({b, *(r for r in (rows, accel_rows.cache_rows(cfg), ort_rows) if r < b)}) for b in batches}
     sliced_rows = sorted({r for v in slicings.values() for r in v})
     best, libraries = best_library_rates(F, cfg, sliced_rows, args.threads, rates)
     ceilings = {(k, b): sliced_ceiling(F, cfg, k * cfg.n_layers, b, slicings[b], best)
@@ -252,13 +263,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     report["ort_provider"] = sessions["loop"].provider
     solver_backend = OnnxSolverBackend(sessions["loop"])
 
-    def torch_run(whole: bool, kernels: str | None = None):
+    def torch_run(whole: bool, kernels: str | None = None, gemm: str | None = None):
         def go(boards: torch.Tensor, k: int) -> None:
             slice_bytes = accel_rows.SLICE_BYTES
             accel_rows.SLICE_BYTES = 1 << 62 if whole else slice_bytes
             try:
                 with torch.inference_mode(), (cpu_kernels.using_cpu_kernels(kernels) if kernels
-                                              else contextlib.nullcontext()):
+                                              else contextlib.nullcontext()), \
+                        (cpu_gemm.using_cpu_gemm(gemm) if gemm else contextlib.nullcontext()):
                     model.run(boards, iters=k, trace=True)
             finally:
                 accel_rows.SLICE_BYTES = slice_bytes
@@ -280,6 +292,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                "ort_unrolled": ort_runner("unrolled", False)}
     if args.cpu_kernels:
         runners[f"pytorch_cpu_kernels_{args.cpu_kernels}"] = torch_run(False, args.cpu_kernels)
+    if args.cpu_gemm:
+        runners[f"pytorch_cpu_gemm_{args.cpu_gemm}"] = torch_run(False, gemm=args.cpu_gemm)
     rows_out = []
     for k in iters_list:
         fpb = report["flops_per_board"][str(k)]["total"]
@@ -344,10 +358,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     report["best_library_ceiling"] = {
         "what": "boards/s if the model's matmuls (the least work: each iteration's head projections made once for "
                 "the trace's energy and the next step) ran, each product, at the best rate any library here reaches "
-                "at it on the whole batch or in any of the runners' slices of rows (PyTorch's ATen or oneDNN, "
+                "at it on the whole batch, in any of the runners' slices of rows or in those sized by the widest "
+                "intermediate (PyTorch's ATen or oneDNN, "
                 "numpy's BLAS, ONNX Runtime's MatMul/Gemm; fp32, this thread count, timed before and after the "
                 "runs, the better of the two kept) and nothing else took time; a runner above it (`above_ceiling`) "
-                "runs some product faster than any library call here (the attention maps' C kernel, fused "
+                "runs some product faster than any library call here (the C kernels, fused "
                 "operators) or the rates were timed under load",
         "libraries": libraries["names"],
         "by_iters_and_batch": [{"iters": k, "batch": b, **r} for (k, b), r in ceilings.items()],
@@ -426,6 +441,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cpu-kernels", choices=cpu_kernels.CHOICES, default=None,
                         help="also the sliced PyTorch runner with the attention maps' C kernel so, in the same rounds "
                         "(pytorch_cpu_kernels_CHOICE)")
+    parser.add_argument("--cpu-gemm", choices=cpu_gemm.CHOICES, default=None,
+                        help="also the sliced PyTorch runner with the products' C kernel so, in the same rounds "
+                        "(pytorch_cpu_gemm_CHOICE)")
     parser.add_argument("--out", type=bench_args.output_file, default=RESULTS / "onnx_bench.json")
     args = parser.parse_args(argv)
     args.repeats = args.repeats or (2 if args.quick else 5)

@@ -14,9 +14,11 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["BuildError", "cache_dir", "load"]
+__all__ = ["BuildError", "Loaded", "cache_dir", "load"]
 
 
 class BuildError(RuntimeError):
@@ -69,3 +71,24 @@ def load(source: Path, flags: tuple[str, ...]) -> ctypes.CDLL:
         return ctypes.CDLL(str(lib))
     except (OSError, subprocess.SubprocessError) as e:
         raise BuildError(f"{source.name}: {e}") from e
+
+
+class Loaded:
+    """A library that `build` compiles and loads at its first use, once per process (`get`), and why it could not
+    be had (`why_not`, set once tried)."""
+
+    def __init__(self, build: Callable[[], ctypes.CDLL]):
+        self._build = build
+        self._lib: ctypes.CDLL | None = None
+        self.why_not: str | None = None
+        self._lock = threading.Lock()
+
+    def get(self) -> ctypes.CDLL | None:
+        if self._lib is None and self.why_not is None:
+            with self._lock:
+                if self._lib is None and self.why_not is None:
+                    try:
+                        self._lib = self._build()
+                    except (OSError, RuntimeError) as e:
+                        self.why_not = str(e)
+        return self._lib

@@ -227,6 +227,10 @@ def ff_energy(X: Tensor, D: Tensor, kind: str = "relu", normalize: bool = True, 
     The ReLU energy is positively homogeneous, so the normalised one needs no normalised copy of U:
     -1/2 sum_m ReLU(u_m / rms(u))^2 = -1/2 |ReLU(u)|^2 / rms(u)^2 per token (rms with its eps)."""
     ops = policy(X)
+    if normalize and kind == "relu" and ops.relu_energy_x is not None:  # from X and D, U never written
+        energy = ops.relu_energy_x(X, D, eps)
+        if energy is not None:
+            return energy
     U = ops.matmul(X, D)
     if normalize and kind == "relu":
         if ops.relu_energy is not None:  # one pass over U at inference

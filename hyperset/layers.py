@@ -222,12 +222,25 @@ class HyperSETLayer(nn.Module):
     def attn_grad_from_projections(self, Z: Tensor, W: Tensor) -> Tensor:
         """`attn_grad` from the head projections already on their spheres, `projections(X)` (B, H, N, p): their
         gain, the attention operator, the back-projection through W."""
-        ops = policy(Z)
-        if self.cfg.attention == "bisoftmax" and ops.attention_heads is not None:  # the gain and the merge fused
-            G = ops.attention_heads(Z, self.norm_attn.weight, 1.0 / math.sqrt(Z.shape[-1]))
-        else:
-            G = merge_heads(attn_energy_grad_heads(Z * self.norm_attn.weight, self.cfg.attention, self.cfg.phi))
-        return ops.matmul(G, W.transpose(0, 1))
+        return policy(Z).matmul(self._attention_merged(Z), W.transpose(0, 1))
+
+    def _attention_merged(self, Z: Tensor) -> Tensor:
+        """The attention operator on the projections Z with their gain, heads merged (B, N, d), before the
+        back-projection."""
+        if self.cfg.attention == "bisoftmax" and policy(Z).attention_heads is not None:  # the gain and the merge fused
+            return policy(Z).attention_heads(Z, self.norm_attn.weight, 1.0 / math.sqrt(Z.shape[-1]))
+        return merge_heads(attn_energy_grad_heads(Z * self.norm_attn.weight, self.cfg.attention, self.cfg.phi))
+
+    def attn_step(self, x: Tensor, alpha: Tensor, W: Tensor) -> Tensor:
+        """x - alpha dE_ATTN/dX (eq. 9). At inference on the GEMM kernel (``Ops.step_product``) the
+        back-projection and the step are one call."""
+        ops = policy(x)
+        if ops.step_product is not None and self.cfg.attention == "bisoftmax":
+            Z = head_projections(x, W, self.cfg.heads, True, self.norm_attn.eps)
+            y = ops.step_product(x, alpha, -1.0, self._attention_merged(Z), W.transpose(0, 1))
+            if y is not None:
+                return y
+        return ops.add_scaled(x, alpha, self.attn_grad(x, W), -1.0)
 
     def ff_descent(self, X: Tensor, D: Tensor, normalize: bool = True,
                    folded: tuple[Tensor, Tensor] | None = None) -> Tensor:
@@ -270,9 +283,14 @@ class HyperSETLayer(nn.Module):
         pass's `pass_weights`."""
         alpha, gamma = steps
         W, D = self.weights(t)
-        add = policy(x).add_scaled  # a + c s v in one pass
-        y = add(x, alpha, self.attn_grad(x, W), -1.0)  # x - alpha dE_ATTN/dX
-        return add(y, gamma, self.ff_descent(y, D, folded=shared), 1.0)  # y - gamma dE_FF/dY
+        ops = policy(x)
+        y = self.attn_step(x, alpha, W)  # x - alpha dE_ATTN/dX
+        if ops.relu_update is not None and self.cfg.feedforward == "relu":  # the step in one call, at inference
+            Ds, Dg = shared if shared is not None else ops.fold_ff(D, self.norm_ff.weight)
+            out = ops.relu_update(y, gamma, Ds, Dg, self.norm_ff.eps)
+            if out is not None:
+                return out
+        return ops.add_scaled(y, gamma, self.ff_descent(y, D, folded=shared), 1.0)  # y - gamma dE_FF/dY
 
     def backtrack(self, x: Tensor, y: Tensor, t: int | Tensor | None) -> Tensor:
         """The iteration's update d = y - x scaled, per sample, by the first of 1, 1/2, ..., 2^-backtracks that

@@ -327,6 +327,7 @@ def test_cpu_inference_runs_slices_of_rows_with_the_numbers_of_the_whole_batch(m
     """Without gradients on a CPU a few rows at a time run so that they stay in cache: `run` takes each slice
     through every iteration, `frames` slices each update (and each traced energy), the torch solver backend runs
     like `run`. Logits, energies, geometry, every state and every frame equal those of the whole batch at once."""
+    from hyperset.accel import cpu_gemm
     from hyperset.backends import TorchBackend
 
     cfg = _cfg()
@@ -338,6 +339,7 @@ def test_cpu_inference_runs_slices_of_rows_with_the_numbers_of_the_whole_batch(m
     monkeypatch.setattr(layer, "step", lambda v, t, s, shared=None: calls.append(len(v)) or step(v, t, s, shared))
     widest = max(cfg.dim, cfg.ff_hidden, cfg.heads * cfg.seq_len)
     monkeypatch.setattr(accel_rows, "SLICE_BYTES", 3 * 4 * cfg.seq_len * widest)  # 3 rows per slice
+    monkeypatch.setattr(cpu_gemm, "_wanted", False)  # its slices of the state's width: test_cpu_gemm
     assert accel_rows.slice_rows(cfg, 8, torch.device("cpu")) == 0  # gradients on: the whole batch
     with torch.no_grad():
         assert accel_rows.slice_rows(cfg, 8, torch.device("cpu")) == 3

@@ -580,7 +580,7 @@ def test_a_pass_by_updates_in_slices_of_rows_reads_the_controls_energy_too(rows,
     with torch.no_grad():
         x0 = model.stem(_inputs(model.cfg, 16))
         whole = [x for _, _, x in model.core.iterate(x0, iters)]
-        monkeypatch.setattr(row_slices, "cache_rows", lambda cfg, *a: rows or 10_000)
+        monkeypatch.setattr(row_slices, "cache_rows", lambda cfg, *a, **k: rows or 10_000)
         calls.clear()
         states = [x for _, _, x in model.core.iterate(x0, iters)]
         untraced = sum(calls)

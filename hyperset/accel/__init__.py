@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from .. import device
-from . import cpu_kernels, fused, onnx_forms, reuse, rows
+from . import cpu_gemm, cpu_kernels, fused, onnx_forms, reuse, rows
 from .fused import written_out
 
 __all__ = ["Ops", "held", "policy", "written_out"]
@@ -41,13 +41,19 @@ class Ops:
     """The implementations `policy` chose for an update (read from their modules at each use); None: the reference
     math's written-out form.
 
-    matmul          a state (..., k) times a weight (k, n)
+    matmul          a state (..., k) times a weight (k, n) (on the GEMM kernel where `gemm`, at inference)
     bisoftmax_grad  dE_ATTN/dX of the normalised bi-softmax energy with its own backward pass (training)
     relu_descent    the normalised ReLU feedforward's step from folded weights, with its own backward (training)
     folded_relu     the same without gradients (returns the step first)
     relu_step       the same at inference on the C kernel (returns the step alone: ReLU and the row scale in one
                     call before the second product)
     relu_energy     the normalised ReLU energy of U = X D per sample in one pass of the C kernel, at inference
+    relu_update     the feedforward step y + gamma (its direction) in one call of the GEMM kernel (`cpu_gemm`), at
+                    inference; it returns None where that kernel cannot run it
+    step_product    x + c s (a b), a step along a state-by-weight product, in one call of the GEMM kernel at inference
+                    (None where it cannot run)
+    relu_energy_x   the normalised ReLU energy from X and D in the GEMM kernel, U never written, at inference (None
+                    where it cannot run)
     fold_ff         (D, g) -> the folded feedforward weights those two take
     attention_maps  (P + P^T) Z of the bi-softmax at inference, per (board, head) in C
     attention_energy  sum_i logsumexp_j(beta Z Z^T)_ij of the bi-softmax at inference, per (board, head) in C
@@ -68,9 +74,12 @@ class Ops:
     steps_once: bool = True
     export: bool = False
     hand_on: bool = False  # the trace's head projections to the next update
+    gemm: bool = False  # products of a state by a weight and the feedforward on the GEMM kernel (inference)
 
     @property
     def matmul(self) -> Callable[[Tensor, Tensor], Tensor]:
+        if self.gemm:
+            return _kernel_matmul[self.onednn]
         return fused.onednn_matmul if self.onednn else torch.matmul
 
     @property
@@ -92,6 +101,18 @@ class Ops:
     @property
     def relu_energy(self) -> Callable[[Tensor, float], Tensor] | None:
         return cpu_kernels.relu_energy if self.maps else None
+
+    @property
+    def relu_update(self) -> Callable[..., Tensor | None] | None:
+        return cpu_gemm.ff_update if self.gemm and self.fold else None
+
+    @property
+    def step_product(self) -> Callable[..., Tensor | None] | None:
+        return cpu_gemm.step_product if self.gemm else None
+
+    @property
+    def relu_energy_x(self) -> Callable[[Tensor, Tensor, float], Tensor | None] | None:
+        return cpu_gemm.relu_energy if self.gemm else None
 
     @property
     def fold_ff(self) -> Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]:
@@ -127,7 +148,7 @@ class Ops:
 
     def slice_rows(self, cfg: Any, batch: int, where: torch.device) -> int:
         """Rows per slice for an inference update of `batch` rows (0: the whole batch at once); see `rows`."""
-        return rows.slice_rows(cfg, batch, where)
+        return rows.slice_rows(cfg, batch, where, state_only=self.gemm and cpu_gemm.runs_update(cfg))
 
     by_rows = staticmethod(rows.by_rows)
 
@@ -149,7 +170,15 @@ def _add_scaled_written(x: Tensor, s: Tensor, v: Tensor, c: float) -> Tensor:
     return x + c * s * v
 
 
-_OPS = {key: Ops(*key) for key in itertools.product((False, True), repeat=7)}
+def _kernel_or(fallback: Callable[[Tensor, Tensor], Tensor]) -> Callable[[Tensor, Tensor], Tensor]:
+    def mm(a: Tensor, b: Tensor) -> Tensor:
+        out = cpu_gemm.matmul(a, b)
+        return fallback(a, b) if out is None else out
+    return mm
+
+
+_kernel_matmul = {True: _kernel_or(fused.onednn_matmul), False: _kernel_or(torch.matmul)}
+_OPS = {key: Ops(*key) for key in itertools.product((False, True), repeat=8)}
 _EXPORT = Ops(export=True)
 
 
@@ -195,4 +224,5 @@ def _choose(x: Tensor) -> Ops:
     cpu32 = x.is_cpu and plain and x.dtype is torch.float32
     onednn = cpu32 and fused.cpu_matmul_library() == "onednn" and not torch.compiler.is_exporting()
     maps = cpu32 and not (grad and x.requires_grad) and cpu_kernels.usable(x)
-    return _OPS[train, train or not grad, onednn, maps, on, False, on and not grad]
+    gemm = maps and on and not grad and cpu_gemm.usable(x)
+    return _OPS[train, train or not grad, onednn, maps, on, False, on and not grad, gemm]

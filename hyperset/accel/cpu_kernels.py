@@ -42,7 +42,6 @@ import contextlib
 import ctypes
 import os
 import platform
-import threading
 import warnings
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -61,9 +60,6 @@ FLAGS = ("-O3", "-std=c11", "-shared", "-fPIC")
 ISA_FLAGS = {"avx512": ("-mavx512f", "-mavx512vl", "-mavx512dq", "-mfma"), "avx2": ("-mavx2", "-mfma")}
 MAX_TOKENS = 512  # scratch per thread: three maps of N x N
 
-_lock = threading.Lock()
-_lib: ctypes.CDLL | None = None
-_why_not: str | None = None  # why the kernel could not be had, once tried
 _pools: dict[int, ThreadPoolExecutor] = {}
 
 
@@ -135,16 +131,8 @@ def _build() -> ctypes.CDLL:
     return handle
 
 
-def _library() -> ctypes.CDLL | None:
-    global _lib, _why_not
-    if _lib is None and _why_not is None:
-        with _lock:
-            if _lib is None and _why_not is None:
-                try:
-                    _lib = _build()
-                except (OSError, RuntimeError) as e:
-                    _why_not = str(e)
-    return _lib
+_loaded = cbuild.Loaded(_build)
+_library = _loaded.get
 
 
 def status() -> str:
@@ -152,7 +140,7 @@ def status() -> str:
     with AVX2 or AVX-512)", or "off (...)" with the reason it could not be built or loaded."""
     if not _wanted:
         return "off" if isa() is not None else "off (needs an x86 CPU with AVX2 or AVX-512)"
-    return "on" if _library() is not None else f"off ({_why_not})"
+    return "on" if _library() is not None else f"off ({_loaded.why_not})"
 
 
 def usable(z: Tensor) -> bool:

@@ -17,19 +17,20 @@ from torch import Tensor
 SLICE_BYTES = 2 << 20
 
 
-def cache_rows(cfg: Any, nbytes: int | None = None) -> int:
+def cache_rows(cfg: Any, nbytes: int | None = None, state_only: bool = False) -> int:
     """Rows of a batch whose widest per-update intermediate (fp32) takes about `nbytes` (default SLICE_BYTES), for
-    a model config with dim, ff_hidden, heads and seq_len."""
-    widest = max(cfg.dim, cfg.ff_hidden, cfg.heads * cfg.seq_len, 1)
+    a model config with dim, ff_hidden, heads and seq_len. `state_only`: the update's kernels write nothing wider
+    than the state (the feedforward's hidden rows and the attention maps stay inside them)."""
+    widest = cfg.dim if state_only else max(cfg.dim, cfg.ff_hidden, cfg.heads * cfg.seq_len, 1)
     return max(1, (SLICE_BYTES if nbytes is None else nbytes) // (4 * cfg.seq_len * widest))
 
 
-def slice_rows(cfg: Any, batch: int, device: torch.device) -> int:
-    """Rows per slice for an inference update of `batch` rows on `device`: 0 (the whole batch at once) on an
-    accelerator, with gradients, while tracing or compiling, or when the batch fits in one slice."""
+def slice_rows(cfg: Any, batch: int, device: torch.device, state_only: bool = False) -> int:
+    """Rows per slice for an inference update of `batch` rows on `device` (`cache_rows`): 0 (the whole batch at
+    once) on an accelerator, with gradients, while tracing or compiling, or when the batch fits in one slice."""
     if device.type != "cpu" or torch.is_grad_enabled() or torch.jit.is_tracing() or torch.compiler.is_compiling():
         return 0
-    rows = cache_rows(cfg)
+    rows = cache_rows(cfg, state_only=state_only)
     return rows if batch > rows else 0
 
 

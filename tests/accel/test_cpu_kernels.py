@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from hyperset.accel import cpu_kernels, fused
+from hyperset.accel import cpu_gemm, cpu_kernels, fused
 from hyperset.energies import attn_energy_grad_heads, merge_heads, rms_normalize, split_heads
 
 with cpu_kernels.using_cpu_kernels("on"):
@@ -316,7 +316,7 @@ def test_inference_takes_the_kernel_and_gives_the_same_logits(monkeypatch: pytes
         with cpu_kernels.using_cpu_kernels("off"):
             ref = model.run(x, trace=True)
         assert not calls and not energy_calls and not row_calls and not rms_calls
-        with cpu_kernels.using_cpu_kernels("on"):
+        with cpu_kernels.using_cpu_kernels("on"), cpu_gemm.using_cpu_gemm("off"):  # its products: test_cpu_gemm
             out = model.run(x, trace=True)
     assert len(calls) == len(energy_calls) == model.cfg.iters
     assert len(rms_calls) == model.cfg.iters + 1  # each energy's, handed to the next update; the first update's
