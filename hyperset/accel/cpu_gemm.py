@@ -25,9 +25,9 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import math
+import sys
 import threading
 import weakref
-from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -60,16 +60,10 @@ def _resolve(name: str) -> bool:
 _wanted = _resolve(env_choice("HYPERSET_CPU_GEMM", CHOICES))
 
 
-@contextlib.contextmanager
-def using_cpu_gemm(name: str) -> Iterator[bool]:
+def using_cpu_gemm(name: str) -> contextlib.AbstractContextManager[bool]:
     """The kernel on (``on``), off or as ``auto`` decides inside the block, for the whole process; yields whether
     it is wanted."""
-    global _wanted
-    before, _wanted = _wanted, _resolve(name)
-    try:
-        yield _wanted
-    finally:
-        _wanted = before
+    return cpu_kernels.switched(sys.modules[__name__], name)
 
 
 def _build() -> ctypes.CDLL:

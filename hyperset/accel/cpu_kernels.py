@@ -42,6 +42,7 @@ import contextlib
 import ctypes
 import os
 import platform
+import sys
 import warnings
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -102,15 +103,20 @@ _wanted = _resolve(env_choice("HYPERSET_CPU_KERNELS", CHOICES))
 
 
 @contextlib.contextmanager
-def using_cpu_kernels(name: str) -> Iterator[bool]:
+def switched(module: Any, name: str) -> Iterator[bool]:
+    """A kernel module's `_wanted` as its `_resolve(name)` decides, inside the block, for the whole process; yields
+    it."""
+    before, module._wanted = module._wanted, module._resolve(name)
+    try:
+        yield module._wanted
+    finally:
+        module._wanted = before
+
+
+def using_cpu_kernels(name: str) -> contextlib.AbstractContextManager[bool]:
     """The kernel on (``on``), off or as ``auto`` decides, inside the block, for the whole process (a compiled model
     made inside recompiles outside); yields whether it is wanted (``on`` off x86 or without AVX2 is off)."""
-    global _wanted
-    before, _wanted = _wanted, _resolve(name)
-    try:
-        yield _wanted
-    finally:
-        _wanted = before
+    return switched(sys.modules[__name__], name)
 
 
 def _build() -> ctypes.CDLL:
