@@ -10,6 +10,9 @@ update of a tensor; where an entry is None, the written-out form runs. What the 
   on oneDNN's GEMM on x86 CPUs not made by Intel (``$HYPERSET_CPU_MATMUL``).
 - `cpu_kernels`: the bi-softmax attention maps fused per (board, head) in a C kernel on x86 CPUs with AVX-512 or
   AVX2 (``$HYPERSET_CPU_KERNELS``), built by `hyperset.cbuild` (the C loader the rated-puzzle generator shares).
+- `cpu_gemm`: at inference on x86 CPUs with AVX2, the products of a state by a weight in a C kernel, with the
+  feedforward step, the attention step's back-projection and the trace's E_FF fused around them
+  (``$HYPERSET_CPU_GEMM``).
 - `rows`: inference on a CPU in slices of rows that stay in cache.
 - `reuse`: the trace's head projections handed to the next update at inference.
 - `onnx_forms`: the forms an ONNX export writes so that ONNX Runtime runs them fast (the same values).
