@@ -227,8 +227,9 @@ class HyperSETLayer(nn.Module):
     def _attention_merged(self, Z: Tensor) -> Tensor:
         """The attention operator on the projections Z with their gain, heads merged (B, N, d), before the
         back-projection."""
-        if self.cfg.attention == "bisoftmax" and policy(Z).attention_heads is not None:  # the gain and the merge fused
-            return policy(Z).attention_heads(Z, self.norm_attn.weight, 1.0 / math.sqrt(Z.shape[-1]))
+        heads = policy(Z).attention_heads
+        if self.cfg.attention == "bisoftmax" and heads is not None:  # the gain and the merge fused
+            return heads(Z, self.norm_attn.weight, 1.0 / math.sqrt(Z.shape[-1]))
         return merge_heads(attn_energy_grad_heads(Z * self.norm_attn.weight, self.cfg.attention, self.cfg.phi))
 
     def attn_step(self, x: Tensor, alpha: Tensor, W: Tensor) -> Tensor:

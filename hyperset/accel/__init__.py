@@ -227,5 +227,5 @@ def _choose(x: Tensor) -> Ops:
     cpu32 = x.is_cpu and plain and x.dtype is torch.float32
     onednn = cpu32 and fused.cpu_matmul_library() == "onednn" and not torch.compiler.is_exporting()
     maps = cpu32 and not (grad and x.requires_grad) and cpu_kernels.usable(x)
-    gemm = maps and on and not grad and cpu_gemm.usable(x)
+    gemm = maps and on and not grad and cpu_gemm.available()
     return _OPS[train, train or not grad, onednn, maps, on, False, on and not grad, gemm]

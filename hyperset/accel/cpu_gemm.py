@@ -17,7 +17,7 @@ The values are the written-out path's within fp32 rounding (the tests compare th
 not made by Intel (where ``hyperset.accel.cpu_kernels`` is built for AVX2 and its products run at AVX2's width), where
 bench/onnx_bench.py measured it faster than oneDNN's GEMM; ``on`` asks for it on any x86 CPU with AVX2. It is built
 with the attention maps' kernel's compiler and cache (`hyperset.cbuild`), runs on ``torch.get_num_threads()`` threads,
-and is used only where that kernel is (``hyperset.accel.cpu_kernels.usable``).
+and is used only where that kernel is, with no gradient to take (`available`).
 """
 
 from __future__ import annotations
@@ -90,11 +90,11 @@ def status() -> str:
     return "on" if _library() is not None else f"off ({_loaded.why_not})"
 
 
-def usable(x: Tensor) -> bool:
-    """Whether products of state x run in the kernel: wanted, the attention maps' kernel usable for x (fp32 on a
-    CPU, no autocast, eager or compiled), no gradient to take, and built."""
-    return (_wanted and not torch.is_grad_enabled() and not torch.compiler.is_compiling() and cpu_kernels.usable(x)
-            and _library() is not None)
+def available() -> bool:
+    """Whether the kernel may run here: wanted, not under torch.compile, and built. The policy takes it for an update
+    where also the attention maps' kernel runs (``cpu_kernels.usable``: fp32 on a CPU, no autocast) and no gradient
+    is taken."""
+    return _wanted and not torch.compiler.is_compiling() and _library() is not None
 
 
 def runs_update(cfg: object) -> bool:
