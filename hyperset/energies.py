@@ -80,10 +80,12 @@ def head_projections(X: Tensor, W: Tensor, heads: int, normalize: bool = True, e
     kept = memo.recall(X, W, heads, eps) if memo is not None else None
     if kept is not None:
         return kept
-    XW = ops.matmul(X, W)
-    if not normalize:
-        return split_heads(XW, heads)
-    Zn = ops.heads_rms(XW, heads, eps) if ops.heads_rms is not None else rms_normalize(split_heads(XW, heads), eps)
+    Zn = ops.project_heads(X, W, heads, eps) if normalize and ops.project_heads is not None else None
+    if Zn is None:
+        XW = ops.matmul(X, W)
+        if not normalize:
+            return split_heads(XW, heads)
+        Zn = ops.heads_rms(XW, heads, eps) if ops.heads_rms is not None else rms_normalize(split_heads(XW, heads), eps)
     if memo is not None:
         memo.remember(X, W, heads, eps, Zn)
     return Zn

@@ -63,6 +63,7 @@ class Ops:
     attention_heads the attention step's merge((P + P^T) (Z g)) from head-major projections and the gain, in one
                     C call, at inference (no gradient)
     heads_rms       the head projections of X W on their spheres, head-major, in one C pass, at inference
+    project_heads   X W and `heads_rms` in one call of the GEMM kernel, at inference (None where it cannot run)
     steps_once      whether step sizes that do not depend on t may be made once per pass under gradients
     add_scaled      x + c s v for a step s (tensor) along v, c a number: one pass (torch.addcmul, the same values as
                     written out), written out in an export
@@ -136,6 +137,10 @@ class Ops:
     @property
     def heads_rms(self) -> Callable[[Tensor, int, float], Tensor] | None:
         return cpu_kernels.heads_rms if self.maps and self.hand_on else None
+
+    @property
+    def project_heads(self) -> Callable[[Tensor, Tensor, int, float], Tensor | None] | None:
+        return cpu_gemm.project_heads if self.gemm and self.hand_on else None
 
     @property
     def add_scaled(self) -> Callable[[Tensor, Tensor, Tensor, float], Tensor]:

@@ -10,7 +10,8 @@ weight once into panels of 16 columns and sums tiles of 6 rows x 16 columns in r
   its product is summed;
 - `ff_update`: the feedforward step y + gamma * (r ReLU(y D s)) (D |g|)^T (``HyperSETLayer.update``) for a block of
   rows at a time, the hidden row kept in the core's cache between the two products, the step added as it is stored;
-- `relu_energy`: the trace's E_FF of x from x and D, the hidden tensor never written.
+- `relu_energy`: the trace's E_FF of x from x and D, the hidden tensor never written;
+- `project_heads`: the head projections X W put on their spheres, head-major, as a block of rows of X W is summed.
 
 The values are the written-out path's within fp32 rounding (the tests compare them). Which: ``$HYPERSET_CPU_GEMM``
 (auto, on, off) or `using_cpu_gemm`; ``auto`` (the default) uses it on x86 CPUs whose widest vectors are AVX2's and
@@ -73,7 +74,8 @@ def _build() -> ctypes.CDLL:
     handle.hs_gemm.argtypes = [i64, i64, i64, i64, ptr, ptr, ptr, ptr, i64, ptr, f32]
     handle.hs_ff_update.argtypes = [i64, i64, i64, i64, f32, ptr, ptr, ptr, ptr, i64, ptr]
     handle.hs_relu_energy.argtypes = [i64, i64, i64, i64, i64, f32, ptr, ptr, ptr]
-    for fn in (handle.hs_pack, handle.hs_gemm, handle.hs_ff_update, handle.hs_relu_energy):
+    handle.hs_gemm_heads.argtypes = [i64, i64, i64, i64, ptr, ptr, i64, i64, f32, ptr]
+    for fn in (handle.hs_pack, handle.hs_gemm, handle.hs_ff_update, handle.hs_relu_energy, handle.hs_gemm_heads):
         fn.restype = ctypes.c_int
     return handle
 
@@ -213,16 +215,35 @@ def _relu_energy_fake(x: Tensor, D: Tensor, eps: float) -> Tensor:
     return x.new_empty(x.shape[0])
 
 
+def _project_heads(x: Tensor, w: Tensor, heads: int, eps: float) -> Tensor:
+    x = x.contiguous()
+    b, n, k = x.shape
+    Zn, wp = x.new_empty(b, heads, n, w.shape[1] // heads), _weight_panels(w)
+    cpu_kernels._run(_library().hs_gemm_heads, b * n, w.shape[1], k, x.data_ptr(), wp.data_ptr(), n, heads, eps,
+                     Zn.data_ptr())
+    return Zn
+
+
+def _project_heads_fake(x: Tensor, w: Tensor, heads: int, eps: float) -> Tensor:
+    return x.new_empty(x.shape[0], heads, x.shape[1], w.shape[1] // heads)
+
+
 define_op("gemm", "(Tensor a, Tensor b) -> Tensor", _matmul, _matmul_fake)
 define_op("step_product", "(Tensor x, Tensor s, float c, Tensor a, Tensor b) -> Tensor", _step_product,
           _step_product_fake)
 define_op("ff_update", "(Tensor y, Tensor s, Tensor Ds, Tensor Dg, float eps) -> Tensor", _ff_update, _ff_update_fake)
 define_op("relu_energy_x", "(Tensor x, Tensor D, float eps) -> Tensor", _relu_energy, _relu_energy_fake)
+define_op("project_heads", "(Tensor x, Tensor w, int heads, float eps) -> Tensor", _project_heads, _project_heads_fake)
 
 
 @register_flop_formula(torch.ops.hyperset.gemm)
 def _gemm_flops(a_shape: torch.Size, b_shape: torch.Size, *args, out_shape=None, **kwargs) -> int:
     return 2 * math.prod(a_shape) * b_shape[1]
+
+
+@register_flop_formula(torch.ops.hyperset.project_heads)
+def _project_heads_flops(x_shape: torch.Size, w_shape: torch.Size, *args, out_shape=None, **kwargs) -> int:
+    return _gemm_flops(x_shape, w_shape)
 
 
 @register_flop_formula(torch.ops.hyperset.step_product)
@@ -277,3 +298,11 @@ def relu_energy(x: Tensor, D: Tensor, eps: float) -> Tensor | None:
     if x.dim() != 3 or not _fits(x, D) or x.shape[-1] != D.shape[0]:
         return None
     return torch.ops.hyperset.relu_energy_x(x, D, float(eps))
+
+
+def project_heads(x: Tensor, w: Tensor, heads: int, eps: float) -> Tensor | None:
+    """The head projections of x (B, N, d) by w (d, n) on their spheres, (B, heads, N, n / heads): each head's row z
+    of x w as z / sqrt(mean(z^2) + eps), in one call; None where the kernel cannot run it."""
+    if x.dim() != 3 or not _fits(x, w) or x.shape[-1] != w.shape[0] or w.shape[1] % heads:
+        return None
+    return torch.ops.hyperset.project_heads(x, w, int(heads), float(eps))

@@ -107,6 +107,24 @@ def test_the_feedforward_energy_from_x_equals_the_written_out_energy(boards: int
 
 
 @needs_kernel
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(("boards", "n", "d", "width", "heads"),
+                         [(3, 81, 128, 128, 4), (2, 5, 16, 48, 4), (4, 13, 32, 32, 1), (2, 30, 24, 80, 5)])
+def test_the_head_projections_equal_the_written_out_ones(boards: int, n: int, d: int, width: int, heads: int,
+                                                          threads: int) -> None:
+    """X W put on the heads' spheres, head-major, with heads whose width fills whole vectors and ones that leave a
+    tail (12 and 16 values); rows of one board split across the threads' shares and the kernel's blocks."""
+    gen = torch.Generator().manual_seed(n * d + width + heads)
+    x, w = torch.randn(boards, n, d, generator=gen), torch.randn(d, width, generator=gen)
+    with _kernel(threads):
+        z = cpu_gemm.project_heads(x, w, heads, 1e-6)
+        assert cpu_gemm.project_heads(x, w, width + 1, 1e-6) is None  # heads that do not divide the width
+    u = (x.double() @ w.double()).view(boards, n, heads, -1).transpose(1, 2)
+    exact = u / torch.sqrt(u.square().mean(-1, keepdim=True) + 1e-6)
+    assert z.shape == (boards, heads, n, width // heads) and _rel(z, exact) <= 2e-6
+
+
+@needs_kernel
 def test_a_weight_changed_in_place_is_packed_again() -> None:
     a = torch.randn(6, 16)
     w = torch.nn.Parameter(torch.randn(16, 32))
@@ -141,8 +159,10 @@ def test_a_pass_with_the_kernel_gives_the_passs_logits_and_energies_without_it(d
             runs[on] = model.run(boards, iters=8, trace=True)
         calls[on] = {e.key for e in prof.key_averages() if e.key.startswith("hyperset::")}
     fits = dim % 16 == 0 and ff_hidden % 16 == 0
-    assert ({"hyperset::ff_update", "hyperset::relu_energy_x", "hyperset::step_product"} <= calls["on"]) is fits
-    assert not any(name in calls["off"] for name in ("hyperset::ff_update", "hyperset::gemm"))
+    fused_ops = {"hyperset::ff_update", "hyperset::relu_energy_x", "hyperset::step_product", "hyperset::project_heads"}
+    assert (fused_ops <= calls["on"]) is fits
+    assert ("hyperset::heads_rms" in calls["on"]) is not fits  # the projections' own pass only where they do not fit
+    assert not calls["off"] & {"hyperset::ff_update", "hyperset::gemm", "hyperset::project_heads"}
     on, off = runs["on"], runs["off"]
     torch.testing.assert_close(on.logits, off.logits, rtol=1e-4, atol=1e-4)
     for key in ("attn", "ff"):

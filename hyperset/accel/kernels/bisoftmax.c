@@ -223,8 +223,10 @@ static void tile_rows(int R, int64_t k1, const float *a, int64_t lda, const floa
 }
 
 /* C (m x n, leading dimension ldc) = A B [+ A2 B2]; A (m x k1), B (k1 x n), A2 (m x k2), B2 (k2 x n). With
- * `upper`, for a symmetric C: only the blocks of 2 VL columns at and right of the diagonal, each from row 0 to its
- * last column (every entry C_ij with j >= i; some below the diagonal) */
+ * `upper`, for a symmetric C (m = n): only the blocks of 2 VL columns at and right of the diagonal, each from row 0
+ * to its last column (every entry C_ij with j >= i; some below the diagonal). A last block narrower than VL columns
+ * (81 tokens: one) is made from its rows across every column instead, and its columns above them copied from those
+ * rows: a few rows of tiles rather than a tile per 2 VL rows of C that would be mostly empty columns. */
 static void gemm(int64_t m, int64_t n, int64_t k1, const float *a, int64_t lda, const float *b, int64_t ldb,
                  int64_t k2, const float *a2, int64_t lda2, const float *b2, int64_t ldb2, float *c, int64_t ldc,
                  int upper)
@@ -232,6 +234,21 @@ static void gemm(int64_t m, int64_t n, int64_t k1, const float *a, int64_t lda, 
     for (int64_t j = 0; j < n; j += 2 * VL) {
         vmask m0 = lanes(n - j), m1 = lanes(n - j - VL);
         int64_t i = 0, rows = upper && j + 2 * VL < m ? j + 2 * VL : m;
+        if (upper && j > 0 && n - j < VL) {
+            for (int64_t q = 0; q < n; q += 2 * VL)
+                for (int64_t r = j; r < m; r += RMAX) {
+                    vmask q0 = lanes(n - q), q1 = lanes(n - q - VL);
+                    if (m - r >= RMAX)
+                        tile(RMAX, k1, a + r * lda, lda, b + q, ldb, k2, a2 + r * lda2, lda2, b2 + q, ldb2,
+                             c + r * ldc + q, ldc, q0, q1);
+                    else
+                        tile_rows((int)(m - r), k1, a + r * lda, lda, b + q, ldb, k2, a2 + r * lda2, lda2, b2 + q,
+                                  ldb2, c + r * ldc + q, ldc, q0, q1);
+                }
+            for (int64_t r = 0; r < j; r++)
+                for (int64_t q = j; q < n; q++) c[r * ldc + q] = c[q * ldc + r];
+            break;
+        }
         for (; i + RMAX <= rows; i += RMAX)
             tile(RMAX, k1, a + i * lda, lda, b + j, ldb, k2, a2 + i * lda2, lda2, b2 + j, ldb2, c + i * ldc + j,
                  ldc, m0, m1);

@@ -11,6 +11,8 @@
  *                   core's cache between the two products
  *   hs_relu_energy: E[b] = -1/2 sum_i |ReLU(u_i)|^2 / (mean(u_i^2) + eps), u_i = x_i D over the rows of board b: the
  *                   normalised ReLU energy, U never written
+ *   hs_gemm_heads:  the head projections of A B on their spheres, head-major (each head's row z as
+ *                   z / sqrt(mean(z^2) + eps)), a block of rows of A B kept in the core's cache until they are written
  * The matrices are contiguous (row-major).
  */
 #include <immintrin.h>
@@ -54,6 +56,11 @@ static inline __attribute__((always_inline)) void panel_tile_r(const int R, int6
                                                                const float *s, int64_t lds, const float *x, float cs)
 {
     __m256 acc0[RT], acc1[RT];
+    if (s) /* the step's operands, one line per row each, on their way while the tile is summed */
+        _Pragma("GCC unroll 6") for (int r = 0; r < R; r++) {
+            _mm_prefetch((const char *)(s + r * lds), _MM_HINT_T0);
+            _mm_prefetch((const char *)(x + r * ldc), _MM_HINT_T0);
+        }
     TILE_SUM(R, k, a, lda, bp, acc0, acc1);
     __m256 vc = _mm256_set1_ps(cs);
     _Pragma("GCC unroll 6") for (int r = 0; r < R; r++) {
@@ -175,5 +182,40 @@ int hs_relu_energy(int64_t b0, int64_t b1, int64_t n, int64_t d, int64_t M, floa
         }
         E[b] = (float)(-0.5 * total);
     }
+    return 0;
+}
+
+/* Zn = the head projections of A B on their spheres, head-major: row m = b tokens + i of A B holds `heads` heads of
+ * p = n / heads values, and head h of it goes to Zn + ((b heads + h) tokens + i) p as z / sqrt(mean(z^2) + eps) */
+int hs_gemm_heads(int64_t m0, int64_t m1, int64_t n, int64_t k, const float *A, const float *Bp, int64_t tokens,
+                  int64_t heads, float eps, float *Zn)
+{
+    int64_t p = n / heads;
+    float *c = aligned_alloc(64, (size_t)(RB * n) * sizeof(float));
+    if (!c) return 1;
+    for (int64_t i = m0; i < m1; i += RB) {
+        int64_t rows = m1 - i < RB ? m1 - i : RB;
+        block_product(rows, n, k, A + i * k, k, Bp, c, NULL, 0, NULL, 0.0f);
+        for (int64_t r = 0; r < rows; r++) {
+            int64_t b = (i + r) / tokens, t = (i + r) % tokens;
+            for (int64_t h = 0; h < heads; h++) {
+                const float *z = c + r * n + h * p;
+                float *out = Zn + ((b * heads + h) * tokens + t) * p;
+                __m256 acc = _mm256_setzero_ps();
+                int64_t q = 0;
+                for (; q + 8 <= p; q += 8) {
+                    __m256 v = _mm256_loadu_ps(z + q);
+                    acc = _mm256_fmadd_ps(v, v, acc);
+                }
+                float sq = hsum(acc);
+                for (int64_t e = q; e < p; e++) sq += z[e] * z[e];
+                float scale = 1.0f / sqrtf(sq / (float)p + eps);
+                __m256 vs = _mm256_set1_ps(scale);
+                for (q = 0; q + 8 <= p; q += 8) _mm256_storeu_ps(out + q, _mm256_mul_ps(_mm256_loadu_ps(z + q), vs));
+                for (; q < p; q++) out[q] = z[q] * scale;
+            }
+        }
+    }
+    free(c);
     return 0;
 }
