@@ -157,7 +157,8 @@ def _matmul(a: Tensor, b: Tensor) -> Tensor:
     k, n = b.shape
     rows = a.numel() // k
     out, bp = a.new_empty(*a.shape[:-1], n), _weight_panels(b)
-    cpu_kernels._run(_library().hs_gemm, rows, n, k, a.data_ptr(), bp.data_ptr(), out.data_ptr(), None, 0, None, 0.0)
+    cpu_kernels._run(_library().hs_gemm, rows, n, k, a.data_ptr(), bp.data_ptr(), out.data_ptr(), None, 0, None, 0.0,
+                     per_item=n * k)
     return out
 
 
@@ -181,7 +182,7 @@ def _ff_update(y: Tensor, s: Tensor, Ds: Tensor, Dg: Tensor, eps: float) -> Tens
     s = _rows_of(s, d)
     out, first, second = torch.empty_like(y), packed(Ds), packed(Dg, transposed=True)  # held
     cpu_kernels._run(_library().hs_ff_update, y.numel() // d, d, m, eps, y.data_ptr(), first.data_ptr(),
-                     second.data_ptr(), s.data_ptr(), s.stride(0), out.data_ptr())
+                     second.data_ptr(), s.data_ptr(), s.stride(0), out.data_ptr(), per_item=2 * d * m)
     return out
 
 
@@ -191,7 +192,7 @@ def _step_product(x: Tensor, s: Tensor, c: float, a: Tensor, b: Tensor) -> Tenso
     s = _rows_of(s, n)
     out, bp = torch.empty_like(x), _weight_panels(b)
     cpu_kernels._run(_library().hs_gemm, a.numel() // k, n, k, a.data_ptr(), bp.data_ptr(), out.data_ptr(),
-                     s.data_ptr(), s.stride(0), x.data_ptr(), c)
+                     s.data_ptr(), s.stride(0), x.data_ptr(), c, per_item=n * k)
     return out
 
 
@@ -207,7 +208,8 @@ def _relu_energy(x: Tensor, D: Tensor, eps: float) -> Tensor:
     x = x.contiguous()
     b, n, d = x.shape
     E, Dp = x.new_empty(b), _weight_panels(D)
-    cpu_kernels._run(_library().hs_relu_energy, b, n, d, D.shape[1], eps, x.data_ptr(), Dp.data_ptr(), E.data_ptr())
+    cpu_kernels._run(_library().hs_relu_energy, b, n, d, D.shape[1], eps, x.data_ptr(), Dp.data_ptr(), E.data_ptr(),
+                     per_item=n * d * D.shape[1])
     return E
 
 
@@ -220,7 +222,7 @@ def _project_heads(x: Tensor, w: Tensor, heads: int, eps: float) -> Tensor:
     b, n, k = x.shape
     Zn, wp = x.new_empty(b, heads, n, w.shape[1] // heads), _weight_panels(w)
     cpu_kernels._run(_library().hs_gemm_heads, b * n, w.shape[1], k, x.data_ptr(), wp.data_ptr(), n, heads, eps,
-                     Zn.data_ptr())
+                     Zn.data_ptr(), per_item=w.shape[1] * k)
     return Zn
 
 

@@ -60,6 +60,7 @@ SOURCE = Path(__file__).with_name("kernels") / "bisoftmax.c"
 FLAGS = ("-O3", "-std=c11", "-shared", "-fPIC")
 ISA_FLAGS = {"avx512": ("-mavx512f", "-mavx512vl", "-mavx512dq", "-mfma"), "avx2": ("-mavx2", "-mfma")}
 MAX_TOKENS = 512  # scratch per thread: three maps of N x N
+MIN_SHARE = 2 << 20  # multiply-adds: the least share of a call handed to another thread
 
 _pools: dict[int, ThreadPoolExecutor] = {}
 
@@ -158,9 +159,18 @@ def usable(z: Tensor) -> bool:
             and not torch.compiler.is_exporting() and eager_or_compiled() and _library() is not None)
 
 
-def _run(fn, batch: int, *args) -> None:
-    """fn(b0, b1, *args) over the batch, on torch.get_num_threads() threads (ctypes lets go of the GIL)."""
+def threads_for(batch: int, per_item: int) -> int:
+    """How many of torch.get_num_threads() threads a kernel call over `batch` items of `per_item` multiply-adds each
+    takes: no more than the items, and each thread's share at least MIN_SHARE (handing a share to another thread
+    costs tens of microseconds, a board's product of its state by a 128 x 128 weight about as much)."""
     threads = min(torch.get_num_threads(), batch)
+    return max(1, min(threads, batch * per_item // MIN_SHARE)) if MIN_SHARE else max(1, threads)
+
+
+def _run(fn, batch: int, *args, per_item: int) -> None:
+    """fn(b0, b1, *args) over the batch, on `threads_for(batch, per_item)` threads (ctypes lets go of the GIL);
+    per_item: an item's multiply-adds, 8 for each value an elementwise pass reads."""
+    threads = threads_for(batch, per_item)
     if threads <= 1:
         failed = fn(0, batch, *args) != 0
     else:
@@ -188,7 +198,8 @@ def _maps(z: Tensor, beta: float) -> tuple[Tensor, Tensor]:
     z = z.contiguous()
     b, n, p = z.shape
     P, G = z.new_empty(b, n, n), torch.empty_like(z)
-    _run(_library().hs_bisoftmax_forward, b, n, p, beta, z.data_ptr(), P.data_ptr(), G.data_ptr())
+    _run(_library().hs_bisoftmax_forward, b, n, p, beta, z.data_ptr(), P.data_ptr(), G.data_ptr(),
+         per_item=3 * n * n * p)
     return P, G
 
 
@@ -201,7 +212,8 @@ def _maps_backward(z: Tensor, P: Tensor, dG: Tensor, beta: float) -> Tensor:
     z, P, dG = z.contiguous(), P.contiguous(), dG.contiguous()
     b, n, p = z.shape
     dz = torch.empty_like(z)
-    _run(_library().hs_bisoftmax_backward, b, n, p, beta, z.data_ptr(), P.data_ptr(), dG.data_ptr(), dz.data_ptr())
+    _run(_library().hs_bisoftmax_backward, b, n, p, beta, z.data_ptr(), P.data_ptr(), dG.data_ptr(), dz.data_ptr(),
+         per_item=5 * n * n * p)
     return dz
 
 
@@ -209,16 +221,16 @@ def _attention(z: Tensor, beta: float) -> Tensor:
     z = z.contiguous()
     b, n, p = z.shape
     G = torch.empty_like(z)
-    _run(_library().hs_bisoftmax_forward, b, n, p, beta, z.data_ptr(), None, G.data_ptr())
+    _run(_library().hs_bisoftmax_forward, b, n, p, beta, z.data_ptr(), None, G.data_ptr(), per_item=3 * n * n * p)
     return G
 
 
-def _per_sample(kernel: str, x: Tensor, scalar: float) -> Tensor:
+def _per_sample(kernel: str, x: Tensor, scalar: float, per_item: int) -> Tensor:
     """A kernel's number per sample of x (B, N, width): kernel(b0, b1, N, width, scalar, x, out)."""
     x = x.contiguous()
     b, n, width = x.shape
     E = x.new_empty(b)
-    _run(getattr(_library(), kernel), b, n, width, scalar, x.data_ptr(), E.data_ptr())
+    _run(getattr(_library(), kernel), b, n, width, scalar, x.data_ptr(), E.data_ptr(), per_item=per_item)
     return E
 
 
@@ -227,19 +239,20 @@ def _per_sample_fake(x: Tensor, scalar: float) -> Tensor:
 
 
 def _energy(z: Tensor, beta: float) -> Tensor:
-    return _per_sample("hs_bisoftmax_energy", z, beta)
+    n, p = z.shape[-2:]
+    return _per_sample("hs_bisoftmax_energy", z, beta, n * n * p)
 
 
 def _relu_rms(u: Tensor, eps: float) -> Tensor:
     u = u.contiguous()
     m = u.shape[-1]
     V = torch.empty_like(u)
-    _run(_library().hs_relu_rms_rows, u.numel() // m, m, eps, u.data_ptr(), V.data_ptr())
+    _run(_library().hs_relu_rms_rows, u.numel() // m, m, eps, u.data_ptr(), V.data_ptr(), per_item=8 * m)
     return V
 
 
 def _relu_energy(u: Tensor, eps: float) -> Tensor:
-    return _per_sample("hs_relu_energy", u, eps)
+    return _per_sample("hs_relu_energy", u, eps, 8 * u.shape[-2] * u.shape[-1])
 
 
 def _like_z(z: Tensor, *args: Any) -> Tensor:
@@ -250,7 +263,8 @@ def _attention_heads(zn: Tensor, g: Tensor, beta: float) -> Tensor:
     zn, g = zn.contiguous(), g.contiguous()
     b, h, n, p = zn.shape
     Gm = zn.new_empty(b, n, h * p)
-    _run(_library().hs_bisoftmax_attention_heads, b * h, n, p, h, beta, zn.data_ptr(), g.data_ptr(), Gm.data_ptr())
+    _run(_library().hs_bisoftmax_attention_heads, b * h, n, p, h, beta, zn.data_ptr(), g.data_ptr(), Gm.data_ptr(),
+         per_item=3 * n * n * p)
     return Gm
 
 
@@ -263,7 +277,7 @@ def _heads_rms(xw: Tensor, heads: int, eps: float) -> Tensor:
     xw = xw.contiguous()
     b, n, d = xw.shape
     Zn = xw.new_empty(b, heads, n, d // heads)
-    _run(_library().hs_heads_rms, b, n, heads, d // heads, eps, xw.data_ptr(), Zn.data_ptr())
+    _run(_library().hs_heads_rms, b, n, heads, d // heads, eps, xw.data_ptr(), Zn.data_ptr(), per_item=8 * n * d)
     return Zn
 
 

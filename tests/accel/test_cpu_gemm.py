@@ -23,13 +23,15 @@ needs_kernel = pytest.mark.skipif(HERE != "on", reason=f"the kernel cannot run h
 
 @contextlib.contextmanager
 def _kernel(threads: int, on: str = "on") -> Iterator[None]:
-    before = torch.get_num_threads()
+    before, share = torch.get_num_threads(), cpu_kernels.MIN_SHARE
     torch.set_num_threads(threads)
+    cpu_kernels.MIN_SHARE = 0  # every call split across the threads, however small
     try:
         with cpu_kernels.using_cpu_kernels("on"), cpu_gemm.using_cpu_gemm(on), torch.inference_mode():
             yield
     finally:
         torch.set_num_threads(before)
+        cpu_kernels.MIN_SHARE = share
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -37,13 +37,15 @@ def _maps_backward(z: torch.Tensor, P: torch.Tensor, dG: torch.Tensor, beta: flo
 @contextlib.contextmanager
 def _kernel_on(threads: int) -> Iterator[None]:
     """The kernel on, PyTorch (and so the kernel) on `threads` threads, inside the block."""
-    before = torch.get_num_threads()
+    before, share = torch.get_num_threads(), cpu_kernels.MIN_SHARE
     torch.set_num_threads(threads)
+    cpu_kernels.MIN_SHARE = 0  # every call split across the threads, however small
     try:
         with cpu_kernels.using_cpu_kernels("on"):
             yield
     finally:
         torch.set_num_threads(before)
+        cpu_kernels.MIN_SHARE = share
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -328,3 +330,19 @@ def test_inference_takes_the_kernel_and_gives_the_same_logits(monkeypatch: pytes
     with cpu_kernels.using_cpu_kernels("on"):
         attn_energy_grad_heads(z).sum().backward()
     assert len(calls) == model.cfg.iters and z.grad is not None
+
+
+def test_a_call_is_split_across_threads_only_where_each_share_is_worth_a_hand_off() -> None:
+    """One board's product by a 128 x 128 weight stays on one thread; a batch's, or one board's feedforward step,
+    goes to both; never more threads than items, and one thread where PyTorch has one."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert cpu_kernels.threads_for(81, 128 * 128) == 1
+        assert cpu_kernels.threads_for(128 * 81, 128 * 128) == 2
+        assert cpu_kernels.threads_for(81, 2 * 128 * 512) == 2
+        assert cpu_kernels.threads_for(1, 10**9) == 1
+        torch.set_num_threads(1)
+        assert cpu_kernels.threads_for(128 * 81, 128 * 128) == 1
+    finally:
+        torch.set_num_threads(before)
