@@ -164,7 +164,9 @@ def threads_for(batch: int, per_item: int) -> int:
     takes: no more than the items, and each thread's share at least MIN_SHARE (handing a share to another thread
     costs tens of microseconds, a board's product of its state by a 128 x 128 weight about as much)."""
     threads = min(torch.get_num_threads(), batch)
-    return max(1, min(threads, batch * per_item // MIN_SHARE)) if MIN_SHARE else max(1, threads)
+    if MIN_SHARE:
+        threads = min(threads, batch * per_item // MIN_SHARE)
+    return max(1, threads)
 
 
 def _run(fn, batch: int, *args, per_item: int) -> None:
@@ -225,12 +227,13 @@ def _attention(z: Tensor, beta: float) -> Tensor:
     return G
 
 
-def _per_sample(kernel: str, x: Tensor, scalar: float, per_item: int) -> Tensor:
-    """A kernel's number per sample of x (B, N, width): kernel(b0, b1, N, width, scalar, x, out)."""
+def _per_sample(kernel: str, x: Tensor, scalar: float, per_value: int) -> Tensor:
+    """A kernel's number per sample of x (B, N, width): kernel(b0, b1, N, width, scalar, x, out); per_value: its
+    multiply-adds per value of x."""
     x = x.contiguous()
     b, n, width = x.shape
     E = x.new_empty(b)
-    _run(getattr(_library(), kernel), b, n, width, scalar, x.data_ptr(), E.data_ptr(), per_item=per_item)
+    _run(getattr(_library(), kernel), b, n, width, scalar, x.data_ptr(), E.data_ptr(), per_item=per_value * n * width)
     return E
 
 
@@ -239,8 +242,7 @@ def _per_sample_fake(x: Tensor, scalar: float) -> Tensor:
 
 
 def _energy(z: Tensor, beta: float) -> Tensor:
-    n, p = z.shape[-2:]
-    return _per_sample("hs_bisoftmax_energy", z, beta, n * n * p)
+    return _per_sample("hs_bisoftmax_energy", z, beta, z.shape[-2])
 
 
 def _relu_rms(u: Tensor, eps: float) -> Tensor:
@@ -252,7 +254,7 @@ def _relu_rms(u: Tensor, eps: float) -> Tensor:
 
 
 def _relu_energy(u: Tensor, eps: float) -> Tensor:
-    return _per_sample("hs_relu_energy", u, eps, 8 * u.shape[-2] * u.shape[-1])
+    return _per_sample("hs_relu_energy", u, eps, 8)
 
 
 def _like_z(z: Tensor, *args: Any) -> Tensor:
