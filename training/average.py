@@ -1,0 +1,67 @@
+"""`hyperset-train average`: the weighted mean of the weights of checkpoints of one model (a weight-space ensemble),
+written as a new checkpoint.
+
+Checkpoints that continue one another (a fine-tune and its start, two fine-tunes of one model) usually lie in one
+basin of the loss, where the mean of their weights is a model as good as either or better. The checkpoints must
+have the same task, weights and shapes; the first one's model settings (its step-length control, say) are kept,
+and config.json records what was averaged, with which weights.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hyperset.checkpoint import CheckpointError, checkpoint_dir, read_config
+from hyperset.models import load_checkpoint, save_checkpoint
+
+# the first checkpoint's config.json entries kept for the mean: what it is, what it was trained on and how
+KEPT_INFO = ("task", "recipe", "train", "data", "objective", "trained_iterations", "solve_iterations",
+             "search_iterations")
+
+
+def average_checkpoints(paths: list[str], weights: list[float] | None = None,
+                        device: torch.device | str = "cpu") -> tuple[torch.nn.Module, dict[str, Any]]:
+    """The first checkpoint's model holding the weighted mean of every checkpoint's weights (equal weights by
+    default; computed in float64 on `device`), and the config.json entries to save with it."""
+    if len(paths) < 2:
+        raise ValueError(f"averaging needs at least two checkpoints, got {len(paths)}")
+    weights = [1.0] * len(paths) if not weights else list(weights)
+    if len(weights) != len(paths):
+        raise ValueError(f"{len(weights)} weights for {len(paths)} checkpoints: give one --weight per checkpoint")
+    if not all(0 < w < float("inf") for w in weights):
+        raise ValueError(f"the weights must be positive finite numbers, got {weights}")
+    total = sum(weights)
+    models = []
+    for path in paths:
+        model, _ = load_checkpoint(path, map_location=device, dtype=torch.float64)
+        models.append(model)
+    first = models[0]
+    ref = first.state_dict()
+    for path, model in zip(paths[1:], models[1:]):
+        if model.cfg.task != first.cfg.task:
+            raise ValueError(f"{path} is a {model.cfg.task} model, {paths[0]} a {first.cfg.task} model")
+        state = model.state_dict()
+        if state.keys() != ref.keys() or any(state[k].shape != ref[k].shape for k in ref):
+            odd = sorted(set(state) ^ set(ref)) or [k for k in ref if state[k].shape != ref[k].shape]
+            raise ValueError(f"{path} does not have the weights of {paths[0]} (differs at {', '.join(odd[:3])})")
+    mean = {k: sum(m.state_dict()[k] * (w / total) for m, w in zip(models, weights)) if v.is_floating_point()
+            else v for k, v in ref.items()}
+    first.load_state_dict(mean)
+    first = first.float().cpu()
+    config = read_config(checkpoint_dir(paths[0]))
+    info = {k: config[k] for k in KEPT_INFO if k in config}
+    info["averaged_from"] = [{"checkpoint": str(p), "weight": w / total} for p, w in zip(paths, weights)]
+    return first, info
+
+
+def average(paths: list[str], out: Path, weights: list[float] | None = None,
+            device: torch.device | str = "cpu") -> tuple[Path, dict[str, Any]]:
+    """Write the mean of `paths` (weighted) to `out`, a new or empty folder; the folder and its config.json
+    entries."""
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise CheckpointError(f"{out} already holds files: write the mean to a new folder")
+    model, info = average_checkpoints(paths, weights, device)
+    return save_checkpoint(out, model, info), info
