@@ -201,17 +201,27 @@ def _run_to_deadline(task: Any, recipe: dict[str, Any], run: Path, device: torch
     steps = report["planned_steps"] = plan_steps(warmup, left, cal["seconds_per_step"], overhead)
     say(f"{cal['seconds_per_step']:.3f} s a step at batch {cal['batch_size']} (compiled: {cal['compile']}); "
         f"{steps} steps in all for the {left:.0f} s left")
-    cfg = _settings(recipe, device, threads, steps=max(steps, warmup), warmup_steps=warmup,
-                    eval_every=math.ceil(steps / 4))
+    if steps <= warmup:
+        return _saved(run, finished=True)
+    cfg = _settings(recipe, device, threads, steps=steps, warmup_steps=warmup, eval_every=math.ceil(steps / 4))
     report["train"] = dataclasses.asdict(cfg)
     stop = threading.Timer(max(0.0, deadline - MARGIN_SECONDS - time.monotonic()),
                            lambda: os.kill(os.getpid(), signal.SIGINT))
     stop.daemon = True
     stop.start()
-    try:  # with no steps left to train, the resumed run only reads its state back
+    try:
         return Trainer(task, cfg, run, device=str(device), resume=True, recipe_name=RECIPE, quiet=True).fit()
+    except KeyboardInterrupt:  # the deadline came before the trainer took the signal over: last/ is as it was
+        return _saved(run, finished=False)
     finally:
         stop.cancel()
+
+
+def _saved(run: Path, finished: bool) -> dict[str, Any]:
+    """The trainer's result for the state in last/, when no trainer ran to give it."""
+    state = json.loads((run / "last" / "trainer.json").read_text())
+    return {"step": state["step"], "finished": finished, "stopped_by": None if finished else "SIGINT",
+            "best": state.get("best")}
 
 
 def pack(run: Path) -> bytes:

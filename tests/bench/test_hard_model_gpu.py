@@ -148,3 +148,40 @@ def test_a_failure_after_the_calibration_still_brings_back_what_was_saved(setup,
     assert [e["step"] for e in report["evaluations"]] == [10]
     with tarfile.open(out / hg.ARCHIVE) as tar:
         assert json.load(tar.extractfile("last/trainer.json"))["step"] == 10
+
+
+def test_with_no_time_left_after_the_calibration_the_warm_up_is_the_run(setup, tmp_path, monkeypatch) -> None:
+    data, start = setup
+    monkeypatch.setattr(hg, "plan_steps", lambda done, left, per_step, overhead: done)
+    ran, real = [], hg.Trainer
+
+    class Counted(real):
+        def fit(self):
+            ran.append(self.resume)
+            return super().fit()
+
+    monkeypatch.setattr(hg, "Trainer", Counted)
+    out = tmp_path / "out"
+    assert hg.main(_args(data, start, out, 5.0)) == 0
+    report = _report(out)
+    assert ran == [False]  # the calibration alone: no resumed run that would only read its state back
+    assert report["steps_done"] == report["planned_steps"] == 10 and report["finished"]
+    assert report["stopped_by"] is None and report["best"] is not None
+
+
+def test_a_deadline_that_comes_before_the_trainer_takes_the_signal_keeps_the_saved_state(setup, tmp_path,
+                                                                                         monkeypatch) -> None:
+    data, start = setup
+    monkeypatch.setattr(hg, "plan_steps", lambda done, left, per_step, overhead: done + 100)
+
+    class Interrupted(hg.Trainer):
+        def fit(self):
+            if self.resume:
+                raise KeyboardInterrupt  # SIGINT before the trainer's handlers were in place
+            return super().fit()
+
+    monkeypatch.setattr(hg, "Trainer", Interrupted)
+    out = tmp_path / "out"
+    assert hg.main(_args(data, start, out, 5.0)) == 0
+    report = _report(out)
+    assert report["steps_done"] == 10 and not report["finished"] and report["stopped_by"] == "SIGINT"
