@@ -271,20 +271,24 @@ def mim(**kw: Any) -> None:
 @click.option("--out", "-o", required=True, type=click.Path(file_okay=False), help="new checkpoint folder")
 @click.option("--weight", "-w", "weights", multiple=True, type=click.FloatRange(min=0, min_open=True),
               help="one per checkpoint, in order (default: equal)")
+@click.option("--set", "overrides", multiple=True, metavar="model.KEY=VALUE",
+              help="a model setting of the mean that keeps its weights' shapes (e.g. model.step_control=backtrack)")
 @device_option(help="where the mean is computed: auto | cpu | cuda | cuda:N | mps")
 @threads_option()
 @click.option("--json", "as_json", is_flag=True, help="print the new checkpoint and what it averaged as JSON")
-def average(checkpoints: tuple[str, ...], out: str, weights: tuple[float, ...], device: str, threads: int | None,
-            as_json: bool) -> None:
+def average(checkpoints: tuple[str, ...], out: str, weights: tuple[float, ...], overrides: tuple[str, ...],
+            device: str, threads: int | None, as_json: bool) -> None:
     """The mean of checkpoints' weights (same model, e.g. a fine-tune and its start) as a new checkpoint."""
     from hyperset.checkpoint import CheckpointError
     from hyperset.device import pick_device, set_cpu_threads
 
     from .average import average as write_average
+    from .average import model_settings
 
     try:
         set_cpu_threads(threads)
-        folder, info = write_average(list(checkpoints), Path(out), list(weights) or None, pick_device(device))
+        folder, info = write_average(list(checkpoints), Path(out), list(weights) or None, pick_device(device),
+                                     model_settings(list(overrides)))
     except (ValueError, CheckpointError, OSError) as e:
         click.echo(error_line("hyperset-train", e), err=True)
         sys.exit(2)

@@ -36,7 +36,8 @@ def test_the_mean_is_the_weighted_mean_of_every_weight_and_says_what_it_averaged
             assert torch.allclose(v, 0.75 * wa[k] + 0.25 * wb[k], atol=1e-6), k
     assert any(not torch.equal(wa[k], wb[k]) for k in wa)  # the two differ: the mean is not one of them
     config = json.loads((out / "config.json").read_text())
-    assert config["averaged_from"] == [{"checkpoint": str(a), "weight": 0.75}, {"checkpoint": str(b), "weight": 0.25}]
+    assert config["averaged_from"] == [{"checkpoint": str(a), "weight": 0.75, "recipe": "r0", "steps": None},
+                                       {"checkpoint": str(b), "weight": 0.25, "recipe": "r1", "steps": None}]
     assert config["recipe"] == "r0" and config["trained_iterations"] == 3
     assert mean.cfg.step_control == "backtrack" and mean.cfg.backtrack_from == 2  # the first one's settings
     puzzles = torch.zeros(2, 81, dtype=torch.long)
@@ -80,5 +81,21 @@ def test_json_names_the_new_checkpoint_and_what_it_averaged(tmp_path: Path) -> N
     run = _invoke(str(a), str(b), "--out", str(tmp_path / "m"), "--json", "--threads", "1", "--device", "cpu")
     assert run.exit_code == 0, run.output
     doc = json.loads(run.output)
-    assert doc == {"out": str(tmp_path / "m"), "averaged_from": [{"checkpoint": str(a), "weight": 0.5},
-                                                                {"checkpoint": str(b), "weight": 0.5}]}
+    assert doc["out"] == str(tmp_path / "m")
+    assert [(e["checkpoint"], e["weight"]) for e in doc["averaged_from"]] == [(str(a), 0.5), (str(b), 0.5)]
+
+
+def test_set_changes_a_setting_of_the_mean_never_its_shapes(tmp_path: Path) -> None:
+    a, b = _checkpoint(tmp_path / "a", 0), _checkpoint(tmp_path / "b", 1)
+    run = _invoke(str(a), str(b), "-o", str(tmp_path / "m"), "--set", "model.step_control=backtrack",
+                  "--set", "model.backtrack_from=4")
+    assert run.exit_code == 0, run.output
+    mean, _ = load_checkpoint(tmp_path / "m")
+    assert (mean.cfg.step_control, mean.cfg.backtrack_from) == ("backtrack", 4)
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    assert [(e["recipe"], e["steps"]) for e in config["averaged_from"]] == [("r0", None), ("r1", None)]
+    for bad, why in (("model.dim=64", "shapes"), ("model.nope=1", "nope"), ("train.lr=1", "model.KEY=VALUE"),
+                     ("model.step_control=sideways", "step_control")):
+        run = _invoke(str(a), str(b), "-o", str(tmp_path / "x"), "--set", bad)
+        assert run.exit_code == 2 and why in run.output and len(run.output.strip().splitlines()) == 1, run.output
+        assert not (tmp_path / "x").exists()
