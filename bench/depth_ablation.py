@@ -81,9 +81,9 @@ ARMS: dict[str, dict[str, Any]] = {
     # The shipped CIFAR-10 classifier (d=192, T=12) trained on with its own recipe at a fine-tuning lr: does a
     # live time network or deep supervision change its drop past T? Measured to 4T (depth curve and energy per image).
     "cls-ft-dead": {"family": "classify", "set": DEAD + CLS_FINETUNE,
-                    "note": "control: the shipped classifier trained on with its dead time network"},
+                    "note": "control: the first shipped classifier trained on with its dead time network"},
     "cls-ft-live": {"family": "classify", "set": CLS_FINETUNE,
-                    "note": "the shipped classifier with its time network revived (outputs unchanged at start)"},
+                    "note": "the first shipped classifier with its time network revived (outputs unchanged at start)"},
     "cls-ft-live-deep2": {"family": "classify", "set": CLS_FINETUNE + ["objective.segments=2"],
                           "note": "revived time network + deep supervision over 2 detached segments of T"},
     "cls-ft-live-deep4": {"family": "classify", "set": CLS_FINETUNE + ["objective.segments=4"],
@@ -97,8 +97,16 @@ ARMS: dict[str, dict[str, Any]] = {
                                "set": CLS_FINETUNE + ["objective.segments=4", "objective.train_iters=[6, 12]"],
                                "note": "revived time network + 4 detached segments of 6-12 iterations drawn per step"},
 }
+# family -> task, recipe, start: a shipped model's name or a checkpoint folder of this repository; the classifier
+# arms start from the first shipped classifier, the end of the run cifar10-cpu
 RECIPES = {"finetune": ("sudoku", "sudoku-cpu", "sudoku"), "scratch": ("sudoku", "sudoku-cpu", None),
-           "classify": ("classify", "cifar10-cpu", "classifier")}  # family -> task, recipe, shipped start
+           "classify": ("classify", "cifar10-cpu", "runs/cifar10-cpu/best")}
+
+
+def start_dir(start: str) -> Path:
+    """A family's start: a checkpoint folder of this repository (runs/...), else a shipped model's folder."""
+    path = ROOT.parent / start
+    return path if path.is_dir() else pretrained_dir(start)
 
 
 def cpu_seconds() -> float:
@@ -141,7 +149,7 @@ def run_arm(arm: str, data: str, budget: float, threads: int) -> tuple[Path, Any
     task_name, _, start = RECIPES[spec["family"]]
     task = build_task(task_name, recipe, data)
     train = TrainConfig.from_dict({**recipe.get("train", {}), "threads": threads})
-    init_from = str(pretrained_dir(start)) if start else None
+    init_from = str(start_dir(start)) if start else None
     plan_file = out / "arm.json"
     plan = json.loads(plan_file.read_text()) if plan_file.is_file() else None
     if plan is None:
@@ -317,7 +325,7 @@ def evaluate_classifier_arm(out: Path, task: Any, threads: int, depth: int = 4) 
     energy never rises."""
     torch.set_num_threads(threads)
     result: dict[str, Any] = {"trained_iterations": task.model.iters, "val_images": len(task.val)}
-    for label, ckpt in (("start", pretrained_dir(RECIPES["classify"][2])), ("end", out / "last")):
+    for label, ckpt in (("start", start_dir(RECIPES["classify"][2])), ("end", out / "last")):
         model, _ = load_checkpoint(ckpt, map_location="cpu")
         curve = image_depth_curve(model.eval(), task.val, max(depth * task.model.iters, *task.eval_iters))
         result[label] = {f"val/top1@{k}": curve["top1"][k - 1] for k in task.eval_iters}
@@ -352,7 +360,7 @@ def table(out_json: Path) -> dict[str, Any]:
 
 def markdown(result: dict[str, Any]) -> str:
     """The tables of docs/sudoku.md and docs/step-sizes.md, from the gathered results."""
-    start = {"finetune": "shipped model", "scratch": "scratch", "classify": "shipped classifier"}
+    start = {"finetune": "shipped model", "scratch": "scratch", "classify": "first shipped classifier"}
     lines = ["| arm | start | what changes | CPU-s | one pass T / 2T / 4T / 8T (board %) | cell % at 4T "
              "| energy never rises to 8T | default strategy (all / 17 givens) |", "|---|---|---|---|---|---|---|---|"]
     for r in result["arms"]:
