@@ -78,7 +78,7 @@ ARMS: dict[str, dict[str, Any]] = {
                       "note": "revived time network + 4 segments of deep supervision"},
     "ft-live-deep4-tmax": {"family": "finetune", "set": FINETUNE + ["objective.segments=4", "model.time_max=16"],
                            "note": "revived time network, 4 segments, t clamped at T"},
-    # The shipped CIFAR-10 classifier (d=192, T=12) trained on with its own recipe at a fine-tuning lr: does a
+    # The first shipped CIFAR-10 classifier (d=192, T=12) trained on with its own recipe at a fine-tuning lr: does a
     # live time network or deep supervision change its drop past T? Measured to 4T (depth curve and energy per image).
     "cls-ft-dead": {"family": "classify", "set": DEAD + CLS_FINETUNE,
                     "note": "control: the first shipped classifier trained on with its dead time network"},

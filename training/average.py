@@ -55,16 +55,16 @@ def average_checkpoints(paths: list[str], weights: list[float] | None = None, de
         model, _ = load_checkpoint(path, map_location=device, dtype=torch.float64)
         models.append(model)
     first = models[0]
-    ref = first.state_dict()
-    for path, model in zip(paths[1:], models[1:]):
+    states = [m.state_dict() for m in models]
+    ref = states[0]
+    for path, model, state in zip(paths[1:], models[1:], states[1:]):
         if model.cfg.task != first.cfg.task:
             raise ValueError(f"{path} is a {model.cfg.task} model, {paths[0]} a {first.cfg.task} model")
-        state = model.state_dict()
         if state.keys() != ref.keys() or any(state[k].shape != ref[k].shape for k in ref):
             odd = sorted(set(state) ^ set(ref)) or [k for k in ref if state[k].shape != ref[k].shape]
             raise ValueError(f"{path} does not have the weights of {paths[0]} (differs at {', '.join(odd[:3])})")
-    mean = {k: sum(m.state_dict()[k] * (w / total) for m, w in zip(models, weights)) if v.is_floating_point()
-            else v for k, v in ref.items()}
+    mean = {k: sum(state[k] * (w / total) for state, w in zip(states, weights)) if v.is_floating_point() else v
+            for k, v in ref.items()}
     if settings:
         try:
             first = HyperSETModel(ModelConfig.from_dict({**first.cfg.to_dict(), **settings})).double()
