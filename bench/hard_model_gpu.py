@@ -3,9 +3,9 @@ and brings it back as one file; the CPU run goes on from it.
 
     # here, once: the training mix and its selection split (bench/hard_model.py)
     python bench/hard_model.py data --rrn data/sudoku --out data/sudoku-hard --rated-share 0.5
-    # here, a rehearsal of the same code path on the CPU (a small batch, no compile, one minute)
-    python bench/hard_model_gpu.py train --data data/sudoku-hard --out /tmp/rehearsal --device cpu --minutes 1 \
-        --set train.batch_size=16 --set train.compile=false
+    # here, a rehearsal of the same code path on the CPU (a small batch, two minutes)
+    python bench/hard_model_gpu.py train --data data/sudoku-hard --out /tmp/rehearsal --device cpu --minutes 2 \
+        --calibration-steps 10 --set train.batch_size=16 --set data.n_val=100 --set data.n_select=100
     # on the GPU machine, with data/sudoku-hard carried along and OUT the folder that comes back
     python3 bench/hard_model_gpu.py train --data data/sudoku-hard --out $OUT --minutes 8
     # back here: the run folder, then the per-bucket measurements and the CPU run from it
@@ -16,11 +16,11 @@ and brings it back as one file; the CPU run goes on from it.
 
 `train` continues a checkpoint (`--init-from`: the long CPU run's, by default) with the recipe `sudoku-gpu-hard`
 and fits its steps to the wall-clock budget (`--minutes`, everything included): a calibration run of
-CALIBRATION_STEPS steps (the warm-up; the step compiled, at the recipe's batch, halved until it fits in the GPU's
-memory; without compiling if the compiled step fails) measures the seconds per step and what an evaluation and
-the compile cost, then the same run is resumed with the steps that fill the rest, its cosine over them. Should it
-still run late, a timer stops it (SIGINT: the trainer saves its state first) at the deadline. It writes into
-`--out` two files: `sudoku-gpu-hard.tar.gz` (the run folder: best/, last/, metrics.jsonl) and
+CALIBRATION_STEPS steps (the warm-up, at the recipe's batch halved until it fits in the GPU's memory; compiled
+where the recipe says so, and without compiling if the compiled step fails) measures the seconds per step and what
+an evaluation and a compile cost, then the same run is resumed with the steps that fill the rest, its cosine over
+them. Should it still run late, a timer stops it (SIGINT: the trainer saves its state first) at the deadline. It
+writes into `--out` two files: `sudoku-gpu-hard.tar.gz` (the run folder: best/, last/, metrics.jsonl) and
 `hard_model_gpu.json` (the machine, the calibration, the plan, the steps done, every evaluation, the command).
 `unpack` extracts the archive into a new folder (plain files and folders only).
 """
