@@ -19,7 +19,7 @@ and fits its steps to the wall-clock budget (`--minutes`, everything included): 
 CALIBRATION_STEPS steps (the warm-up, at the recipe's batch halved until it fits in the GPU's memory; compiled
 where the recipe says so, and without compiling if the compiled step fails) measures the seconds per step and what
 an evaluation and a compile cost, then the same run is resumed with the steps that fill the rest, its cosine over
-them. Should it still run late, a timer stops it (SIGINT: the trainer saves its state first) at the deadline. It
+them. Should it still run late, a timer stops it at the deadline (after its current step, the state saved). It
 writes into `--out` two files: `sudoku-gpu-hard.tar.gz` (the run folder: best/, last/, metrics.jsonl) and
 `hard_model_gpu.json` (the machine, the calibration, the plan, the steps done, every evaluation, the command).
 `unpack` extracts the archive into a new folder (plain files and folders only).
@@ -34,7 +34,6 @@ import json
 import math
 import os
 import shutil
-import signal
 import sys
 import tarfile
 import tempfile
@@ -193,7 +192,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
 def _run_to_deadline(task: Any, recipe: dict[str, Any], run: Path, device: torch.device, threads: int, warmup: int,
                      deadline: float, report: dict[str, Any], say: Any) -> dict[str, Any]:
     """Resume the calibrated run with the steps that fit before the deadline, its cosine over them; a timer stops
-    it at the deadline (SIGINT: the trainer saves its state first). The trainer's result."""
+    it at the deadline (`Trainer.stop`: after the current step, its state saved). The trainer's result."""
     cal = report["calibration"]
     left = deadline - time.monotonic() - MARGIN_SECONDS
     # the resumed run compiles again and evaluates at its quarters
@@ -202,26 +201,23 @@ def _run_to_deadline(task: Any, recipe: dict[str, Any], run: Path, device: torch
     say(f"{cal['seconds_per_step']:.3f} s a step at batch {cal['batch_size']} (compiled: {cal['compile']}); "
         f"{steps} steps in all for the {left:.0f} s left")
     if steps <= warmup:
-        return _saved(run, finished=True)
+        return _saved(run)
     cfg = _settings(recipe, device, threads, steps=steps, warmup_steps=warmup, eval_every=math.ceil(steps / 4))
     report["train"] = dataclasses.asdict(cfg)
-    stop = threading.Timer(max(0.0, deadline - MARGIN_SECONDS - time.monotonic()),
-                           lambda: os.kill(os.getpid(), signal.SIGINT))
+    trainer = Trainer(task, cfg, run, device=str(device), resume=True, recipe_name=RECIPE, quiet=True)
+    stop = threading.Timer(max(0.0, deadline - MARGIN_SECONDS - time.monotonic()), trainer.stop, args=("deadline",))
     stop.daemon = True
     stop.start()
     try:
-        return Trainer(task, cfg, run, device=str(device), resume=True, recipe_name=RECIPE, quiet=True).fit()
-    except KeyboardInterrupt:  # the deadline came before the trainer took the signal over: last/ is as it was
-        return _saved(run, finished=False)
+        return trainer.fit()
     finally:
         stop.cancel()
 
 
-def _saved(run: Path, finished: bool) -> dict[str, Any]:
-    """The trainer's result for the state in last/, when no trainer ran to give it."""
+def _saved(run: Path) -> dict[str, Any]:
+    """The trainer's result for the finished state in last/, when no trainer ran to give it."""
     state = json.loads((run / "last" / "trainer.json").read_text())
-    return {"step": state["step"], "finished": finished, "stopped_by": None if finished else "SIGINT",
-            "best": state.get("best")}
+    return {"step": state["step"], "finished": True, "stopped_by": None, "best": state.get("best")}
 
 
 def pack(run: Path) -> bytes:

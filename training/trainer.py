@@ -353,6 +353,7 @@ class Trainer:
     command: dict[str, Any] | None = None
     _stop: bool = field(default=False, init=False)
     _stop_signal: int | None = field(default=None, init=False)  # the signal that asked the run to stop
+    _stop_reason: str | None = field(default=None, init=False)  # why `stop` asked the run to stop
     _main: bool = field(default=True, init=False)  # this process reports the run (rank 0)
     # the lr schedules this run has followed: [{"from_step": s, "steps": n}, ...]; a resume with another --steps
     # adds an entry (the cosine is then recomputed over the new budget from that step on)
@@ -429,7 +430,8 @@ class Trainer:
         # best: the selection metric of best/, None before the first evaluation (best/ does not exist yet)
         return {"step": run.step, "steps": cfg.steps, "best": run.best if math.isfinite(run.best) else None,
                 "best_metrics": run.best_metrics, "out": str(self.out), "finished": run.step >= cfg.steps,
-                "stopped_by": (signal.Signals(self._stop_signal).name if self._stop_signal else "another process")
+                "stopped_by": (signal.Signals(self._stop_signal).name if self._stop_signal else
+                               self._stop_reason or "another process")
                 if stopped and run.step < cfg.steps else None,
                 "world_size": env.world, "rank": env.rank}
 
@@ -794,6 +796,13 @@ class Trainer:
     def _precision(self, device: torch.device) -> str:
         """The precision the evaluations (the recorded metrics) ran in: "fp32" or e.g. "bf16 autocast"."""
         return autocast_name(self._amp_dtype(device))
+
+    def stop(self, reason: str) -> None:
+        """Ask the run to stop after its current step with last/ saved, as SIGINT does, from any thread (a
+        deadline's timer, say) and whatever the process does with its signals; `reason` is the result's
+        `stopped_by`."""
+        self._stop_reason = reason
+        self._stop = True
 
     def _handle_signal(self, signum: int, frame: Any) -> None:
         first = not self._stop

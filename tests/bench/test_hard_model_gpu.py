@@ -3,6 +3,7 @@ the deadline, the fallbacks on running out of memory and on a failing compile, a
 
 import io
 import json
+import signal
 import sys
 import tarfile
 from pathlib import Path
@@ -77,9 +78,13 @@ def test_a_run_that_would_pass_its_deadline_is_stopped_there_with_its_state_save
     monkeypatch.setattr(hg, "MARGIN_SECONDS", 0.0)
     monkeypatch.setattr(hg, "plan_steps", lambda done, left, per_step, overhead: 10**6)
     out = tmp_path / "out"
-    assert hg.main(_args(data, start, out, 0.15)) == 0
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)  # as in a background job: no signal stops the run
+    try:
+        assert hg.main(_args(data, start, out, 0.15)) == 0
+    finally:
+        signal.signal(signal.SIGINT, before)
     report = _report(out)
-    assert report["stopped_by"] == "SIGINT" and not report["finished"]
+    assert report["stopped_by"] == "deadline" and not report["finished"]
     assert 10 < report["steps_done"] < 10**6 and report["wall_seconds"] < 9.0 + 5.0
     with tarfile.open(out / hg.ARCHIVE) as tar:
         saved = json.load(tar.extractfile("last/trainer.json"))
@@ -167,21 +172,3 @@ def test_with_no_time_left_after_the_calibration_the_warm_up_is_the_run(setup, t
     assert ran == [False]  # the calibration alone: no resumed run that would only read its state back
     assert report["steps_done"] == report["planned_steps"] == 10 and report["finished"]
     assert report["stopped_by"] is None and report["best"] is not None
-
-
-def test_a_deadline_that_comes_before_the_trainer_takes_the_signal_keeps_the_saved_state(setup, tmp_path,
-                                                                                         monkeypatch) -> None:
-    data, start = setup
-    monkeypatch.setattr(hg, "plan_steps", lambda done, left, per_step, overhead: done + 100)
-
-    class Interrupted(hg.Trainer):
-        def fit(self):
-            if self.resume:
-                raise KeyboardInterrupt  # SIGINT before the trainer's handlers were in place
-            return super().fit()
-
-    monkeypatch.setattr(hg, "Trainer", Interrupted)
-    out = tmp_path / "out"
-    assert hg.main(_args(data, start, out, 5.0)) == 0
-    report = _report(out)
-    assert report["steps_done"] == 10 and not report["finished"] and report["stopped_by"] == "SIGINT"
