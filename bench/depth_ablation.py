@@ -36,7 +36,7 @@ from hyperset.checkpoint import atomic_write_json
 from hyperset.config import STEP_CONTROLS
 from hyperset.device import cpu_has_native_bf16, cpu_model
 from hyperset.models import HyperSETModel, load_checkpoint
-from hyperset.pretrained import pretrained_dir, resolve
+from hyperset.pretrained import resolve
 from hyperset.solve import DEFAULT_PASSES, DEFAULT_STRATEGY, Solver
 from hyperset.sudoku.data import find_split, givens_count, load_csv, protocol_split
 from hyperset.training.cli import build_task
@@ -97,16 +97,10 @@ ARMS: dict[str, dict[str, Any]] = {
                                "set": CLS_FINETUNE + ["objective.segments=4", "objective.train_iters=[6, 12]"],
                                "note": "revived time network + 4 detached segments of 6-12 iterations drawn per step"},
 }
-# family -> task, recipe, start: a shipped model's name or a checkpoint folder of this repository; the classifier
-# arms start from the first shipped classifier, the end of the run cifar10-cpu
+# family -> task, recipe, start: a shipped model's name or a checkpoint folder; the classifier arms start from the
+# first shipped classifier, the end of the run cifar10-cpu
 RECIPES = {"finetune": ("sudoku", "sudoku-cpu", "sudoku"), "scratch": ("sudoku", "sudoku-cpu", None),
-           "classify": ("classify", "cifar10-cpu", "runs/cifar10-cpu/best")}
-
-
-def start_dir(start: str) -> Path:
-    """A family's start: a checkpoint folder of this repository (runs/...), else a shipped model's folder."""
-    path = ROOT.parent / start
-    return path if path.is_dir() else pretrained_dir(start)
+           "classify": ("classify", "cifar10-cpu", str(ROOT.parent / "runs" / "cifar10-cpu" / "best"))}
 
 
 def cpu_seconds() -> float:
@@ -149,7 +143,7 @@ def run_arm(arm: str, data: str, budget: float, threads: int) -> tuple[Path, Any
     task_name, _, start = RECIPES[spec["family"]]
     task = build_task(task_name, recipe, data)
     train = TrainConfig.from_dict({**recipe.get("train", {}), "threads": threads})
-    init_from = str(start_dir(start)) if start else None
+    init_from = str(resolve(start)) if start else None
     plan_file = out / "arm.json"
     plan = json.loads(plan_file.read_text()) if plan_file.is_file() else None
     if plan is None:
@@ -325,7 +319,7 @@ def evaluate_classifier_arm(out: Path, task: Any, threads: int, depth: int = 4) 
     energy never rises."""
     torch.set_num_threads(threads)
     result: dict[str, Any] = {"trained_iterations": task.model.iters, "val_images": len(task.val)}
-    for label, ckpt in (("start", start_dir(RECIPES["classify"][2])), ("end", out / "last")):
+    for label, ckpt in (("start", resolve(RECIPES["classify"][2])), ("end", out / "last")):
         model, _ = load_checkpoint(ckpt, map_location="cpu")
         curve = image_depth_curve(model.eval(), task.val, max(depth * task.model.iters, *task.eval_iters))
         result[label] = {f"val/top1@{k}": curve["top1"][k - 1] for k in task.eval_iters}

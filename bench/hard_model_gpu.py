@@ -28,6 +28,7 @@ writes into `--out` two files: `sudoku-gpu-hard.tar.gz` (the run folder: best/, 
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import io
 import json
@@ -47,7 +48,7 @@ import torch
 
 from hyperset.checkpoint import atomic_write_bytes, atomic_write_json
 from hyperset.device import cpu_model, pick_device
-from hyperset.pretrained import pretrained_dir
+from hyperset.pretrained import resolve
 from hyperset.training.cli import build_task
 from hyperset.training.recipes import apply_overrides, load_recipe
 from hyperset.training.trainer import TrainConfig, Trainer
@@ -60,12 +61,6 @@ CALIBRATION_STEPS = 30  # the warm-up, timed (--calibration-steps)
 CALIBRATION_LOG_EVERY = 5
 MIN_BATCH = 64  # the batch is halved on running out of memory down to this
 MARGIN_SECONDS = 15.0  # kept free at the end for the archive and the report
-
-
-def start_folder(name: str) -> str:
-    """A checkpoint folder, or the name of a shipped model."""
-    path = Path(name)
-    return str(path if path.is_dir() else pretrained_dir(name))
 
 
 def machine(device: torch.device) -> dict[str, Any]:
@@ -96,21 +91,18 @@ def plan_steps(done: int, left_seconds: float, per_step: float, overhead: float)
     return done + max(0, math.floor((left_seconds - overhead) / per_step))
 
 
-def _settings(recipe: dict[str, Any], device: torch.device, threads: int, **train: Any) -> TrainConfig:
-    base = {**recipe.get("train", {}), "threads": threads, **train}
-    if device.type != "cuda":
-        base["compile_mode"] = "default"  # reduce-overhead means CUDA graphs
-    return TrainConfig.from_dict(base)
+def _settings(recipe: dict[str, Any], threads: int, **train: Any) -> TrainConfig:
+    return TrainConfig.from_dict({**recipe.get("train", {}), "threads": threads, **train})
 
 
 def calibrate(task: Any, recipe: dict[str, Any], run: Path, device: torch.device, init_from: str, threads: int,
               steps: int, say: Any) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """Train the warm-up `steps` into `run` (new), at the recipe's batch halved until it fits and compiled unless
     that fails; returns the recipe as it ran, what was measured and the trainer's result."""
-    recipe = json.loads(json.dumps(recipe))
+    recipe = copy.deepcopy(recipe)
     tries: list[dict[str, Any]] = []
     while True:
-        cfg = _settings(recipe, device, threads, steps=steps, warmup_steps=steps, log_every=CALIBRATION_LOG_EVERY,
+        cfg = _settings(recipe, threads, steps=steps, warmup_steps=steps, log_every=CALIBRATION_LOG_EVERY,
                         eval_every=steps, save_every_seconds=3600.0)
         shutil.rmtree(run, ignore_errors=True)
         t0 = time.monotonic()
@@ -123,7 +115,8 @@ def calibrate(task: Any, recipe: dict[str, Any], run: Path, device: torch.device
                 raise
             recipe["train"]["batch_size"] = cfg.batch_size // 2
             say(f"batch {cfg.batch_size} ran out of memory; trying {cfg.batch_size // 2}")
-            torch.cuda.empty_cache() if device.type == "cuda" else None
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
             continue
         except Exception as e:  # noqa: BLE001 - a compiler failure of any kind: the eager step is the fallback
             if not cfg.compile:
@@ -158,7 +151,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     _, recipe = load_recipe(args.recipe)
     recipe = apply_overrides(recipe, list(args.set))
     task = build_task("sudoku", recipe, str(args.data))
-    init_from = start_folder(args.init_from)
+    init_from = str(resolve(args.init_from))
     work = Path(tempfile.mkdtemp(prefix="hyperset-gpu-hard-"))
     run = work / "run"
     threads = args.threads or (os.cpu_count() or 1)
@@ -202,7 +195,7 @@ def _run_to_deadline(task: Any, recipe: dict[str, Any], run: Path, device: torch
         f"{steps} steps in all for the {left:.0f} s left")
     if steps <= warmup:
         return _saved(run)
-    cfg = _settings(recipe, device, threads, steps=steps, warmup_steps=warmup, eval_every=math.ceil(steps / 4))
+    cfg = _settings(recipe, threads, steps=steps, warmup_steps=warmup, eval_every=math.ceil(steps / 4))
     report["train"] = dataclasses.asdict(cfg)
     trainer = Trainer(task, cfg, run, device=str(device), resume=True, recipe_name=RECIPE, quiet=True)
     stop = threading.Timer(max(0.0, deadline - MARGIN_SECONDS - time.monotonic()), trainer.stop, args=("deadline",))

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from hyperset.checkpoint import CheckpointError, checkpoint_dir, read_config
+from hyperset.checkpoint import CheckpointError
 from hyperset.config import ModelConfig, TableError
 from hyperset.models import HyperSETModel, load_checkpoint, save_checkpoint
 
@@ -50,10 +50,11 @@ def average_checkpoints(paths: list[str], weights: list[float] | None = None, de
     if not all(0 < w < float("inf") for w in weights):
         raise ValueError(f"the weights must be positive finite numbers, got {weights}")
     total = sum(weights)
-    models = []
+    models, configs = [], []
     for path in paths:
-        model, _ = load_checkpoint(path, map_location=device, dtype=torch.float64)
+        model, config = load_checkpoint(path, map_location=device, dtype=torch.float64)
         models.append(model)
+        configs.append(config)
     first = models[0]
     states = [m.state_dict() for m in models]
     ref = states[0]
@@ -75,7 +76,6 @@ def average_checkpoints(paths: list[str], weights: list[float] | None = None, de
                              "its weights' shapes")
     first.load_state_dict(mean)
     first = first.float().cpu().eval()
-    configs = [read_config(checkpoint_dir(p)) for p in paths]
     info = {k: configs[0][k] for k in KEPT_INFO if k in configs[0]}
     info["averaged_from"] = [{"checkpoint": str(p), "weight": w / total, "recipe": c.get("recipe"),
                               "steps": c.get("steps")} for p, w, c in zip(paths, weights, configs)]
