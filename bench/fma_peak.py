@@ -2,12 +2,13 @@
 
     python bench/fma_peak.py --threads 1      # prints the JSON; bench/onnx_bench.py records it beside its runners
 
-bench/fma_peak.c holds loops of independent vector FMAs (AVX2 and AVX-512, fp32) and of AVX-512 bf16 dot
-products (vdpbf16ps), each bound by the execution ports alone; each is run only where /proc/cpuinfo reports its
-instruction set, on `threads` threads at once (ctypes releases the GIL), best of `repeats` runs of about
-`seconds` each. The fp32 peak is the best fp32 loop's GFLOP/s, the bf16 peak the dot-product loop's (None where
-the CPU has no native bf16 dot product: then nothing is faster than fp32 here, and the JSON says why). A measured
-peak, not a data-sheet one: turbo, the other core's load and a virtual machine's scheduling are in it.
+bench/fma_peak.c holds loops of independent vector FMAs (AVX2 and AVX-512, fp32), of AVX-512 bf16 dot products
+(vdpbf16ps) and of AMX bf16 tile products (tdpbf16ps), each bound by the execution units alone; each is run only
+where /proc/cpuinfo reports its instruction set (and, for AMX, where Linux grants the process the tile data), on
+`threads` threads at once (ctypes releases the GIL), best of `repeats` runs of about `seconds` each. The fp32 peak is
+the best fp32 loop's GFLOP/s, the bf16 peak the best bf16 loop's (None where the CPU has no native bf16 product: then
+nothing is faster than fp32 here, and the JSON says why). A measured peak, not a data-sheet one: turbo, the other
+core's load and a virtual machine's scheduling are in it.
 """
 
 from __future__ import annotations
@@ -26,9 +27,12 @@ from flops import cpuinfo_fields
 from hyperset.cbuild import BuildError, load
 
 SOURCE = Path(__file__).resolve().parent / "fma_peak.c"
-# function -> (what it computes, /proc/cpuinfo flags it needs, FLOPs per accumulator per round)
-LOOPS = {"fma_fp32_avx2": ("fp32", ("avx2", "fma"), 16), "fma_fp32_avx512": ("fp32", ("avx512f",), 32),
-         "dot_bf16_avx512": ("bf16", ("avx512f", "avx512_bf16"), 64)}
+# function -> (what it computes, /proc/cpuinfo flags it needs, FLOPs per accumulator per round, the C function that
+# gives the accumulators)
+LOOPS = {"fma_fp32_avx2": ("fp32", ("avx2", "fma"), 16, "accumulators"),
+         "fma_fp32_avx512": ("fp32", ("avx512f",), 32, "accumulators"),
+         "dot_bf16_avx512": ("bf16", ("avx512f", "avx512_bf16"), 64, "accumulators"),
+         "amx_bf16": ("bf16", ("amx_tile", "amx_bf16"), 16 * 16 * 32 * 2, "amx_tiles")}
 
 
 def cpu_flags() -> set[str]:
@@ -77,20 +81,27 @@ def measure(threads: int = 1, seconds: float = 0.2, repeats: int = 3) -> dict[st
         lib = _library()
     except BuildError as e:
         return {"threads": threads, "fp32_gflops": None, "bf16_gflops": None, "loops": {}, "error": str(e)}
-    acc = lib.accumulators()
     loops: dict[str, Any] = {}
-    for name, (_, needs, per_acc) in LOOPS.items():
+    for name, (_, needs, per_acc, count) in LOOPS.items():
         missing = [f for f in needs if f not in flags]
-        if acc == 0 or missing:
-            loops[name] = f"not run: the CPU does not report {', '.join(missing) or 'x86 vector units'}"
+        acc = getattr(lib, count)()
+        if missing:
+            loops[name] = f"not run: the CPU does not report {', '.join(missing)}"
+            continue
+        if acc == 0:
+            loops[name] = "not run: not built here (needs x86-64, and for AMX Linux with GCC 11 or clang 12 on)"
+            continue
+        if name == "amx_bf16" and not lib.amx_permitted():
+            loops[name] = "not run: Linux did not grant this process AMX's tile data (arch_prctl)"
             continue
         loops[name] = _rate(getattr(lib, name), acc * per_acc, threads, seconds, repeats) / 1e9
     best = {kind: max((v for n, v in loops.items() if LOOPS[n][0] == kind and isinstance(v, float)), default=None)
             for kind in ("fp32", "bf16")}
     out = {"threads": threads, "fp32_gflops": best["fp32"], "bf16_gflops": best["bf16"], "loops": loops,
-           "method": "independent vector FMA (fp32) and vdpbf16ps (bf16) loops, bench/fma_peak.c"}
+           "method": "independent vector FMA (fp32), vdpbf16ps and AMX tdpbf16ps (bf16) loops, bench/fma_peak.c"}
     if best["bf16"] is None:
-        out["bf16_note"] = "no native bf16 dot product on this CPU (avx512_bf16): bf16 runs no faster than fp32"
+        out["bf16_note"] = ("no native bf16 product on this CPU (avx512_bf16, amx_bf16): bf16 runs no faster than "
+                            "fp32")
     return out
 
 

@@ -10,8 +10,9 @@ Each runner is stated against two ceilings measured in the same run, at this thr
   Runtime's MatMul/Gemm, timed before and after the runs, the better kept (`share_of_best_library_ceiling`; the
   shapes' rates by library are in the JSON). A runner above it runs some product faster than any library call
   here (the attention maps' C kernel, fused operators) or the rates were timed under load: `above_ceiling` says so;
-* the CPU's multiply-add peak (bench/fma_peak.py: independent vector FMA loops, fp32, and bf16 dot products where
-  the CPU has them): the runner's counted FLOP/s over it (`share_of_fp32_fma_peak`, `share_of_bf16_fma_peak`).
+* the CPU's multiply-add peak (bench/fma_peak.py: independent vector FMA loops, fp32, and bf16 dot products and AMX
+  tile products where the CPU has them): the runner's counted FLOP/s over it (`share_of_fp32_fma_peak`,
+  `share_of_bf16_fma_peak`).
 
 `share_of_roofline` is against PyTorch's own rates at the matmuls with the projections made twice per iteration
 (once for the energy E_ATTN, once for the next attention step); `share_of_least_work_roofline` against its rates
@@ -384,6 +385,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     report["matmul"] = {dt: {**max(start[dt], end[dt], key=lambda m: m["flops_per_s"]),
                              "at_start_flops_per_s": start[dt]["flops_per_s"],
                              "at_end_flops_per_s": end[dt]["flops_per_s"]} for dt in start}
+    bf16_fastest = report["matmul"]["bfloat16"]["flops_per_s"] / 1e9
+    if peak.get("bf16_gflops") and bf16_fastest > peak["bf16_gflops"]:  # the same for bf16's
+        report["fma_peak"]["bf16_invalid"] = (f"the bf16 matmul reached {bf16_fastest:.1f} GFLOP/s, above the "
+                                              f"measured bf16 peak ({peak['bf16_gflops']:.1f}): the peak's timing "
+                                              "was loaded or misses the CPU's fastest bf16 units")
     report["machine"]["load_average_at_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     for f in workdir.iterdir():
         f.unlink()

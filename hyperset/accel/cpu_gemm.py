@@ -1,9 +1,10 @@
-"""Products of a state by a weight at inference in a C kernel (fp32, 256-bit AVX2 + FMA), and the feedforward fused
-around them.
+"""Products of a state by a weight at inference in a C kernel (fp32, AVX-512 or AVX2 + FMA as the CPU has), and the
+feedforward fused around them.
 
 At inference a Hyper-SET iteration is five products of a state by a weight (X W, merge(G) W^T, Y (D s),
 ReLU(U) (D |g|)^T, and the trace's X D) plus passes over their results in memory. ``kernels/gemm.c`` packs each
-weight once into panels of 16 columns and sums tiles of 6 rows x 16 columns in registers, and it fuses:
+weight once into panels of 16 columns and sums tiles of 6 rows x 16 columns (AVX2) or x 64 columns (AVX-512) in
+registers, and it fuses:
 
 - `matmul`: a state (..., k) by a weight (k, n);
 - `step_product`: a step along such a product, x + c s (a b), the attention step x - alpha merge(G) W^T stored as
@@ -14,9 +15,10 @@ weight once into panels of 16 columns and sums tiles of 6 rows x 16 columns in r
 - `project_heads`: the head projections X W put on their spheres, head-major, as a block of rows of X W is summed.
 
 The values are the written-out path's within fp32 rounding (the tests compare them). Which: ``$HYPERSET_CPU_GEMM``
-(auto, on, off) or `using_cpu_gemm`; ``auto`` (the default) uses it on x86 CPUs whose widest vectors are AVX2's and
-not made by Intel (where ``hyperset.accel.cpu_kernels`` is built for AVX2 and its products run at AVX2's width), where
-bench/onnx_bench.py measured it faster than oneDNN's GEMM; ``on`` asks for it on any x86 CPU with AVX2. It is built
+(auto, on, off) or `using_cpu_gemm`; ``auto`` (the default) uses it where bench/onnx_bench.py measured the pass faster
+with it than with the library's products: on x86 CPUs whose widest vectors are AVX2's and not made by Intel, and on
+Intel CPUs with AVX-512 (elsewhere, e.g. AMD CPUs with AVX-512, it is unmeasured and off); ``on`` asks for it on any
+x86 CPU with AVX2, built for the widest vectors ``hyperset.accel.cpu_kernels`` finds. It is built
 with the attention maps' kernel's compiler and cache (`hyperset.cbuild`), runs on ``torch.get_num_threads()`` threads,
 and is used only where that kernel is, with no gradient to take (`available`).
 """
@@ -41,7 +43,6 @@ from .cpu_kernels import define_op, env_choice
 
 CHOICES = ("auto", "on", "off")
 SOURCE = Path(__file__).with_name("kernels") / "gemm.c"
-FLAGS = ("-O3", "-std=c11", "-shared", "-fPIC", "-mavx2", "-mfma")
 PANEL = 16  # columns of a packed panel: the products' widths must be multiples of it
 
 _lock = threading.Lock()
@@ -54,7 +55,9 @@ def _resolve(name: str) -> bool:
         raise ValueError(f"CPU GEMM {name!r}: expected one of {', '.join(CHOICES)}")
     found = cpu_kernels.isa()
     if name == "auto":
-        return found == "avx2" and device.cpu_vendor() not in (None, "GenuineIntel")
+        vendor = device.cpu_vendor()
+        return ((found == "avx2" and vendor not in (None, "GenuineIntel"))
+                or (found == "avx512" and vendor == "GenuineIntel"))
     return name == "on" and found is not None
 
 
@@ -67,8 +70,10 @@ def using_cpu_gemm(name: str) -> contextlib.AbstractContextManager[bool]:
     return cpu_kernels.switched(sys.modules[__name__], name)
 
 
-def _build() -> ctypes.CDLL:
-    handle = cbuild.load(SOURCE, FLAGS)
+def _build(isa: str | None = None) -> ctypes.CDLL:
+    """Compile the kernel for `isa` ("avx512" or "avx2"; default this CPU's, `cpu_kernels.isa`) and load it."""
+    flags = cpu_kernels.ISA_FLAGS[isa or cpu_kernels.isa() or "avx2"]
+    handle = cbuild.load(SOURCE, (*cpu_kernels.FLAGS, *flags))
     i64, f32, ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
     handle.hs_pack.argtypes = [i64, i64, ptr, i64, ptr]
     handle.hs_gemm.argtypes = [i64, i64, i64, i64, ptr, ptr, ptr, ptr, i64, ptr, f32]
