@@ -30,6 +30,8 @@ def test_the_peak_runs_what_the_cpu_reports_and_says_why_not_for_the_rest() -> N
     if "error" not in out and "avx2" in flags:
         assert out["fp32_gflops"] == max(v for n, v in out["loops"].items()
                                          if fma_peak.LOOPS[n][0] == "fp32" and isinstance(v, float))
+    bf16 = [v for n, v in out["loops"].items() if fma_peak.LOOPS[n][0] == "bf16" and isinstance(v, float)]
+    assert out["bf16_gflops"] == (max(bf16) if bf16 else None)
     if out["bf16_gflops"] is None:
         assert "bf16_note" in out or "error" in out
 
