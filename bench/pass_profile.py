@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils.flop_counter import flop_registry
 
 from hyperset.accel import cpu_gemm, cpu_kernels
 from hyperset.checkpoint import atomic_write_json
@@ -38,14 +39,12 @@ RESULTS = ROOT / "results"
 import bench_args  # noqa: E402
 from onnx_bench import bench_boards, load_bench_model, machine_info  # noqa: E402
 
-# the products' operators: FLOPs of one call from its arguments
-PRODUCT_FLOPS: dict[str, Callable[..., int]] = {
-    "ff_update": lambda y, gamma, Ds, Dg, eps: 4 * (y.numel() // y.shape[-1]) * Ds.shape[0] * Ds.shape[1],
-    "step_product": lambda x, s, c, a, b: 2 * (a.numel() // a.shape[-1]) * b.shape[0] * b.shape[1],
-    "matmul": lambda a, b: 2 * (a.numel() // a.shape[-1]) * b.shape[0] * b.shape[1],
-    "relu_energy": lambda x, D, eps: 2 * (x.numel() // x.shape[-1]) * D.shape[0] * D.shape[1],
-    "project_heads": lambda x, w, heads, eps: 2 * (x.numel() // x.shape[-1]) * w.shape[0] * w.shape[1],
-}
+# the products' operators (hyperset.accel.cpu_gemm's functions) and the FLOPs of one call from its arguments: the
+# formula registered for the operator each calls with the same arguments (for torch.utils.flop_counter)
+PRODUCT_OPS = {"ff_update": torch.ops.hyperset.ff_update, "step_product": torch.ops.hyperset.step_product,
+               "matmul": torch.ops.hyperset.gemm, "relu_energy": torch.ops.hyperset.relu_energy_x,
+               "project_heads": torch.ops.hyperset.project_heads}
+PRODUCT_FLOPS: dict[str, Callable[..., int]] = {name: flop_registry[op] for name, op in PRODUCT_OPS.items()}
 # the other kernels' operators the policy calls
 MAPS_OPERATORS = ("bisoftmax_attention_heads", "bisoftmax_attention", "bisoftmax_energy", "relu_energy", "relu_rms",
                   "heads_rms")

@@ -72,8 +72,7 @@ def using_cpu_gemm(name: str) -> contextlib.AbstractContextManager[bool]:
 
 def _build(isa: str | None = None) -> ctypes.CDLL:
     """Compile the kernel for `isa` ("avx512" or "avx2"; default this CPU's, `cpu_kernels.isa`) and load it."""
-    flags = cpu_kernels.ISA_FLAGS[isa or cpu_kernels.isa() or "avx2"]
-    handle = cbuild.load(SOURCE, (*cpu_kernels.FLAGS, *flags))
+    handle = cbuild.load(SOURCE, cpu_kernels.build_flags(isa))
     i64, f32, ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
     handle.hs_pack.argtypes = [i64, i64, ptr, i64, ptr]
     handle.hs_gemm.argtypes = [i64, i64, i64, i64, ptr, ptr, ptr, ptr, i64, ptr, f32]

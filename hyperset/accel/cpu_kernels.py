@@ -74,6 +74,12 @@ def isa() -> str | None:
     return "avx512" if capability in ("AVX512", "AVX512_BF16", "AMX") else "avx2" if capability == "AVX2" else None
 
 
+def build_flags(which: str | None = None) -> tuple[str, ...]:
+    """The compiler flags of a kernel built for the instruction set `which` ("avx512" or "avx2"; default this CPU's,
+    `isa`, else AVX2)."""
+    return (*FLAGS, *ISA_FLAGS[which or isa() or "avx2"])
+
+
 def _resolve(name: str) -> bool:
     if name not in CHOICES:
         raise ValueError(f"CPU kernels {name!r}: expected one of {', '.join(CHOICES)}")
@@ -122,7 +128,7 @@ def using_cpu_kernels(name: str) -> contextlib.AbstractContextManager[bool]:
 
 def _build() -> ctypes.CDLL:
     """Compile the kernel (once per source and flags) and load it."""
-    handle = cbuild.load(SOURCE, (*FLAGS, *ISA_FLAGS[isa() or "avx2"]))
+    handle = cbuild.load(SOURCE, build_flags())
     i64, f32, ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
     handle.hs_bisoftmax_forward.argtypes = [i64, i64, i64, i64, f32, ptr, ptr, ptr]
     handle.hs_bisoftmax_backward.argtypes = [i64, i64, i64, i64, f32, ptr, ptr, ptr, ptr]
