@@ -29,7 +29,7 @@ def test_shipped_sudoku_model_solves_an_easy_puzzle_and_records_its_training() -
 def test_shipped_classifier_loads_and_says_how_far_it_was_trained() -> None:
     folder = resolve_checkpoint(None)
     model, meta = load_checkpoint(folder, task="classify")
-    # the mean of two fine-tunes of the first shipped classifier (hyperset-train average): each one's recipe and steps
+    # the mean of two fine-tunes (hyperset-train average): each one's recipe and steps
     sources = meta["averaged_from"]
     assert len(sources) == 2 and sum(s["weight"] for s in sources) == pytest.approx(1.0)
     assert all(s["recipe"] and s["steps"] > 0 for s in sources)
