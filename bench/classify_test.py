@@ -25,19 +25,19 @@ from hyperset.checkpoint import CheckpointError, atomic_write_json, checkpoint_d
 from hyperset.training.eval_classify import EvalError, resolve_checkpoint, run_eval  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
-COMMAND = "hyperset-eval classify CHECKPOINT --data DIR --split test --iters N --json"
+COMMAND = "hyperset-eval classify CHECKPOINT --data DIR --split test --iters N --precision fp32 --json"
 
 
 def measure(checkpoint: str | None, data_dir: str, iters: tuple[int, ...], split: str = "test",
             batch_size: int = 500, device: str = "auto") -> dict[str, Any]:
-    """The classify_test.json record: the checkpoint, its training steps, one row per depth, and the
-    `hyperset-eval classify` command that gives the same numbers."""
+    """The classify_test.json record: the checkpoint, its training steps, one row per depth measured in fp32 (so a CPU
+    with native bf16 reads the same numbers as any other), and the `hyperset-eval classify` command that gives them."""
     path = checkpoint_dir(resolve_checkpoint(checkpoint))
     meta = read_config(path)
     trained = int(meta["model"]["iters"])
     depths = list(iters) or [trained, 2 * trained]
-    doc = run_eval(str(path), data_dir, split, depths, batch_size, device)
-    shared = {k: doc[k] for k in ("images", "device", "seconds")}
+    doc = run_eval(str(path), data_dir, split, depths, batch_size, device, precision="fp32")
+    shared = {k: doc[k] for k in ("images", "device", "precision", "seconds")}
     return {"checkpoint": str(path), "steps": meta.get("steps"), "split": split, "dataset": doc["dataset"],
             "parameters": meta.get("parameters"), "trained_iters": trained, "threads": torch.get_num_threads(),
             "rows": [{"top1": r["top1"], "iters": r["iters"], **shared} for r in doc["results"]],

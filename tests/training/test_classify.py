@@ -320,7 +320,7 @@ def test_classify_test_bench_writes_json_and_records_in_the_checkpoint(cifar10: 
     assert run.exit_code == 0, run.output
     result = json.loads(out.read_text())
     assert [r["iters"] for r in result["rows"]] == [2, 4] and result["split"] == "test"
-    assert all(r["images"] == 30 and 0.0 <= r["top1"] <= 1.0 for r in result["rows"])
+    assert all(r["images"] == 30 and 0.0 <= r["top1"] <= 1.0 and r["precision"] == "fp32" for r in result["rows"])
     test = json.loads((ckpt / "config.json").read_text())["test"]
     assert test["iters"] == 2 and test["images"] == 30 and test["note"] == "a test"
     assert test["top1"] == result["rows"][0]["top1"] and test["top1@4"] == result["rows"][1]["top1"]
